@@ -1,0 +1,269 @@
+"""A minimal object store chosen by URI: ``file://`` (default for bare paths) and ``s3://``.
+
+Call order and guarantees (the same for every backend):
+
+* ``put_bytes`` / ``writing`` make an object visible only once it is complete: ``file://`` writes a
+  temporary name, fsyncs and renames; ``s3://`` relies on a single PUT or a completed multipart upload.
+* ``writing(key)`` yields a local path to write; on a clean exit the file becomes the object, on an
+  exception nothing is published and the temporary file is removed.
+* ``reading(key)`` yields a local path holding the whole object (``file://``: the object itself).
+* ``list(prefix)`` returns keys under ``prefix`` (relative to the store root), sorted.
+
+Keys are ``/``-separated and relative to the store's root URI.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+
+class ObjectNotFound(KeyError):
+    """The key does not exist in the store."""
+
+
+class StoreConfigError(ValueError):
+    """A checkpoint URI that cannot be used (bad scheme, unwritable, missing bucket)."""
+
+
+class ObjectStore(ABC):
+    uri: str
+
+    @abstractmethod
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+
+    @abstractmethod
+    def get_bytes(self, key: str) -> bytes:
+        """:raises ObjectNotFound: when the key does not exist."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[str]: ...
+
+    @abstractmethod
+    def delete(self, keys: list[str]) -> None: ...
+
+    @abstractmethod
+    def writing(self, key: str) -> contextlib.AbstractContextManager[str]: ...
+
+    @abstractmethod
+    def reading(self, key: str) -> contextlib.AbstractContextManager[str]: ...
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.get_bytes(key)
+        except ObjectNotFound:
+            return False
+        return True
+
+    def child(self, prefix: str) -> "ObjectStore":
+        """A store rooted at ``prefix`` inside this one."""
+        return open_store(self.uri.rstrip("/") + "/" + prefix.strip("/"), **self._child_options())
+
+    def _child_options(self) -> dict:
+        return {}
+
+    def check_writable(self) -> None:
+        """Write and delete a probe object, so a bad URI fails before any training starts."""
+        key = f".probe-{uuid.uuid4().hex}"
+        try:
+            self.put_bytes(key, b"ok")
+            self.delete([key])
+        except Exception as exc:  # any backend failure means the same thing to the user
+            raise StoreConfigError(
+                f"checkpoint store {self.uri!r} is not writable ({type(exc).__name__}: {exc}); "
+                "pass a checkpoint_uri the workers and instances can write to"
+            ) from exc
+
+
+class LocalStore(ObjectStore):
+    """``file://`` store: commit by write-to-temp, fsync, rename (atomic on POSIX)."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        self.uri = "file://" + str(self.root)
+
+    def _path(self, key: str) -> Path:
+        key = key.strip("/")
+        if ".." in key.split("/"):
+            raise ValueError(f"object key must not contain '..': {key!r}")
+        return self.root / key if key else self.root
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        with self.writing(key) as tmp:
+            with open(tmp, "wb") as f:
+                f.write(data)
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise ObjectNotFound(key) from None
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = self._path(prefix) if prefix.endswith("/") or not prefix else self._path(prefix).parent
+        if not base.is_dir():
+            return []
+        out = []
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if name.startswith(".tmp-"):
+                    continue
+                rel = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
+                if rel.startswith(prefix.lstrip("/")):
+                    out.append(rel)
+        return sorted(out)
+
+    def delete(self, keys: list[str]) -> None:
+        for key in keys:
+            with contextlib.suppress(FileNotFoundError):
+                self._path(key).unlink()
+
+    @contextlib.contextmanager
+    def writing(self, key: str) -> Iterator[str]:
+        final = self._path(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+        try:
+            yield str(tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+            _fsync_dir(final.parent)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+
+    @contextlib.contextmanager
+    def reading(self, key: str) -> Iterator[str]:
+        path = self._path(key)
+        if not path.is_file():
+            raise ObjectNotFound(key)
+        yield str(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class S3Store(ObjectStore):
+    """``s3://bucket/prefix`` through boto3; large files go through boto3's transfer manager.
+
+    The endpoint comes from ``endpoint_url`` or the standard ``AWS_ENDPOINT_URL_S3`` /
+    ``AWS_ENDPOINT_URL`` variables, so the same code talks to S3, MinIO or moto's server.
+    """
+
+    #: multipart size and concurrency measured in benchmarks/bench_store_throughput.py
+    MULTIPART_CHUNK = 64 * 1024 * 1024
+    MAX_CONCURRENCY = 8
+
+    def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None, client=None) -> None:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint_url = endpoint_url
+        self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.client = client or boto3.client("s3", endpoint_url=endpoint_url)
+        self.transfer_config = TransferConfig(
+            multipart_threshold=self.MULTIPART_CHUNK,
+            multipart_chunksize=self.MULTIPART_CHUNK,
+            max_concurrency=self.MAX_CONCURRENCY,
+            use_threads=True,
+        )
+
+    def _child_options(self) -> dict:
+        return {"endpoint_url": self.endpoint_url, "client": self.client}
+
+    def _key(self, key: str) -> str:
+        key = key.strip("/")
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        except self.client.exceptions.NoSuchKey:
+            raise ObjectNotFound(key) from None
+
+    def list(self, prefix: str = "") -> list[str]:
+        full = self._key(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
+        if prefix.endswith("/") and not full.endswith("/"):
+            full += "/"
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        out = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
+            out.extend(obj["Key"][strip:] for obj in page.get("Contents", ()))
+        return sorted(out)
+
+    def delete(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), 1000):
+            batch = [{"Key": self._key(k)} for k in keys[i : i + 1000]]
+            if batch:
+                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+
+    @contextlib.contextmanager
+    def writing(self, key: str) -> Iterator[str]:
+        # Spool locally, then one managed upload: S3 publishes an object only when the PUT or the
+        # multipart upload completes, and the transfer manager aborts a failed multipart upload.
+        fd, tmp = tempfile.mkstemp(prefix="airflow-spot-up-")
+        os.close(fd)
+        try:
+            yield tmp
+            self.client.upload_file(tmp, self.bucket, self._key(key), Config=self.transfer_config)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    @contextlib.contextmanager
+    def reading(self, key: str) -> Iterator[str]:
+        fd, tmp = tempfile.mkstemp(prefix="airflow-spot-down-")
+        os.close(fd)
+        try:
+            try:
+                self.client.download_file(self.bucket, self._key(key), tmp, Config=self.transfer_config)
+            except Exception as exc:
+                if _is_not_found(exc):
+                    raise ObjectNotFound(key) from None
+                raise
+            yield tmp
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+def _is_not_found(exc: Exception) -> bool:
+    code = getattr(exc, "response", {}).get("Error", {}).get("Code")
+    return code in ("404", "NoSuchKey", "NotFound")
+
+
+def open_store(uri: str, **options) -> ObjectStore:
+    """Open the store for ``uri``: ``s3://bucket/prefix``, ``file:///abs/path`` or a plain path."""
+    if not uri or not isinstance(uri, str):
+        raise StoreConfigError(f"checkpoint URI must be a non-empty string, got {uri!r}")
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        path = parsed.path if parsed.scheme == "file" else uri
+        if parsed.scheme == "file" and parsed.netloc:
+            raise StoreConfigError(f"file URIs must be absolute (file:///path), got {uri!r}")
+        return LocalStore(os.path.abspath(path))
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise StoreConfigError(f"s3 URI needs a bucket (s3://bucket/prefix), got {uri!r}")
+        return S3Store(parsed.netloc, parsed.path, **options)
+    raise StoreConfigError(f"unsupported checkpoint URI scheme {parsed.scheme!r} in {uri!r}; use file:// or s3://")
+
+
+__all__ = ["LocalStore", "ObjectNotFound", "ObjectStore", "S3Store", "StoreConfigError", "open_store"]
