@@ -1,0 +1,40 @@
+"""``airflow-spot``: demo, simulate, estimate, reap.
+
+Each subcommand lives in the module that owns its subject and exposes ``add_arguments(parser)`` and
+``run(args) -> int``; this file only wires them, importing lazily so ``--help`` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("airflow_spot.demo", "train a small torch model through injected preemptions under Airflow"),
+    "simulate": ("airflow_spot.simulate.command", "replay a job through the policies on real spot traces"),
+    "estimate": ("airflow_spot.simulate.estimate_command", "estimate time and cost of a job per offer"),
+    "reap": ("airflow_spot.backends.reap", "find and terminate leftover instances"),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="airflow-spot", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:  # only import the one being run
+            mod = importlib.import_module(module)
+            mod.add_arguments(p)
+            p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
