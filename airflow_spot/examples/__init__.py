@@ -1,0 +1,1 @@
+"""Example training scripts that use airflow_spot.training."""

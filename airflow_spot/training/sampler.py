@@ -1,0 +1,69 @@
+"""A sampler whose position (epoch, offset) is part of the checkpoint."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+
+class ResumableSampler(Sampler[int]):
+    """Shuffled (or sequential) indices, one permutation per epoch from ``seed + epoch``.
+
+    ``state_dict()`` records the epoch and how many indices of it were handed out, so a restored sampler
+    continues with the very next index. With a ``DataLoader`` use ``num_workers=0`` (or count consumed
+    batches yourself): worker prefetching takes indices before the step that uses them has run.
+    Iterating past the end of an epoch starts the next one, so ``iter(sampler)`` can feed many epochs.
+    """
+
+    def __init__(self, length: int, seed: int = 0, shuffle: bool = True) -> None:
+        if length < 1:
+            raise ValueError(f"ResumableSampler needs a positive dataset length, got {length}")
+        self.length = length
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.offset = 0
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.length))
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.length, generator=g).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        while True:
+            order = self._order()
+            while self.offset < self.length:
+                i = order[self.offset]
+                self.offset += 1
+                yield i
+            self.epoch += 1
+            self.offset = 0
+            return  # one epoch per iter(); the position carries over to the next iter()
+
+    def batches(self, batch_size: int) -> Iterator[list[int]]:
+        """Endless batches across epochs, resuming from the saved position."""
+        while True:
+            batch = []
+            for i in self:
+                batch.append(i)
+                if len(batch) == batch_size:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
+
+    def __len__(self) -> int:
+        return self.length - self.offset
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "offset": self.offset, "seed": self.seed, "length": self.length}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state.get("length", self.length) != self.length:
+            raise ValueError(
+                f"sampler was saved for a dataset of {state['length']} items, this one has {self.length}"
+            )
+        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])

@@ -1,0 +1,354 @@
+"""``SpotSession``: the API a training script uses to survive preemptions.
+
+    with SpotSession.from_env(total_steps=1000) as spot:
+        spot.track(model=model, optimizer=opt, scheduler=sched, sampler=sampler)   # restores if saved
+        for step in spot.steps():
+            ...                                   # one training step
+            spot.report(loss=loss.item())
+
+Between steps the session takes periodic saves at the interval the checkpoint policy gives (staged to
+host memory, written in the background), an insurance save when risk rises, and on a preemption notice
+an emergency save, after which the process exits with ``PREEMPTED_EXIT_CODE``. At the end of the segment
+it commits a checkpoint at ``end_step`` and the ``with`` block ends normally.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from airflow_spot.policy.checkpoint_interval import IntervalInputs, checkpoint_interval, estimate_mtbf
+from airflow_spot.storage.checkpoint import CheckpointStore
+from airflow_spot.storage.object_store import open_store
+from airflow_spot.storage.protocol import PREEMPTED_EXIT_CODE, AttemptStatus, Heartbeat, JobLayout, Outcome
+from airflow_spot.training import env as E
+from airflow_spot.training.async_save import AsyncCheckpointer
+from airflow_spot.training.notices import (
+    PREEMPTION,
+    REBALANCE,
+    FileNotice,
+    ImdsNotice,
+    NoticeSource,
+    SigtermNotice,
+)
+from airflow_spot.training.state import capture_rng, restore_rng, stage
+
+log = logging.getLogger("airflow_spot.session")
+
+DEFAULT_MTBF_SECONDS = 3 * 3600.0  # measured on the bundled AWS V100 traces: 3.0-4.3 h
+EWMA_ALPHA = 0.1
+
+
+def _save_payload(staged: Any, f) -> None:
+    torch.save(staged, f)
+
+
+def _load_payload(path: str) -> Any:
+    # Our own checkpoint (verified by sha256 against its manifest): it holds RNG states and numpy
+    # arrays, which the weights_only unpickler refuses.
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+class SpotSession:
+    """One segment of one job, as seen from inside the training process.
+
+    :param job_uri: the job's root in the object store (``file://`` or ``s3://``).
+    :param end_step: exclusive end of this segment; a checkpoint at ``end_step`` is committed on reaching it.
+    :param start_step: where the segment was planned to start (the session resumes from the newest
+        committed checkpoint, which may be further along after an emergency save).
+    :param attempt_id: identity of this attempt: heartbeat key and checkpoint writer name.
+    :param notice_sources: defaults to SIGTERM only.
+    :param mtbf_seconds: prior mean time between preemptions of the pool (market data).
+    :param min_interval_seconds: floor of the checkpoint interval.
+    :param max_interval_seconds: ceiling of the checkpoint interval.
+    :param keep: committed checkpoints to keep.
+    :param interval_policy: name of a checkpoint-interval policy (daly, young, fixed).
+    :param heartbeat_seconds: at most one heartbeat write per this many seconds.
+    :param warm_start_uri: another job's root whose newest checkpoint seeds this job's tracked objects
+        (``warm_start_keys``) when this job has no checkpoint yet; steps then count from 0.
+    """
+
+    def __init__(
+        self,
+        job_uri: str,
+        end_step: int,
+        *,
+        start_step: int = 0,
+        attempt_id: str = "manual",
+        notice_sources: list[NoticeSource] | None = None,
+        mtbf_seconds: float | None = None,
+        min_interval_seconds: float = 30.0,
+        max_interval_seconds: float = 3600.0,
+        keep: int = 3,
+        interval_policy: str | None = None,
+        heartbeat_seconds: float = 2.0,
+        warm_start_uri: str | None = None,
+        warm_start_keys: tuple[str, ...] = ("model",),
+    ) -> None:
+        if end_step < 1 or start_step < 0 or start_step >= end_step:
+            raise ValueError(f"need 0 <= start_step < end_step, got start={start_step}, end={end_step}")
+        self.job_store = open_store(job_uri)
+        self.layout = JobLayout(self.job_store)
+        self.checkpoints = CheckpointStore(self.job_store.child("checkpoints"), writer=attempt_id)
+        self.writer = AsyncCheckpointer(self.checkpoints, _save_payload, keep=keep)
+        self.start_step, self.end_step, self.attempt_id = start_step, end_step, attempt_id
+        self.notice_sources = notice_sources if notice_sources is not None else [SigtermNotice()]
+        self.prior_mtbf = mtbf_seconds or DEFAULT_MTBF_SECONDS
+        self.min_interval, self.max_interval = min_interval_seconds, max_interval_seconds
+        self.interval_policy = interval_policy
+        self.heartbeat_seconds = heartbeat_seconds
+        self.warm_start_uri, self.warm_start_keys = warm_start_uri, warm_start_keys
+
+        self.tracked: dict[str, Any] = {}
+        self.step = 0
+        self.restored_step: int | None = None
+        self.metrics: dict[str, float] = {}
+        self.step_time_ewma: float | None = None
+        self.save_cost_ewma: float | None = None  # seconds training stalls per save (staging)
+        self.interval = float(min_interval_seconds)
+        self.mtbf = self.prior_mtbf
+        self.saves = {"periodic": 0, "insurance": 0, "emergency": 0, "final": 0}
+        self.notice: str | None = None  # detail of the preemption notice, once seen
+        self._insurance = False
+        self._lock = threading.Lock()
+        self._hb_stop = threading.Event()
+        self._hb_thread: threading.Thread | None = None
+        self._last_save_at = time.monotonic()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_env(cls, *, total_steps: int | None = None, job_uri: str | None = None, **kwargs) -> "SpotSession":
+        """Build the session from the agent's ``SPOT_*`` variables (see ``training/env.py``).
+
+        Run by hand without them, the script trains ``total_steps`` steps with checkpoints in ``job_uri``
+        (default ``./spot-job``), which is handy for trying a script before scheduling it.
+        """
+        e = os.environ
+        end = int(e[E.END_STEP]) if E.END_STEP in e else total_steps
+        if end is None:
+            raise ValueError(f"{E.END_STEP} is not set: pass total_steps= when running outside airflow-spot")
+        sources: list[NoticeSource] = [SigtermNotice()]
+        poll = float(e.get(E.NOTICE_POLL_SECONDS, "0") or 0)
+        if e.get(E.NOTICE_FILE):
+            sources.append(FileNotice(e[E.NOTICE_FILE], interval=poll or 0.1))
+        if e.get(E.IMDS_URL):
+            sources.append(ImdsNotice(e[E.IMDS_URL], interval=poll or 5.0))
+
+        def num(name: str, default: float | None) -> float | None:
+            return float(e[name]) if e.get(name) else default
+
+        opts = dict(
+            start_step=int(e.get(E.START_STEP, "0")),
+            attempt_id=e.get(E.ATTEMPT_ID, "manual"),
+            notice_sources=sources,
+            mtbf_seconds=num(E.MTBF_SECONDS, None),
+            min_interval_seconds=num(E.CKPT_MIN_INTERVAL, 30.0),
+            max_interval_seconds=num(E.CKPT_MAX_INTERVAL, 3600.0),
+            keep=int(e.get(E.CKPT_KEEP, "3")),
+            interval_policy=e.get(E.CKPT_POLICY) or None,
+            heartbeat_seconds=num(E.HEARTBEAT_SECONDS, 2.0),
+            warm_start_uri=e.get(E.WARM_START_URI) or None,
+        )
+        opts.update(kwargs)
+        return cls(e.get(E.JOB_URI) or job_uri or os.path.abspath("spot-job"), end, **opts)
+
+    def __enter__(self) -> "SpotSession":
+        for src in self.notice_sources:
+            src.start(self._on_notice)
+        self.mtbf = self._observed_mtbf()
+        self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="spot-heartbeat", daemon=True)
+        self._hb_thread.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        for src in self.notice_sources:
+            src.stop()
+        try:
+            self.writer.close()
+        finally:
+            self._hb_stop.set()
+            if self._hb_thread is not None:
+                self._hb_thread.join(timeout=self.heartbeat_seconds + 5)
+            self._write_heartbeat()
+
+    # ------------------------------------------------------------------ notices
+    def _on_notice(self, kind: str, detail: str) -> None:
+        if kind == PREEMPTION and self.notice is None:
+            self.notice = detail or "preemption notice"
+            log.warning("preemption notice: %s; saving at the end of this step", self.notice)
+        elif kind == REBALANCE:
+            log.warning("rebalance recommendation: taking an insurance checkpoint")
+            self._insurance = True
+
+    @property
+    def preempted(self) -> bool:
+        return self.notice is not None
+
+    # ------------------------------------------------------------------ state
+    def track(self, **objects: Any) -> int:
+        """Register objects with ``state_dict``/``load_state_dict`` (model, optimizer, LR scheduler,
+        grad scaler, sampler, ...) and restore them from the newest valid checkpoint.
+
+        Returns the step training resumes from.
+        """
+        for name, obj in objects.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(f"track({name}=...): {type(obj).__name__} has no state_dict/load_state_dict")
+        self.tracked.update(objects)
+        restored = self.checkpoints.restore_latest(_load_payload)
+        if restored is not None:
+            manifest, payload = restored
+            self._apply(payload, keys=None)
+            self.step = self.restored_step = manifest.step
+            log.info("resumed from checkpoint at step %d (%s)", manifest.step, manifest.directory)
+        elif self.warm_start_uri:
+            warm = CheckpointStore(open_store(self.warm_start_uri).child("checkpoints")).restore_latest(
+                _load_payload
+            )
+            if warm is None:
+                raise FileNotFoundError(f"warm start: no checkpoint under {self.warm_start_uri}")
+            self._apply(warm[1], keys=self.warm_start_keys)
+            log.info("warm-started %s from %s step %d", self.warm_start_keys, self.warm_start_uri, warm[0].step)
+        return self.step
+
+    def _apply(self, payload: dict, keys: tuple[str, ...] | None) -> None:
+        saved = payload["objects"]
+        for name, obj in self.tracked.items():
+            if keys is not None and name not in keys:
+                continue
+            if name not in saved:
+                raise KeyError(f"checkpoint has no state for tracked object {name!r} (saved: {sorted(saved)})")
+            obj.load_state_dict(saved[name])
+        if keys is None:
+            restore_rng(payload["rng"])
+
+    def _stage(self) -> tuple[dict, float]:
+        started = time.monotonic()
+        staged = {
+            "objects": {name: stage(obj.state_dict()) for name, obj in self.tracked.items()},
+            "rng": capture_rng(),
+            "step": self.step,
+        }
+        stall = time.monotonic() - started
+        self.save_cost_ewma = stall if self.save_cost_ewma is None else (
+            (1 - EWMA_ALPHA) * self.save_cost_ewma + EWMA_ALPHA * stall
+        )
+        return staged, stall
+
+    def _meta(self, reason: str) -> dict:
+        return {"reason": reason, "attempt": self.attempt_id, "metrics": dict(self.metrics)}
+
+    def _save(self, reason: str, wait: bool) -> bool:
+        if not wait and self.writer.busy:
+            return False  # coalesced: try again after the next step
+        staged, _ = self._stage()
+        if wait:
+            self.writer.save_sync(self.step, staged, self._meta(reason))
+        else:
+            self.writer.save_async(self.step, staged, self._meta(reason))
+        self.saves[reason] += 1
+        self._last_save_at = time.monotonic()
+        self._recompute_interval()
+        return True
+
+    def save(self) -> None:
+        """Commit a checkpoint of the current state now (blocking)."""
+        self._save("final", wait=True)
+
+    def _recompute_interval(self) -> None:
+        inputs = IntervalInputs(
+            save_cost_seconds=self.save_cost_ewma or 0.0,
+            mtbf_seconds=self.mtbf,
+            min_interval_seconds=self.min_interval,
+            max_interval_seconds=self.max_interval,
+            write_seconds=self.writer.last_write_seconds,
+        )
+        self.interval = checkpoint_interval(inputs, self.interval_policy)
+
+    def _observed_mtbf(self) -> float:
+        """Blend the market's prior with the preemptions this job has seen so far."""
+        preemptions, seconds = 0, 0.0
+        for key in self.job_store.list("control/attempts/"):
+            if not key.endswith("/status.json"):
+                continue
+            try:
+                st = AttemptStatus.from_json(self.job_store.get_bytes(key))
+            except (KeyError, ValueError):
+                continue
+            seconds += max(0.0, st.ended_at - st.started_at)
+            preemptions += st.outcome in (Outcome.PREEMPTED.value, Outcome.LOST.value)
+        return estimate_mtbf(self.prior_mtbf, preemptions, seconds)
+
+    # ------------------------------------------------------------------ the loop
+    def steps(self) -> Iterator[int]:
+        """Yield this segment's remaining steps; handles saves between them (see module doc)."""
+        if not self.tracked:
+            raise RuntimeError("call spot.track(model=..., optimizer=...) before spot.steps()")
+        last = time.monotonic()
+        while self.step < self.end_step:
+            if self.notice is not None:
+                self._emergency_exit()
+            yield self.step
+            self.step += 1
+            now = time.monotonic()
+            dt = now - last
+            self.step_time_ewma = dt if self.step_time_ewma is None else (
+                (1 - EWMA_ALPHA) * self.step_time_ewma + EWMA_ALPHA * dt
+            )
+            if self.step >= self.end_step:
+                break
+            if self.notice is None:
+                if self._insurance and self._save("insurance", wait=False):
+                    self._insurance = False
+                elif now - self._last_save_at >= self.interval:
+                    self._save("periodic", wait=False)
+            last = time.monotonic()
+        if self.writer.last_committed_step != self.step and self.restored_step != self.step:
+            self._save("final", wait=True)
+        self._write_heartbeat()
+
+    def _emergency_exit(self) -> None:
+        started = time.monotonic()
+        self.writer.wait()
+        if self.writer.last_committed_step != self.step and self.restored_step != self.step:
+            self._save("emergency", wait=True)
+        log.warning(
+            "emergency checkpoint at step %d committed in %.2fs; exiting with code %d",
+            self.step, time.monotonic() - started, PREEMPTED_EXIT_CODE,
+        )
+        raise SystemExit(PREEMPTED_EXIT_CODE)
+
+    # ------------------------------------------------------------------ heartbeats
+    def report(self, **metrics: float) -> None:
+        """Record metrics of the current step; they ride along with the next heartbeat."""
+        for k, v in metrics.items():
+            self.metrics[k] = float(v)
+
+    def _write_heartbeat(self) -> None:
+        hb = Heartbeat(
+            attempt_id=self.attempt_id,
+            step=self.step,
+            time=time.time(),
+            step_time_ewma=self.step_time_ewma,
+            last_committed_step=self.writer.last_committed_step,
+            metrics=dict(self.metrics),
+            pid=os.getpid(),
+            save_cost_seconds=self.save_cost_ewma,
+            interval_seconds=self.interval,
+        )
+        try:
+            with self._lock:
+                self.layout.write_heartbeat(hb)
+        except Exception as exc:  # noqa: BLE001 - a missed heartbeat must never stop training
+            log.warning("heartbeat write failed (retried at the next tick): %s", exc)
+
+    def _heartbeat_loop(self) -> None:
+        # Written every tick, even when the step has not moved: silence is how the trigger spots a
+        # lost instance, so a long step must not look like a dead one.
+        while not self._hb_stop.wait(self.heartbeat_seconds):
+            self._write_heartbeat()
