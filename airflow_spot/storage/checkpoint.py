@@ -207,7 +207,7 @@ class CheckpointStore:
         kept_dirs = {m.directory for m in kept}
         oldest_kept_step = kept[0].step
         doomed = []
-        for key in self.store.list():
+        for key in self.store.list(include_temporary=True):
             directory = key.split("/", 1)[0]
             m = _DIR_RE.match(directory)
             if not m or directory in kept_dirs:
@@ -217,4 +217,5 @@ class CheckpointStore:
         # delete manifests first so a half-pruned checkpoint is never seen as committed
         doomed.sort(key=lambda k: not k.endswith(MANIFEST))
         self.store.delete(doomed)
+        self.store.tidy()
         return doomed

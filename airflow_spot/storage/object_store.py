@@ -43,7 +43,9 @@ class ObjectStore(ABC):
         """:raises ObjectNotFound: when the key does not exist."""
 
     @abstractmethod
-    def list(self, prefix: str = "") -> list[str]: ...
+    def list(self, prefix: str = "", *, include_temporary: bool = False) -> list[str]:
+        """Keys under ``prefix``; ``include_temporary`` adds writes that never completed (file://
+        temp files left by a killed writer) so retention can delete them."""
 
     @abstractmethod
     def delete(self, keys: list[str]) -> None: ...
@@ -60,6 +62,9 @@ class ObjectStore(ABC):
         except ObjectNotFound:
             return False
         return True
+
+    def tidy(self) -> None:
+        """Remove what a killed writer can leave behind that is not an object (file://: empty folders)."""
 
     def child(self, prefix: str) -> "ObjectStore":
         """A store rooted at ``prefix`` inside this one."""
@@ -105,14 +110,14 @@ class LocalStore(ObjectStore):
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise ObjectNotFound(key) from None
 
-    def list(self, prefix: str = "") -> list[str]:
+    def list(self, prefix: str = "", *, include_temporary: bool = False) -> list[str]:
         base = self._path(prefix) if prefix.endswith("/") or not prefix else self._path(prefix).parent
         if not base.is_dir():
             return []
         out = []
         for dirpath, _dirs, files in os.walk(base):
             for name in files:
-                if name.startswith(".tmp-"):
+                if name.startswith(".tmp-") and not include_temporary:
                     continue
                 rel = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
                 if rel.startswith(prefix.lstrip("/")):
@@ -120,9 +125,22 @@ class LocalStore(ObjectStore):
         return sorted(out)
 
     def delete(self, keys: list[str]) -> None:
+        parents = set()
         for key in keys:
+            path = self._path(key)
             with contextlib.suppress(FileNotFoundError):
-                self._path(key).unlink()
+                path.unlink()
+            parents.add(path.parent)
+        for parent in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+            if parent != self.root:
+                with contextlib.suppress(OSError):  # not empty: something else lives there
+                    parent.rmdir()
+
+    def tidy(self) -> None:
+        for dirpath, dirs, files in os.walk(self.root, topdown=False):
+            if not dirs and not files and dirpath != str(self.root):
+                with contextlib.suppress(OSError):  # a writer may have just created it
+                    os.rmdir(dirpath)
 
     @contextlib.contextmanager
     def writing(self, key: str) -> Iterator[str]:
@@ -166,7 +184,15 @@ class S3Store(ObjectStore):
     MULTIPART_CHUNK = 64 * 1024 * 1024
     MAX_CONCURRENCY = 8
 
-    def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None, client=None) -> None:
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        client=None,
+        multipart_chunk: int | None = None,
+        max_concurrency: int | None = None,
+    ) -> None:
         import boto3
         from boto3.s3.transfer import TransferConfig
 
@@ -175,15 +201,17 @@ class S3Store(ObjectStore):
         self.endpoint_url = endpoint_url
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.client = client or boto3.client("s3", endpoint_url=endpoint_url)
+        chunk = multipart_chunk or self.MULTIPART_CHUNK
+        self._options = {"multipart_chunk": multipart_chunk, "max_concurrency": max_concurrency}
         self.transfer_config = TransferConfig(
-            multipart_threshold=self.MULTIPART_CHUNK,
-            multipart_chunksize=self.MULTIPART_CHUNK,
-            max_concurrency=self.MAX_CONCURRENCY,
+            multipart_threshold=chunk,
+            multipart_chunksize=chunk,
+            max_concurrency=max_concurrency or self.MAX_CONCURRENCY,
             use_threads=True,
         )
 
     def _child_options(self) -> dict:
-        return {"endpoint_url": self.endpoint_url, "client": self.client}
+        return {"endpoint_url": self.endpoint_url, "client": self.client, **self._options}
 
     def _key(self, key: str) -> str:
         key = key.strip("/")
@@ -198,7 +226,9 @@ class S3Store(ObjectStore):
         except self.client.exceptions.NoSuchKey:
             raise ObjectNotFound(key) from None
 
-    def list(self, prefix: str = "") -> list[str]:
+    def list(self, prefix: str = "", *, include_temporary: bool = False) -> list[str]:
+        # An interrupted S3 upload is never an object; its parts are an incomplete multipart upload,
+        # which a bucket lifecycle rule (AbortIncompleteMultipartUpload) cleans up.
         full = self._key(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
         if prefix.endswith("/") and not full.endswith("/"):
             full += "/"

@@ -36,7 +36,7 @@ from airflow_spot.training.notices import (
     NoticeSource,
     SigtermNotice,
 )
-from airflow_spot.training.state import capture_rng, restore_rng, stage
+from airflow_spot.training.state import Stager, capture_rng, restore_rng
 
 log = logging.getLogger("airflow_spot.session")
 
@@ -105,6 +105,7 @@ class SpotSession:
         self.warm_start_uri, self.warm_start_keys = warm_start_uri, warm_start_keys
 
         self.tracked: dict[str, Any] = {}
+        self.stager = Stager()
         self.step = 0
         self.restored_step: int | None = None
         self.metrics: dict[str, float] = {}
@@ -230,7 +231,7 @@ class SpotSession:
     def _stage(self) -> tuple[dict, float]:
         started = time.monotonic()
         staged = {
-            "objects": {name: stage(obj.state_dict()) for name, obj in self.tracked.items()},
+            "objects": {name: self.stager.stage(obj.state_dict(), (name,)) for name, obj in self.tracked.items()},
             "rng": capture_rng(),
             "step": self.step,
         }
@@ -246,6 +247,8 @@ class SpotSession:
     def _save(self, reason: str, wait: bool) -> bool:
         if not wait and self.writer.busy:
             return False  # coalesced: try again after the next step
+        # The stager reuses its buffers, so the previous write must be finished before staging again.
+        self.writer.wait()
         staged, _ = self._stage()
         if wait:
             self.writer.save_sync(self.step, staged, self._meta(reason))

@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+import io
+import logging
+import threading
+
+import pytest
+
+from airflow_spot.storage.checkpoint import MANIFEST, CheckpointError, CheckpointStore, Manifest
+from airflow_spot.storage.object_store import open_store
+
+
+def _write(data: bytes):
+    return lambda f: f.write(data)
+
+
+def _read(path: str) -> bytes:
+    return open(path, "rb").read()
+
+
+@pytest.fixture
+def ckpts(tmp_path):
+    return CheckpointStore(open_store(str(tmp_path / "checkpoints")), writer="try1")
+
+
+def test_manifest_is_written_last_and_describes_the_data(ckpts):
+    m = ckpts.save(10, _write(b"hello"), {"reason": "periodic"})
+    assert m.step == 10 and m.files[0].size == 5 and m.meta == {"reason": "periodic"}
+    keys = ckpts.store.list()
+    assert keys == [f"{m.directory}/{MANIFEST}", f"{m.directory}/state.pt"]
+    assert Manifest.from_json(ckpts.store.get_bytes(keys[0])) == m
+    assert ckpts.restore_latest(_read) == (m, b"hello")
+    assert ckpts.latest_step() == 10
+
+
+def test_empty_job_has_no_checkpoint(ckpts):
+    assert ckpts.latest_step() is None
+    assert ckpts.restore_latest(_read) is None
+
+
+def test_save_without_manifest_is_invisible(ckpts):
+    ckpts.save(5, _write(b"five"))
+    with pytest.raises(RuntimeError):
+        ckpts.save(6, lambda f: (f.write(b"half"), (_ for _ in ()).throw(RuntimeError("killed"))))
+    # a data file whose manifest never arrived (a writer killed between the two)
+    ckpts.store.put_bytes("000000000007-try2-deadbeef/state.pt", b"orphan")
+    assert ckpts.latest_step() == 5
+    assert ckpts.restore_latest(_read)[1] == b"five"
+
+
+def test_flipped_byte_falls_back_to_previous_and_logs(ckpts, caplog):
+    ckpts.save(1, _write(b"first"))
+    newest = ckpts.save(2, _write(b"second"))
+    path = ckpts.store._path(f"{newest.directory}/state.pt")
+    raw = bytearray(path.read_bytes())
+    raw[3] ^= 0x01
+    path.write_bytes(bytes(raw))
+    with caplog.at_level(logging.ERROR):
+        manifest, data = ckpts.restore_latest(_read)
+    assert (manifest.step, data) == (1, b"first")
+    assert "step 2" in caplog.text and "sha256 mismatch" in caplog.text
+
+
+def test_truncated_file_and_unparseable_payload_fall_back(ckpts):
+    ckpts.save(1, _write(b"good"))
+    bad = ckpts.save(2, _write(b"not what read() expects"))
+    ckpts.save(3, _write(b"three"))
+    ckpts.store._path(f"{ckpts.committed()[-1].directory}/state.pt").write_bytes(b"thr")  # truncated
+
+    def picky(path):
+        data = _read(path)
+        if data.startswith(b"not"):
+            raise ValueError("cannot parse")
+        return data
+
+    assert ckpts.restore_latest(picky)[1] == b"good"
+    assert bad.step == 2
+
+
+def test_all_checkpoints_corrupt_is_an_error_not_a_fresh_start(ckpts):
+    m = ckpts.save(1, _write(b"x"))
+    ckpts.store._path(f"{m.directory}/state.pt").write_bytes(b"y")
+    with pytest.raises(CheckpointError, match="no usable checkpoint"):
+        ckpts.restore_latest(_read)
+
+
+def test_retention_keeps_last_k_and_spares_newer_partial_saves(ckpts):
+    for step in range(1, 6):
+        ckpts.save(step, _write(bytes([step])))
+    ckpts.store.put_bytes("000000000002-old-aaaa/state.pt", b"abandoned")
+    ckpts.store.put_bytes("000000000009-live-bbbb/state.pt", b"in flight")
+    ckpts.prune(keep=2)
+    assert [m.step for m in ckpts.committed()] == [4, 5]
+    remaining = {k.split("/")[0] for k in ckpts.store.list()}
+    assert "000000000002-old-aaaa" not in remaining
+    assert "000000000009-live-bbbb" in remaining
+    with pytest.raises(ValueError):
+        ckpts.prune(keep=0)
+
+
+def test_racing_writers_never_interleave(tmp_path):
+    """Two attempts of one job saving the same steps at once: every committed checkpoint is whole."""
+    root = open_store(str(tmp_path / "checkpoints"))
+    errors = []
+
+    def writer(name: str, fill: int):
+        store = CheckpointStore(root, writer=name)
+        try:
+            for step in range(20):
+                store.save(step, _write(bytes([fill]) * 50_000))
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(f"try{i}", i)) for i in (1, 2)]
+    [t.start() for t in threads]
+    [t.join(timeout=60) for t in threads]
+    assert not errors
+    ckpts = CheckpointStore(root)
+    committed = ckpts.committed()
+    assert len(committed) == 40
+    for m in committed:
+        with root.reading(f"{m.directory}/state.pt") as path:
+            data = _read(path)
+        ckpts.verify(m, path=_tmp(data, tmp_path), entry=m.files[0])
+        assert len(set(data)) == 1 and data[0] == int(m.writer[-1])
+
+
+def _tmp(data: bytes, tmp_path) -> str:
+    p = tmp_path / "copy.bin"
+    p.write_bytes(data)
+    return str(p)
+
+
+def test_negative_step_rejected(ckpts):
+    with pytest.raises(ValueError, match="step must be >= 0"):
+        ckpts.save(-1, _write(b""))
+
+
+def test_hashing_writer_accepts_memoryviews(ckpts):
+    buf = io.BytesIO(b"abc" * 100)
+    m = ckpts.save(1, lambda f: f.write(buf.getbuffer()))
+    assert m.files[0].size == 300
+    assert ckpts.restore_latest(_read)[1] == b"abc" * 100

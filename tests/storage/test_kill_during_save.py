@@ -1,0 +1,152 @@
+"""SIGKILL a checkpoint writer at random moments, hundreds of times: a restore must never load a partial
+or corrupt checkpoint and must always find the newest complete one.
+
+Writers are forked from this (thread-free) test process so each kill costs milliseconds, not an
+interpreter start. The S3 endpoint is moto's threaded server run in a subprocess for the same reason.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from airflow_spot.storage.checkpoint import CheckpointStore
+from airflow_spot.storage.object_store import open_store
+from airflow_spot.testing.moto_s3 import FAKE_CREDENTIALS, create_bucket
+
+KILLS = 200
+CHUNK = 5 * 1024 * 1024  # S3's smallest multipart part, so big payloads exercise multipart uploads
+HEADER = struct.Struct("<QQ")
+
+
+def payload(step: int, size: int) -> bytes:
+    body = hashlib.sha256(str(step).encode()).digest() * (size // 32)
+    return HEADER.pack(step, len(body)) + body
+
+
+def read_payload(path: str) -> int:
+    with open(path, "rb") as f:
+        step, n = HEADER.unpack(f.read(HEADER.size))
+        body = f.read()
+    if len(body) != n or body != payload(step, n)[HEADER.size :]:
+        raise AssertionError(f"payload of step {step} is not what was written")
+    return step
+
+
+def writer_loop(uri: str, options: dict, log_path: str, seed: int) -> None:
+    store_options = {k: v for k, v in options.items() if k != "big"}
+    ckpts = CheckpointStore(open_store(uri, **store_options), writer=f"w{seed}")
+    rng = random.Random(seed)
+    step = (ckpts.latest_step() or 0) + 1
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    while True:
+        size = rng.choice([64 * 1024, 700 * 1024, 2 * 1024 * 1024, options.get("big", 3 * 1024 * 1024)])
+        data = payload(step, size)
+        os.write(log, f"begin {step}\n".encode())
+
+        def write(f, data=data):
+            for i in range(0, len(data), 256 * 1024):  # many writes: more moments to be killed in
+                f.write(data[i : i + 256 * 1024])
+
+        ckpts.save(step, write)
+        os.write(log, f"commit {step}\n".encode())
+        ckpts.prune(keep=2)
+        step += 1
+
+
+def torture(uri: str, options: dict, tmp_path, max_delay: float, kills: int = KILLS) -> dict:
+    assert threading.active_count() == 1, "fork needs a thread-free parent"
+    log_path = str(tmp_path / "writer.log")
+    rng = random.Random(1234)
+    in_save = 0
+    for i in range(kills):
+        pid = os.fork()
+        if pid == 0:  # child: write until killed
+            try:
+                writer_loop(uri, options, log_path, seed=i)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                os._exit(3)
+        time.sleep(rng.uniform(0.0, max_delay))
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status), f"writer exited by itself (status {status}): see {log_path}"
+
+        lines = open(log_path).read().split()
+        commits = [int(s) for k, s in zip(lines[::2], lines[1::2]) if k == "commit"]
+        if len(lines) >= 2 and lines[-2] == "begin":
+            in_save += 1
+        ckpts = CheckpointStore(open_store(uri, **{k: v for k, v in options.items() if k != "big"}))
+        latest = ckpts.latest_step()
+        restored = ckpts.restore_latest(read_payload)
+        if not commits:
+            continue
+        assert restored is not None, f"kill {i}: commits {commits[-3:]} but nothing restorable"
+        manifest, step = restored
+        assert step == manifest.step == latest, f"kill {i}: restored {step}, newest manifest {latest}"
+        assert step >= commits[-1], f"kill {i}: restored {step} but {commits[-1]} was committed"
+    print(f"{uri}: {kills} kills, {in_save} inside a save, newest restored step {commits[-1] if commits else None}")
+    return {"kills": kills, "in_save": in_save}
+
+
+def test_sigkill_during_file_saves(tmp_path):
+    stats = torture(f"file://{tmp_path}/ckpt", {}, tmp_path, max_delay=0.12)
+    # most kills must land inside a save, or this test would prove little
+    assert stats["in_save"] >= stats["kills"] * 0.5, stats
+    leftovers = [k for k in os.listdir(tmp_path / "ckpt")]
+    assert len(leftovers) <= 2 + 3, f"retention left {leftovers}"
+
+
+@pytest.fixture(scope="module")
+def moto_subprocess():
+    env = {**os.environ, **FAKE_CREDENTIALS}
+    code = (
+        "import logging,sys,time;from moto.server import ThreadedMotoServer;"
+        "logging.getLogger('werkzeug').setLevel(logging.ERROR);"
+        "s=ThreadedMotoServer(ip_address='127.0.0.1',port=0);s.start();"
+        "print('ENDPOINT %s:%s'%s.get_host_and_port(),flush=True);sys.stdin.read()"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    try:
+        line = ""
+        for _ in range(20):  # moto prints a banner first
+            line = proc.stdout.readline().decode().strip()
+            if line.startswith("ENDPOINT ") or not line:
+                break
+        assert line.startswith("ENDPOINT "), f"moto server did not start: {line!r}"
+        endpoint = "http://" + line.split()[1]
+        saved = {k: os.environ.get(k) for k in FAKE_CREDENTIALS}
+        os.environ.update(FAKE_CREDENTIALS)
+        yield endpoint
+    finally:
+        proc.stdin.close()
+        proc.terminate()
+        proc.wait(timeout=10)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_sigkill_during_s3_saves(tmp_path, moto_subprocess):
+    # boto3 made in the parent would leave threads behind; create the bucket from a subprocess.
+    subprocess.run(
+        [sys.executable, "-c", f"from airflow_spot.testing.moto_s3 import create_bucket;"
+         f"create_bucket({moto_subprocess!r}, 'torture')"],
+        check=True, timeout=60,
+    )
+    options = {"endpoint_url": moto_subprocess, "multipart_chunk": CHUNK, "big": 11 * 1024 * 1024}
+    stats = torture("s3://torture/job/checkpoints", options, tmp_path, max_delay=0.35)
+    assert stats["in_save"] >= stats["kills"] * 0.5, stats

@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import pytest
+
+from airflow_spot.storage.object_store import (
+    LocalStore,
+    ObjectNotFound,
+    S3Store,
+    StoreConfigError,
+    open_store,
+)
+from airflow_spot.testing.moto_s3 import create_bucket, moto_server
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    with moto_server() as endpoint:
+        create_bucket(endpoint, "ckpt")
+        yield endpoint
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request, tmp_path):
+    if request.param == "file":
+        return open_store(f"file://{tmp_path}/job")
+    endpoint = request.getfixturevalue("s3_endpoint")
+    return open_store(f"s3://ckpt/{tmp_path.name}/job", endpoint_url=endpoint)
+
+
+def test_put_get_list_delete(store):
+    store.put_bytes("a/one.json", b"1")
+    store.put_bytes("a/b/two.json", b"2")
+    store.put_bytes("c.json", b"3")
+    assert store.get_bytes("a/one.json") == b"1"
+    assert store.list() == ["a/b/two.json", "a/one.json", "c.json"]
+    assert store.list("a/") == ["a/b/two.json", "a/one.json"]
+    assert store.child("a").list() == ["b/two.json", "one.json"]
+    store.delete(["a/one.json", "missing.json"])
+    assert store.list("a/") == ["a/b/two.json"]
+    with pytest.raises(ObjectNotFound):
+        store.get_bytes("a/one.json")
+    assert not store.exists("a/one.json") and store.exists("c.json")
+
+
+def test_writing_publishes_only_on_success(store):
+    with store.writing("data/blob") as path:
+        with open(path, "wb") as f:
+            f.write(b"x" * 1000)
+    with store.reading("data/blob") as path:
+        assert open(path, "rb").read() == b"x" * 1000
+    with pytest.raises(RuntimeError):
+        with store.writing("data/broken") as path:
+            with open(path, "wb") as f:
+                f.write(b"partial")
+            raise RuntimeError("writer died")
+    assert store.list("data/") == ["data/blob"]
+    with pytest.raises(ObjectNotFound):
+        with store.reading("data/broken"):
+            pass
+
+
+def test_s3_multipart_upload_round_trip(s3_endpoint, tmp_path):
+    store = S3Store("ckpt", "multi", endpoint_url=s3_endpoint, multipart_chunk=5 * 1024 * 1024)
+    payload = bytes(range(256)) * (12 * 1024 * 1024 // 256)  # 12 MiB: three parts
+    with store.writing("big.bin") as path:
+        open(path, "wb").write(payload)
+    with store.reading("big.bin") as path:
+        assert open(path, "rb").read() == payload
+
+
+def test_bad_uris_are_explained(tmp_path):
+    with pytest.raises(StoreConfigError, match="unsupported checkpoint URI scheme 'gs'"):
+        open_store("gs://bucket/x")
+    with pytest.raises(StoreConfigError, match="needs a bucket"):
+        open_store("s3:///nobucket")
+    with pytest.raises(StoreConfigError, match="absolute"):
+        open_store("file://relative/path")
+    assert isinstance(open_store(str(tmp_path)), LocalStore)
+
+
+def test_check_writable_names_the_uri(tmp_path, s3_endpoint):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")  # unwritable below it even for root
+    with pytest.raises(StoreConfigError, match="a-file/sub.*not writable"):
+        open_store(f"file://{blocker}/sub").check_writable()
+    missing = open_store("s3://no-such-bucket/x", endpoint_url=s3_endpoint)
+    with pytest.raises(StoreConfigError, match="s3://no-such-bucket/x.*not writable"):
+        missing.check_writable()
+    open_store(f"file://{tmp_path}/ok").check_writable()
+
+
+def test_local_store_rejects_parent_escape(tmp_path):
+    with pytest.raises(ValueError, match=r"\.\."):
+        open_store(str(tmp_path)).put_bytes("../evil", b"")
