@@ -18,11 +18,14 @@ def get_provider_info() -> dict:
             }
         ],
         "operators": [
-            {"integration-name": "Spot Training", "python-modules": ["airflow_spot.operators.segment"]}
+            {
+                "integration-name": "Spot Training",
+                "python-modules": ["airflow_spot.operators.segment", "airflow_spot.operators.training"],
+            }
         ],
         "triggers": [
             {"integration-name": "Spot Training", "python-modules": ["airflow_spot.triggers.segment"]}
         ],
         "hooks": [{"integration-name": "Spot Training", "python-modules": ["airflow_spot.hooks.spot"]}],
-        "extra-links": [],
+        "extra-links": ["airflow_spot.links.attempt.SpotAttemptLink"],
     }

@@ -1,0 +1,72 @@
+"""What the operator remembers about one attempt, kept in the job's store rather than in the worker.
+
+Under a real scheduler the worker process that ran ``execute`` is gone by the time ``execute_complete``
+runs (possibly on another worker), and ``dag.test()`` drops ``defer(kwargs=...)``. So everything
+``execute_complete`` and the final task need is written next to the attempt's other objects::
+
+    control/job.json                          when the job's first segment started (for the deadline)
+    control/attempts/<attempt_id>/launch.json which instance, offer and start time this attempt got
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from airflow_spot.policy.offers import Offer
+from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
+from airflow_spot.storage.protocol import SCHEMA_VERSION, SchemaError
+
+JOB_KEY = "control/job.json"
+
+
+def launch_key(attempt_id: str) -> str:
+    return f"control/attempts/{attempt_id}/launch.json"
+
+
+@dataclass
+class AttemptLaunch:
+    """One attempt as the operator started it.
+
+    :param billed_from: when billing for this attempt starts: the instance's launch for a fresh instance,
+        the request time for a warm one (its earlier time is billed to the attempts that ran on it).
+    """
+
+    attempt_id: str
+    segment_index: int
+    start_step: int
+    end_step: int
+    instance_id: str
+    offer: dict[str, Any]
+    requested_at: float
+    billed_from: float
+    reused_instance: bool
+    try_number: int
+    task_id: str
+    schema: int = field(default=SCHEMA_VERSION)
+
+    @property
+    def offer_obj(self) -> Offer:
+        return Offer.from_dict(self.offer)
+
+    def write(self, store: ObjectStore) -> None:
+        store.put_bytes(launch_key(self.attempt_id), json.dumps(asdict(self), sort_keys=True).encode())
+
+    @classmethod
+    def read(cls, store: ObjectStore, attempt_id: str) -> "AttemptLaunch | None":
+        try:
+            data = json.loads(store.get_bytes(launch_key(attempt_id)))
+        except ObjectNotFound:
+            return None
+        if int(data.get("schema", 0)) > SCHEMA_VERSION:
+            raise SchemaError(f"attempt record {attempt_id}: unsupported schema {data.get('schema')}")
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def job_started_at(store: ObjectStore, now: float) -> float:
+    """The job's start time, recorded by its first attempt (``now`` if this is the first)."""
+    try:
+        return float(json.loads(store.get_bytes(JOB_KEY))["started_at"])
+    except ObjectNotFound:
+        store.put_bytes(JOB_KEY, json.dumps({"started_at": now, "schema": SCHEMA_VERSION}).encode())
+        return now

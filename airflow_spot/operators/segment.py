@@ -1,0 +1,417 @@
+"""``SpotSegmentOperator``: one checkpoint-bounded segment of a spot training job, as one Airflow task.
+
+``execute`` (worker): skip when the store already holds a checkpoint at or past the segment's end; choose
+an offer (market + policies); reuse the job's warm instance when it is alive and still a good offer, else
+launch one with an idempotency token from dag/run/task/try; write the segment request; defer to
+:class:`~airflow_spot.triggers.segment.SegmentTrigger`.
+
+``execute_complete`` (worker, after the trigger fired): validate the event, write the attempt's ledger
+row, then succeed (completed), raise a retryable :class:`SegmentPreempted` (preempted or lost: the next
+try resumes from the last committed step on a fresh instance) or fail (user code). Preemptions and
+user-code failures have separate budgets counted from the ledger rows in the store, and an exhausted
+budget raises :class:`AirflowFailException` so Airflow stops retrying.
+
+Nothing is carried from ``execute`` to ``execute_complete`` in memory or in defer kwargs: both sides read
+the attempt back from the store (see :mod:`airflow_spot.operators.attempt_record`).
+"""
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.configuration import conf
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from airflow_spot.backends.base import InstanceInfo, InstanceState, LaunchError, LaunchSpec
+from airflow_spot.hooks.spot import SpotHook
+from airflow_spot.links.attempt import SpotAttemptLink
+from airflow_spot.operators import accounting, planning
+from airflow_spot.operators.attempt_record import AttemptLaunch, job_started_at
+from airflow_spot.operators.validation import validate_gpus
+from airflow_spot.policy.offers import GpuRequest
+from airflow_spot.storage.checkpoint import CheckpointStore
+from airflow_spot.storage.object_store import StoreConfigError
+from airflow_spot.storage.protocol import JobLayout, Outcome, SegmentRequest, safe_id
+from airflow_spot.training import env as E
+from airflow_spot.triggers.segment import EVENT_KEYS, SegmentTrigger
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+TAG_DAG = "airflow-spot:dag"
+TAG_RUN = "airflow-spot:run"
+TAG_JOB = "airflow-spot:job"
+TAG_TASK = "airflow-spot:task"
+
+
+class SegmentPreempted(AirflowException):
+    """The attempt was preempted (or its instance lost); Airflow retries the segment on a fresh instance."""
+
+
+class SegmentCodeFailure(AirflowException):
+    """The user's command failed; Airflow retries it while the user-code budget lasts."""
+
+
+def job_tags(dag_id: str, run_id: str, job_name: str) -> dict[str, str]:
+    """Tags that find every instance of one job (warm reuse, final cleanup, ``reap``)."""
+    return {TAG_DAG: dag_id, TAG_RUN: run_id, TAG_JOB: job_name}
+
+
+class SpotSegmentOperator(BaseOperator):
+    """Train steps ``[start_step, end_step)`` of a job on the cheapest suitable instance.
+
+    Usually built by :func:`airflow_spot.operators.training.SpotTraining`, which also validates the
+    arguments at parse time.
+
+    :param command: the training command (argv list); templated.
+    :param checkpoint_uri: the job's root in the store (``file:///...`` or ``s3://bucket/prefix``);
+        templated, and must render the same in every task of a run (e.g. use ``{{ run_id }}``).
+    :param start_step: first step of this segment.
+    :param end_step: exclusive end of this segment.
+    :param total_steps: length of the whole job (for the deadline policy).
+    :param segment_index: position of the segment in the job.
+    :param job_name: name of the job within the DAG (instance tags, ledger).
+    :param gpus: what each instance needs.
+    :param backend: backend name; ``backend_options`` its JSON kwargs; ``market_options`` the market's.
+    :param env: extra environment for the command; templated.
+    :param cwd: working directory of the command on the instance; templated.
+    :param warm_start_uri: another job's root whose newest checkpoint seeds this one; templated.
+    :param deadline: time from the job's start by which it must finish; ``None`` means spot only.
+    :param max_preemptions: preempted or lost attempts the whole job may suffer.
+    :param code_retries: user-code failures each segment may retry.
+    :param reuse_tolerance: reuse a warm instance while its cost per step is within this fraction of
+        the best offer's.
+    :param deferrable: wait in the triggerer (default from ``[operators] default_deferrable``, True if unset)
+        or in the worker.
+    """
+
+    template_fields: Sequence[str] = ("command", "checkpoint_uri", "env", "cwd", "warm_start_uri")
+    template_fields_renderers = {"command": "json", "env": "json"}
+    ui_color = "#fde8c8"
+    operator_extra_links = (SpotAttemptLink(),)
+
+    def __init__(
+        self,
+        *,
+        command: list[str],
+        checkpoint_uri: str,
+        start_step: int,
+        end_step: int,
+        total_steps: int,
+        segment_index: int = 0,
+        job_name: str = "train",
+        gpus: GpuRequest | dict | None = None,
+        backend: str = "local",
+        backend_options: dict[str, Any] | None = None,
+        market_options: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        warm_start_uri: str | None = None,
+        deadline: timedelta | None = None,
+        max_preemptions: int = 10,
+        code_retries: int = 1,
+        reuse_tolerance: float = 0.25,
+        idle_timeout_seconds: float = 300.0,
+        poll_interval: float = 5.0,
+        startup_timeout: float = 900.0,
+        heartbeat_timeout: float = 300.0,
+        max_attempt_seconds: float = 7 * 24 * 3600.0,
+        checkpoint_min_interval: float | None = None,
+        checkpoint_max_interval: float | None = None,
+        keep_checkpoints: int = 3,
+        notice_window_seconds: float = 120.0,
+        aws_conn_id: str | None = "aws_default",
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=True),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.command = command
+        self.checkpoint_uri = checkpoint_uri
+        self.start_step = int(start_step)
+        self.end_step = int(end_step)
+        self.total_steps = int(total_steps)
+        self.segment_index = int(segment_index)
+        self.job_name = job_name
+        self.gpus = validate_gpus(gpus)
+        self.backend = backend
+        self.backend_options = dict(backend_options or {})
+        self.market_options = dict(market_options or {})
+        self.env = dict(env or {})
+        self.cwd = cwd
+        self.warm_start_uri = warm_start_uri
+        self.deadline = deadline
+        self.max_preemptions = int(max_preemptions)
+        self.code_retries = int(code_retries)
+        self.reuse_tolerance = float(reuse_tolerance)
+        self.idle_timeout_seconds = float(idle_timeout_seconds)
+        self.poll_interval = float(poll_interval)
+        self.startup_timeout = float(startup_timeout)
+        self.heartbeat_timeout = float(heartbeat_timeout)
+        self.max_attempt_seconds = float(max_attempt_seconds)
+        self.checkpoint_min_interval = checkpoint_min_interval
+        self.checkpoint_max_interval = checkpoint_max_interval
+        self.keep_checkpoints = int(keep_checkpoints)
+        self.notice_window_seconds = float(notice_window_seconds)
+        self.aws_conn_id = aws_conn_id
+        self.deferrable = deferrable
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def hook(self) -> SpotHook:
+        if getattr(self, "_hook", None) is None:
+            self._hook = SpotHook(
+                backend=self.backend,
+                backend_options=self.backend_options,
+                market_options=self.market_options,
+                aws_conn_id=self.aws_conn_id,
+            )
+        return self._hook
+
+    def attempt_id(self, context: Context) -> str:
+        return safe_id(self.task_id, f"try{context['ti'].try_number}")
+
+    def _tags(self, context: Context) -> dict[str, str]:
+        return job_tags(self.dag_id, context["run_id"], self.job_name)
+
+    def _open_store(self):
+        try:
+            store = self.hook.get_store(self.checkpoint_uri)
+            store.check_writable()
+        except StoreConfigError as exc:
+            raise AirflowFailException(str(exc)) from exc
+        return store
+
+    # ------------------------------------------------------------------ execute
+    def execute(self, context: Context) -> dict[str, Any] | None:
+        store = self._open_store()
+        latest = CheckpointStore(store.child("checkpoints")).latest_step()
+        if latest is not None and latest >= self.end_step:
+            self.log.info(
+                "segment %d [%d, %d) is already done: the job's newest checkpoint is at step %d; nothing to run",
+                self.segment_index, self.start_step, self.end_step, latest,
+            )
+            return {"segment": self.segment_index, "outcome": "skipped", "latest_step": latest}
+        self._check_command()
+        now = time.time()
+        started = job_started_at(store, now)
+        rows = accounting.read_rows(store)
+        plan = planning.plan(
+            self.hook.get_market(),
+            self.gpus,
+            now=now,
+            done_steps=latest or 0,
+            total_steps=self.total_steps,
+            job_started_at=started,
+            deadline=self.deadline,
+            ledger_rows=rows,
+        )
+        self.log.info("offer plan: %s", plan.reason)
+        attempt_id = self.attempt_id(context)
+        instance, reused = self._get_instance(context, store, plan, attempt_id)
+        self._instance_id = instance.instance_id  # for on_kill while waiting in the worker
+        requested_at = time.time()
+        launch = AttemptLaunch(
+            attempt_id=attempt_id,
+            segment_index=self.segment_index,
+            start_step=self.start_step,
+            end_step=self.end_step,
+            instance_id=instance.instance_id,
+            offer=instance.offer.to_dict(),
+            requested_at=requested_at,
+            billed_from=requested_at if reused else (instance.launched_at or requested_at),
+            reused_instance=reused,
+            try_number=context["ti"].try_number,
+            task_id=self.task_id,
+        )
+        launch.write(store)
+        JobLayout(store).write_request(instance.instance_id, self._request(attempt_id, requested_at, plan))
+        offer = instance.offer
+        self.log.info(
+            "attempt %s of segment %d [%d, %d) resumes from step %s on %s instance %s: %s in %s, %s at $%.4f/h",
+            attempt_id, self.segment_index, self.start_step, self.end_step, latest or self.start_step,
+            "warm" if reused else "new", instance.instance_id, offer.instance_type, offer.zone,
+            offer.market.value if hasattr(offer.market, "value") else offer.market, offer.price_per_hour,
+        )
+        SpotAttemptLink.persist(context, store.uri, attempt_id)
+        trigger = SegmentTrigger(
+            job_uri=store.uri,
+            attempt_id=attempt_id,
+            instance_id=instance.instance_id,
+            requested_at=requested_at,
+            backend=self.backend,
+            backend_options=self.backend_options,
+            aws_conn_id=self.aws_conn_id,
+            poll_interval=self.poll_interval,
+            startup_timeout=self.startup_timeout,
+            heartbeat_timeout=self.heartbeat_timeout,
+            max_attempt_seconds=self.max_attempt_seconds,
+        )
+        if self.deferrable:
+            self.defer(trigger=trigger, method_name="execute_complete")
+        event = asyncio.run(_first_event(trigger))
+        return self.execute_complete(context, event)
+
+    def _check_command(self) -> None:
+        if not self.command or not all(isinstance(a, str) and a for a in self.command):
+            raise AirflowFailException(f"command must be a non-empty list of strings, got {self.command!r}")
+        # Instances of the local backend are processes of this machine: a missing program is a
+        # configuration error, found before any instance is started.
+        if self.backend == "local" and shutil.which(self.command[0]) is None:
+            raise AirflowFailException(
+                f"command {self.command[0]!r} was not found on PATH of this worker; "
+                "give the full path of the program or install it"
+            )
+
+    def _request(self, attempt_id: str, requested_at: float, plan: planning.Plan) -> SegmentRequest:
+        env = {str(k): str(v) for k, v in self.env.items()}
+        env.update(self.hook.instance_env(self.checkpoint_uri))
+        return SegmentRequest(
+            attempt_id=attempt_id,
+            job_uri=self.hook.get_store(self.checkpoint_uri).uri,
+            segment_index=self.segment_index,
+            start_step=self.start_step,
+            end_step=self.end_step,
+            command=list(self.command),
+            env=env,
+            cwd=self.cwd,
+            created_at=requested_at,
+            mtbf_seconds=plan.mtbf_seconds,
+            min_interval_seconds=self.checkpoint_min_interval,
+            max_interval_seconds=self.checkpoint_max_interval,
+            keep_checkpoints=self.keep_checkpoints,
+            notice_window_seconds=self.notice_window_seconds,
+            warm_start_uri=self.warm_start_uri or None,
+        )
+
+    def _get_instance(
+        self, context: Context, store, plan: planning.Plan, attempt_id: str
+    ) -> tuple[InstanceInfo, bool]:
+        backend = self.hook.get_backend()
+        tags = self._tags(context)
+        alive = [
+            i for i in backend.list_instances(tags=tags)
+            if not InstanceState(i.state).is_terminal() and i.notice_at is None
+        ]
+        warm = planning.pick_warm(alive, plan, self.reuse_tolerance)
+        extra = [i.instance_id for i in alive if warm is None or i.instance_id != warm.instance_id]
+        if extra:  # warm instances we will not use only cost money
+            self.log.info("terminating warm instances that are no longer a good offer: %s", extra)
+            backend.terminate(extra)
+        if warm is not None:
+            return warm, True
+        ti = context["ti"]
+        errors = []
+        for offer in plan.ranked:
+            token = safe_id(self.dag_id, context["run_id"], self.task_id, f"try{ti.try_number}", offer.pool)
+            spec = LaunchSpec(
+                offer=offer,
+                job_uri=store.uri,
+                idempotency_token=token,
+                tags={**tags, TAG_TASK: self.task_id},
+                idle_timeout_seconds=self.idle_timeout_seconds,
+                env=self.hook.instance_env(self.checkpoint_uri),
+            )
+            try:
+                return backend.launch(spec), False
+            except LaunchError as exc:
+                if not exc.capacity:
+                    raise AirflowFailException(f"cannot launch {offer.instance_type} in {offer.zone}: {exc}") from exc
+                self.log.warning("no capacity for %s (%s): %s; trying the next offer", offer.pool, offer.market, exc)
+                errors.append(f"{offer.pool} {offer.market}: {exc}")
+        # No capacity anywhere right now: a retry later may find some, like a preemption.
+        raise SegmentPreempted("no offer could be launched now; tried: " + "; ".join(errors or ["no offers"]))
+
+    # ------------------------------------------------------------------ completion
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        attempt_id = self.attempt_id(context)
+        event = self._validate_event(event, attempt_id)
+        outcome = Outcome(event["status"])
+        store = self._open_store()
+        launch = AttemptLaunch.read(store, attempt_id)
+        if launch is None:
+            raise AirflowException(f"attempt {attempt_id} has no launch record in {store.uri}; cannot account for it")
+        latest = CheckpointStore(store.child("checkpoints")).latest_step()
+        if outcome is Outcome.COMPLETED and (latest is None or latest < self.end_step):
+            outcome = Outcome.FAILED
+            event["error_tail"] = (
+                f"the command exited 0 but the job's newest checkpoint is at step {latest}, not >= {self.end_step}: "
+                "does the script train through SpotSession.steps() to SPOT_END_STEP?\n" + (event.get("error_tail") or "")
+            )
+        row = accounting.record_attempt(store, launch, outcome, event, steps_after=latest, now=time.time())
+        totals = accounting.job_totals(store)
+        summary = {
+            "segment": self.segment_index,
+            "attempt_id": attempt_id,
+            "outcome": outcome.value,
+            "instance_id": launch.instance_id,
+            "instance_type": launch.offer["instance_type"],
+            "zone": launch.offer["zone"],
+            "market": launch.offer["market"],
+            "price_per_hour": launch.offer["price_per_hour"],
+            "latest_step": latest,
+            "attempt_cost": row.get("cost"),
+            "job_cost_so_far": totals.get("cost"),
+            "job_savings_so_far": totals.get("savings"),
+        }
+        self.log.info("attempt %s ended: %s (%s); %s", attempt_id, outcome.value, event.get("message"), summary)
+        context["ti"].xcom_push(key="attempt", value=summary)
+        if outcome is Outcome.COMPLETED:
+            return summary
+        if outcome.is_retryable():
+            self.hook.get_backend().terminate([launch.instance_id])
+            preemptions = accounting.count(store, outcomes=(Outcome.PREEMPTED, Outcome.LOST))
+            resume = latest if latest is not None else self.start_step
+            if preemptions > self.max_preemptions:
+                raise AirflowFailException(
+                    f"segment {self.segment_index} {outcome.value} on {launch.instance_id} ({event.get('message')}); "
+                    f"the job's preemption budget is exhausted ({preemptions} > max_preemptions={self.max_preemptions})"
+                )
+            raise SegmentPreempted(
+                f"segment {self.segment_index} attempt {attempt_id} {outcome.value} on {launch.instance_id} "
+                f"({launch.offer['instance_type']} in {launch.offer['zone']}, {launch.offer['market']}): "
+                f"{event.get('message')}; preemption {preemptions} of {self.max_preemptions}; "
+                f"the next try resumes from step {resume}"
+            )
+        failures = accounting.count(store, outcomes=(Outcome.FAILED,), segment_index=self.segment_index)
+        tail = (event.get("error_tail") or "").strip()[-4000:]
+        message = (
+            f"segment {self.segment_index} attempt {attempt_id}: the training command failed "
+            f"(exit code {event.get('exit_code')}); failure {failures} of {self.code_retries + 1} allowed"
+            + (f"\n--- error tail ---\n{tail}" if tail else "")
+        )
+        if failures > self.code_retries:
+            raise AirflowFailException(message + "\nuser-code retry budget exhausted")
+        raise SegmentCodeFailure(message)
+
+    @staticmethod
+    def _validate_event(event: Any, attempt_id: str) -> dict[str, Any]:
+        if not isinstance(event, dict) or any(k not in event for k in EVENT_KEYS):
+            raise AirflowException(f"invalid trigger event for attempt {attempt_id}: {event!r}")
+        if event["status"] not in {o.value for o in Outcome}:
+            raise AirflowException(f"trigger event has unknown status {event['status']!r}: {event!r}")
+        if event["attempt_id"] != attempt_id:
+            raise AirflowException(
+                f"trigger event is for attempt {event['attempt_id']!r}, but this try is {attempt_id!r}"
+            )
+        return dict(event)
+
+    def on_kill(self) -> None:
+        """Terminate the instance of the attempt this worker is waiting for.
+
+        A deferred task is not in a worker; :meth:`SegmentTrigger.on_kill` covers that case.
+        """
+        instance_id = getattr(self, "_instance_id", None)
+        if instance_id:
+            self.log.info("task killed: terminating instance %s", instance_id)
+            self.hook.get_backend().terminate([instance_id])
+
+
+async def _first_event(trigger: SegmentTrigger) -> dict[str, Any]:
+    async for event in trigger.run():
+        return event.payload
+    raise AirflowException(f"trigger for attempt {trigger.attempt_id} ended without an event")

@@ -1,0 +1,226 @@
+"""``SpotTraining``: declare one spot training job in a DAG; get a chain of segment tasks and a final task.
+
+    train = SpotTraining(
+        task_id="train", command=["python", "train.py"], total_steps=20_000, steps_per_segment=2_000,
+        gpus=GpuRequest(count=1, min_memory_gib=16),
+        checkpoint_uri="s3://bucket/{{ dag.dag_id }}/{{ run_id }}", backend="local",
+        deadline=timedelta(hours=10), max_preemptions=15, retries=2,
+    )
+
+builds a :class:`TaskGroup` ``train`` holding ``segment_000 >> segment_001 >> ... >> finish``. ``finish``
+runs whatever happened (trigger rule ALL_DONE): it terminates the job's instances, writes the job summary
+(ledger totals) to the store, the log and XCom, and fails when the job did not reach ``total_steps`` so
+the DAG run's state tells the truth.
+"""
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator, TaskGroup, TriggerRule
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_spot.backends.base import InstanceState
+from airflow_spot.hooks.spot import SpotHook
+from airflow_spot.operators import accounting
+from airflow_spot.operators.segment import SpotSegmentOperator, job_tags
+from airflow_spot.operators.validation import (
+    normalize_command,
+    segment_bounds,
+    validate_backend,
+    validate_budget,
+    validate_checkpoint_uri,
+    validate_deadline,
+    validate_gpus,
+    validate_steps,
+)
+from airflow_spot.policy.offers import GpuRequest
+from airflow_spot.storage.checkpoint import CheckpointStore
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+SUMMARY_KEY = "control/summary.json"
+
+
+class SpotJobSummaryOperator(BaseOperator):
+    """Release the job's instances and report what the job did and cost.
+
+    :param checkpoint_uri: the job's root in the store; templated.
+    :param job_name: the job whose instances (tags) and ledger to sum.
+    :param total_steps: the job is complete when a checkpoint at this step is committed.
+    """
+
+    template_fields = ("checkpoint_uri",)
+    ui_color = "#d9f2d9"
+
+    def __init__(
+        self,
+        *,
+        checkpoint_uri: str,
+        job_name: str,
+        total_steps: int,
+        segments: int,
+        backend: str = "local",
+        backend_options: dict[str, Any] | None = None,
+        aws_conn_id: str | None = "aws_default",
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("trigger_rule", TriggerRule.ALL_DONE)
+        super().__init__(**kwargs)
+        self.checkpoint_uri = checkpoint_uri
+        self.job_name = job_name
+        self.total_steps = int(total_steps)
+        self.segments = int(segments)
+        self.backend = backend
+        self.backend_options = dict(backend_options or {})
+        self.aws_conn_id = aws_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        hook = SpotHook(backend=self.backend, backend_options=self.backend_options, aws_conn_id=self.aws_conn_id)
+        backend = hook.get_backend()
+        leftover = [
+            i.instance_id
+            for i in backend.list_instances(tags=job_tags(self.dag_id, context["run_id"], self.job_name))
+            if not InstanceState(i.state).is_terminal()
+        ]
+        if leftover:
+            self.log.info("terminating the job's instances: %s", leftover)
+            backend.terminate(leftover)
+        store = hook.get_store(self.checkpoint_uri)
+        latest = CheckpointStore(store.child("checkpoints")).latest_step()
+        summary = accounting.summarize(store, now=time.time())
+        summary.update(
+            job=self.job_name,
+            segments=self.segments,
+            total_steps=self.total_steps,
+            latest_step=latest,
+            completed=latest is not None and latest >= self.total_steps,
+            terminated_at_end=leftover,
+        )
+        store.put_bytes(SUMMARY_KEY, json.dumps(summary, sort_keys=True, indent=2).encode())
+        self.log.info("job summary:\n%s", format_summary(summary))
+        context["ti"].xcom_push(key="summary", value=summary)
+        if not summary["completed"]:
+            raise AirflowFailException(
+                f"job {self.job_name} did not finish: newest checkpoint at step {latest} of {self.total_steps} "
+                "(see the failed segment's log)"
+            )
+        return summary
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """Human-readable summary (task log and ``airflow-spot demo``)."""
+    lines = [
+        f"  segments            {s.get('segments')}",
+        f"  attempts            {s.get('attempts')}",
+        f"  preemptions         {s.get('preemptions')} (lost instances: {s.get('lost', 0)})",
+        f"  code failures       {s.get('failures')}",
+        f"  steps lost          {s.get('steps_lost')}",
+        f"  last step           {s.get('latest_step')} of {s.get('total_steps')}",
+        f"  cost                ${s.get('cost', 0.0):.4f}",
+        f"  on-demand cost      ${s.get('on_demand_cost', 0.0):.4f}",
+        f"  savings             ${s.get('savings', 0.0):.4f} ({100 * s.get('savings_fraction', 0.0):.1f} %)",
+    ]
+    return "\n".join(lines)
+
+
+def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup does
+    *,
+    task_id: str,
+    command: list[str] | str,
+    total_steps: int,
+    steps_per_segment: int,
+    checkpoint_uri: str,
+    gpus: GpuRequest | dict | None = None,
+    backend: str = "local",
+    backend_options: dict[str, Any] | None = None,
+    market_options: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    warm_start_uri: str | None = None,
+    deadline: timedelta | None = None,
+    max_preemptions: int = 10,
+    retries: int = 1,
+    retry_delay: timedelta = timedelta(seconds=10),
+    aws_conn_id: str | None = "aws_default",
+    segment_options: dict[str, Any] | None = None,
+    **task_kwargs: Any,
+) -> TaskGroup:
+    """Build the task group of one spot training job (validated now, at DAG parse time).
+
+    :param task_id: id of the task group (also the job's name in tags and the ledger).
+    :param command: training command, argv list (a string is shell-split); templated.
+    :param total_steps: length of the job in training steps.
+    :param steps_per_segment: steps per segment task; the last segment may be shorter.
+    :param checkpoint_uri: ``file:///abs/path`` or ``s3://bucket/prefix``; templated, e.g.
+        ``s3://bucket/{{ dag.dag_id }}/{{ run_id }}`` (one job root per DAG run).
+    :param gpus: what each instance needs.
+    :param backend: ``local`` (this machine) or another registered backend; ``backend_options`` its kwargs.
+    :param deadline: finish within this time of the job's start; switches to on-demand when needed.
+    :param max_preemptions: preempted or lost attempts the whole job may survive.
+    :param retries: failures of the user's code each segment may retry (separate from preemptions).
+        Each segment task gets Airflow ``retries = max_preemptions + retries``; the operator stops
+        retrying early (``AirflowFailException``) when either budget is spent.
+    :param segment_options: further :class:`SpotSegmentOperator` arguments (timeouts, poll interval,
+        checkpoint interval bounds, ``deferrable``...).
+    :param task_kwargs: further BaseOperator arguments for every task (pool, queue, ...).
+    """
+    validate_steps(total_steps, steps_per_segment)
+    validate_backend(backend)
+    argv = normalize_command(command, backend)
+    validate_checkpoint_uri(checkpoint_uri)
+    if warm_start_uri is not None:
+        validate_checkpoint_uri(warm_start_uri)
+    validate_deadline(deadline)
+    validate_budget("max_preemptions", max_preemptions)
+    validate_budget("retries", retries)
+    gpu_request = validate_gpus(gpus)
+    options = dict(segment_options or {})
+    bounds = segment_bounds(total_steps, steps_per_segment)
+    with TaskGroup(group_id=task_id, dag=task_kwargs.pop("dag", None)) as group:
+        previous = None
+        for index, (start, end) in enumerate(bounds):
+            segment = SpotSegmentOperator(
+                task_id=f"segment_{index:03d}",
+                command=argv,
+                checkpoint_uri=checkpoint_uri,
+                start_step=start,
+                end_step=end,
+                total_steps=total_steps,
+                segment_index=index,
+                job_name=task_id,
+                gpus=gpu_request,
+                backend=backend,
+                backend_options=backend_options,
+                market_options=market_options,
+                env=env,
+                cwd=cwd,
+                warm_start_uri=warm_start_uri,
+                deadline=deadline,
+                max_preemptions=max_preemptions,
+                code_retries=retries,
+                retries=max_preemptions + retries,
+                retry_delay=retry_delay,
+                aws_conn_id=aws_conn_id,
+                **options,
+                **task_kwargs,
+            )
+            if previous is not None:
+                previous >> segment
+            previous = segment
+        finish = SpotJobSummaryOperator(
+            task_id="finish",
+            checkpoint_uri=checkpoint_uri,
+            job_name=task_id,
+            total_steps=total_steps,
+            segments=len(bounds),
+            backend=backend,
+            backend_options=backend_options,
+            aws_conn_id=aws_conn_id,
+            **task_kwargs,
+        )
+        previous >> finish
+    return group

@@ -1,0 +1,219 @@
+"""``SegmentTrigger``: waits in the triggerer for one attempt of one segment to end.
+
+It holds no state of its own: every poll reads the attempt's status and heartbeat objects from the job's
+store and the instance from the backend, so a trigger recreated from its kwargs after a triggerer restart
+picks the attempt up where it stands. It yields exactly one event, ``status`` being one of
+
+* ``completed`` / ``preempted`` / ``failed``: the agent's final status object says so;
+* ``preempted``: the instance was reclaimed by the market before the agent could write a status;
+* ``lost``: the instance is gone for another reason, or neither heartbeat nor agent progress was seen
+  within the timeout, or the attempt ran past ``max_attempt_seconds``.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_spot.backends.base import InstanceInfo, InstanceState, TerminationReason
+from airflow_spot.storage.protocol import AttemptStatus, Heartbeat, JobLayout, Outcome
+
+#: keys every event carries (``execute_complete`` validates them)
+EVENT_KEYS = ("status", "attempt_id", "instance_id", "message")
+
+
+@dataclass
+class Observation:
+    """What one poll saw. ``now`` is wall-clock seconds (heartbeats carry wall-clock times too)."""
+
+    now: float
+    status: AttemptStatus | None
+    heartbeat: Heartbeat | None
+    instance: InstanceInfo | None
+    instance_known: bool
+
+
+def classify(
+    obs: Observation,
+    *,
+    requested_at: float,
+    startup_timeout: float,
+    heartbeat_timeout: float,
+    max_attempt_seconds: float,
+) -> tuple[Outcome, str] | None:
+    """Decide whether the attempt has ended and how; ``None`` means "keep waiting".
+
+    The status object wins over everything else: an agent that wrote ``preempted`` after its emergency
+    save and was then killed by the market is a clean preemption, not a lost instance.
+    """
+    if obs.status is not None:
+        outcome = Outcome(obs.status.outcome)
+        return outcome, f"agent reported {outcome.value} (exit code {obs.status.exit_code})"
+    inst = obs.instance
+    if not obs.instance_known or inst is None:
+        return Outcome.LOST, "instance is unknown to the backend and the attempt has no status"
+    if InstanceState(inst.state).is_terminal():
+        if TerminationReason(inst.reason) is TerminationReason.PREEMPTED:
+            return Outcome.PREEMPTED, "instance was reclaimed by the market before the agent wrote a status"
+        reason = TerminationReason(inst.reason).value or "unknown"
+        return Outcome.LOST, f"instance terminated (reason: {reason}) without a status for this attempt"
+    hb = obs.heartbeat
+    if hb is None:
+        if obs.now - requested_at > startup_timeout:
+            return Outcome.LOST, f"no heartbeat within {startup_timeout:.0f}s of the request (agent or command never started)"
+    elif obs.now - max(hb.time, requested_at) > heartbeat_timeout:
+        return Outcome.LOST, f"no heartbeat for {obs.now - hb.time:.0f}s (timeout {heartbeat_timeout:.0f}s) at step {hb.step}"
+    if obs.now - requested_at > max_attempt_seconds:
+        return Outcome.LOST, f"attempt ran longer than max_attempt_seconds={max_attempt_seconds:.0f}"
+    return None
+
+
+class SegmentTrigger(BaseTrigger):
+    """Poll one attempt until it ends; bounded by ``max_attempt_seconds`` and the timeouts.
+
+    :param job_uri: the job's root in the store.
+    :param attempt_id: the attempt to watch.
+    :param instance_id: the instance running it.
+    :param requested_at: wall-clock time the segment request was written.
+    :param backend: backend name; ``backend_options`` its JSON kwargs.
+    :param aws_conn_id: connection for ``s3://`` stores.
+    :param poll_interval: seconds between polls.
+    :param startup_timeout: seconds to wait for the first heartbeat (instance boot + command start).
+    :param heartbeat_timeout: seconds of heartbeat silence after which the attempt is lost.
+    :param max_attempt_seconds: hard bound on the whole attempt.
+    """
+
+    def __init__(
+        self,
+        *,
+        job_uri: str,
+        attempt_id: str,
+        instance_id: str,
+        requested_at: float,
+        backend: str = "local",
+        backend_options: dict[str, Any] | None = None,
+        aws_conn_id: str | None = "aws_default",
+        poll_interval: float = 5.0,
+        startup_timeout: float = 900.0,
+        heartbeat_timeout: float = 300.0,
+        max_attempt_seconds: float = 7 * 24 * 3600.0,
+    ) -> None:
+        super().__init__()
+        self.job_uri = job_uri
+        self.attempt_id = attempt_id
+        self.instance_id = instance_id
+        self.requested_at = float(requested_at)
+        self.backend = backend
+        self.backend_options = dict(backend_options or {})
+        self.aws_conn_id = aws_conn_id
+        self.poll_interval = float(poll_interval)
+        self.startup_timeout = float(startup_timeout)
+        self.heartbeat_timeout = float(heartbeat_timeout)
+        self.max_attempt_seconds = float(max_attempt_seconds)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "job_uri": self.job_uri,
+                "attempt_id": self.attempt_id,
+                "instance_id": self.instance_id,
+                "requested_at": self.requested_at,
+                "backend": self.backend,
+                "backend_options": self.backend_options,
+                "aws_conn_id": self.aws_conn_id,
+                "poll_interval": self.poll_interval,
+                "startup_timeout": self.startup_timeout,
+                "heartbeat_timeout": self.heartbeat_timeout,
+                "max_attempt_seconds": self.max_attempt_seconds,
+            },
+        )
+
+    def _hook(self):
+        from airflow_spot.hooks.spot import SpotHook
+
+        return SpotHook(backend=self.backend, backend_options=self.backend_options, aws_conn_id=self.aws_conn_id)
+
+    def _read_store(self, layout: JobLayout) -> tuple[AttemptStatus | None, Heartbeat | None]:
+        return layout.read_status(self.attempt_id), layout.read_heartbeat(self.attempt_id)
+
+    async def _observe(self, layout: JobLayout, backend) -> Observation:
+        # Instance first, store second: a status written just before the instance died is then seen.
+        described = await backend.adescribe([self.instance_id])
+        status, heartbeat = await asyncio.to_thread(self._read_store, layout)
+        return Observation(
+            now=time.time(),
+            status=status,
+            heartbeat=heartbeat,
+            instance=described.get(self.instance_id),
+            instance_known=self.instance_id in described,
+        )
+
+    def _max_polls(self) -> int:
+        remaining = self.requested_at + self.max_attempt_seconds - time.time()
+        return max(2, math.ceil(remaining / max(self.poll_interval, 0.05)) + 2)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        hook = self._hook()
+        # Building the store and backend may read an Airflow connection: keep that off the event loop.
+        store = await asyncio.to_thread(hook.get_store, self.job_uri)
+        backend = await asyncio.to_thread(hook.get_backend)
+        layout = JobLayout(store)
+        obs: Observation | None = None
+        verdict: tuple[Outcome, str] | None = None
+        for _ in range(self._max_polls()):
+            obs = await self._observe(layout, backend)
+            verdict = self._classify(obs)
+            if verdict is not None:
+                break
+            await asyncio.sleep(self.poll_interval)
+        if verdict is None or obs is None:
+            verdict = (Outcome.LOST, f"gave up after max_attempt_seconds={self.max_attempt_seconds:.0f}")
+        yield TriggerEvent(self._event(verdict[0], verdict[1], obs))
+
+    def _classify(self, obs: Observation) -> tuple[Outcome, str] | None:
+        verdict = classify(
+            obs,
+            requested_at=self.requested_at,
+            startup_timeout=self.startup_timeout,
+            heartbeat_timeout=self.heartbeat_timeout,
+            max_attempt_seconds=self.max_attempt_seconds,
+        )
+        if verdict is not None and obs.status is None:
+            self.log.warning("attempt %s: %s", self.attempt_id, verdict[1])
+        return verdict
+
+    def _event(self, outcome: Outcome, message: str, obs: Observation | None) -> dict[str, Any]:
+        status = obs.status if obs else None
+        hb = obs.heartbeat if obs else None
+        inst = obs.instance if obs else None
+        return {
+            "status": outcome.value,
+            "attempt_id": self.attempt_id,
+            "instance_id": self.instance_id,
+            "message": message,
+            "exit_code": status.exit_code if status else None,
+            "error_tail": status.error_tail if status else "",
+            "last_step": hb.step if hb else None,
+            "last_committed_step": (
+                status.last_committed_step if status and status.last_committed_step is not None
+                else (hb.last_committed_step if hb else None)
+            ),
+            "started_at": status.started_at if status else None,
+            "ended_at": status.ended_at if status else (obs.now if obs else time.time()),
+            "instance_state": InstanceState(inst.state).value if inst else None,
+            "instance_reason": TerminationReason(inst.reason).value if inst else None,
+            "notice_at": inst.notice_at if inst else None,
+        }
+
+    async def on_kill(self) -> None:
+        """The user killed the deferred task (mark failed/success, clear): release its instance."""
+        hook = self._hook()
+        backend = await asyncio.to_thread(hook.get_backend)
+        await asyncio.to_thread(backend.terminate, [self.instance_id])
+        self.log.info("terminated instance %s of killed attempt %s", self.instance_id, self.attempt_id)
