@@ -180,7 +180,8 @@ def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup
     gpu_request = validate_gpus(gpus)
     options = dict(segment_options or {})
     bounds = segment_bounds(total_steps, steps_per_segment)
-    with TaskGroup(group_id=task_id, dag=task_kwargs.pop("dag", None)) as group:
+    group_kwargs = {"dag": task_kwargs["dag"]} if task_kwargs.get("dag") is not None else {}
+    with TaskGroup(group_id=task_id, **group_kwargs) as group:
         previous = None
         for index, (start, end) in enumerate(bounds):
             segment = SpotSegmentOperator(

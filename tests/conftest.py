@@ -1,0 +1,17 @@
+"""Shared test setup, kept light: only environment defaults that must exist before Airflow is imported.
+
+Tests that run DAGs opt in to the Airflow fixtures of ``tests/airflow_fixtures.py``
+(``from airflow_fixtures import airflow_db``), so the rest of the suite never pays for a metadata DB.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+# Airflow reads its home and config when first imported; give tests a private home unless the caller
+# chose one. Nothing is created here: the directory appears only if a test uses Airflow.
+if "AIRFLOW_HOME" not in os.environ:
+    os.environ["AIRFLOW_HOME"] = os.path.join(tempfile.gettempdir(), f"airflow-spot-tests-{os.getpid()}")
+    os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+    os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", os.path.join(os.environ["AIRFLOW_HOME"], "dags"))
+    os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")

@@ -1,0 +1,86 @@
+"""Bad arguments of SpotTraining fail when the DAG is parsed, with a message that says what to fix."""
+from __future__ import annotations
+
+import sys
+from datetime import datetime, timedelta
+
+import pytest
+
+from airflow.sdk import DAG
+
+from airflow_spot.operators.training import SpotTraining
+from airflow_spot.operators.validation import SpotTrainingConfigError, segment_bounds
+from airflow_spot.policy.offers import GpuRequest
+
+GOOD = dict(
+    task_id="train",
+    command=[sys.executable, "-c", "pass"],
+    total_steps=100,
+    steps_per_segment=30,
+    checkpoint_uri="file:///tmp/ckpt/{{ dag.dag_id }}/{{ run_id }}",
+)
+
+
+def build(**overrides):
+    with DAG("validation", schedule=None, start_date=datetime(2024, 1, 1)) as dag:
+        SpotTraining(**{**GOOD, **overrides})
+    return dag
+
+
+def test_good_job_builds_chained_segments_and_final_task():
+    dag = build()
+    ids = sorted(dag.task_dict)
+    assert ids == ["train.finish", "train.segment_000", "train.segment_001", "train.segment_002", "train.segment_003"]
+    seg = [dag.task_dict[f"train.segment_{i:03d}"] for i in range(4)]
+    assert [(s.start_step, s.end_step) for s in seg] == [(0, 30), (30, 60), (60, 90), (90, 100)]
+    for a, b in zip(seg, seg[1:]):
+        assert b.task_id in a.downstream_task_ids
+    finish = dag.task_dict["train.finish"]
+    assert finish.trigger_rule == "all_done"
+    assert finish.upstream_task_ids == {"train.segment_003"}
+    # Airflow's retries cover both budgets; the operator enforces each one separately.
+    assert seg[0].retries == 10 + 1 and seg[0].max_preemptions == 10 and seg[0].code_retries == 1
+    assert {"command", "checkpoint_uri", "env"} <= set(seg[0].template_fields)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(total_steps=0), "total_steps must be a positive"),
+        (dict(total_steps=-5), "total_steps must be a positive"),
+        (dict(steps_per_segment=0), "steps_per_segment must be a positive"),
+        (dict(total_steps=10, steps_per_segment=20), "steps_per_segment=20 is larger than total_steps=10"),
+        (dict(total_steps=10.5), "total_steps must be an integer"),
+        (dict(backend="gce"), "unknown backend 'gce'; valid backends: local"),
+        (dict(command=[]), "command must be a non-empty list"),
+        (dict(command=""), "command must be a non-empty list"),
+        (dict(command=["no-such-program-xyz", "train.py"]), "'no-such-program-xyz' was not found on PATH"),
+        (dict(checkpoint_uri="gs://bucket/x"), "unsupported scheme 'gs'"),
+        (dict(checkpoint_uri="relative/dir"), "has no scheme"),
+        (dict(checkpoint_uri="file://host/dir"), "must be absolute"),
+        (dict(checkpoint_uri=""), "checkpoint_uri must be a non-empty string"),
+        (dict(deadline=3600), "deadline must be a datetime.timedelta"),
+        (dict(deadline=timedelta(0)), "deadline must be positive"),
+        (dict(max_preemptions=-1), "max_preemptions must be an integer >= 0"),
+        (dict(retries=None), "retries must be an integer >= 0"),
+        (dict(gpus="A100"), "gpus must be a GpuRequest"),
+    ],
+)
+def test_bad_arguments_fail_at_parse_time(overrides, message):
+    with pytest.raises(SpotTrainingConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build(**overrides)
+
+
+def test_gpu_request_errors_come_from_the_contract():
+    with pytest.raises(ValueError, match="count must be a positive integer"):
+        build(gpus=GpuRequest(count=0))
+
+
+def test_string_command_is_split_and_templates_are_left_to_render_time():
+    dag = build(command=f"{sys.executable} train.py --lr 0.1", checkpoint_uri="{{ var.value.ckpt_root }}/x")
+    assert dag.task_dict["train.segment_000"].command == [sys.executable, "train.py", "--lr", "0.1"]
+
+
+def test_segment_bounds_cover_the_job_exactly():
+    assert segment_bounds(10, 10) == [(0, 10)]
+    assert segment_bounds(7, 3) == [(0, 3), (3, 6), (6, 7)]
