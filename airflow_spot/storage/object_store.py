@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import tempfile
 import uuid
 from abc import ABC, abstractmethod

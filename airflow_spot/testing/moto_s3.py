@@ -49,3 +49,35 @@ def create_bucket(endpoint_url: str, bucket: str) -> None:
     import boto3
 
     boto3.client("s3", endpoint_url=endpoint_url, region_name="us-east-1").create_bucket(Bucket=bucket)
+
+
+@contextlib.contextmanager
+def moto_server_process() -> Iterator[str]:
+    """``ThreadedMotoServer`` in a child process: keeps the caller thread-free (safe to fork) and off
+    the caller's GIL (fair throughput measurements). Yields the endpoint URL."""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging,sys;from moto.server import ThreadedMotoServer;"
+        "logging.getLogger('werkzeug').setLevel(logging.ERROR);"
+        "s=ThreadedMotoServer(ip_address='127.0.0.1',port=0);s.start();"
+        "print('ENDPOINT %s:%s'%s.get_host_and_port(),flush=True);sys.stdin.read()"
+    )
+    with fake_aws_env():
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ)
+        )
+        try:
+            line = ""
+            for _ in range(20):  # moto prints a banner first
+                line = proc.stdout.readline().decode().strip()
+                if line.startswith("ENDPOINT ") or not line:
+                    break
+            if not line.startswith("ENDPOINT "):
+                raise RuntimeError(f"moto server did not start: {line!r}")
+            yield "http://" + line.split()[1]
+        finally:
+            proc.stdin.close()
+            proc.terminate()
+            proc.wait(timeout=10)

@@ -20,7 +20,7 @@ import pytest
 
 from airflow_spot.storage.checkpoint import CheckpointStore
 from airflow_spot.storage.object_store import open_store
-from airflow_spot.testing.moto_s3 import FAKE_CREDENTIALS, create_bucket
+from airflow_spot.testing.moto_s3 import moto_server_process
 
 KILLS = 200
 CHUNK = 5 * 1024 * 1024  # S3's smallest multipart part, so big payloads exercise multipart uploads
@@ -110,34 +110,8 @@ def test_sigkill_during_file_saves(tmp_path):
 
 @pytest.fixture(scope="module")
 def moto_subprocess():
-    env = {**os.environ, **FAKE_CREDENTIALS}
-    code = (
-        "import logging,sys,time;from moto.server import ThreadedMotoServer;"
-        "logging.getLogger('werkzeug').setLevel(logging.ERROR);"
-        "s=ThreadedMotoServer(ip_address='127.0.0.1',port=0);s.start();"
-        "print('ENDPOINT %s:%s'%s.get_host_and_port(),flush=True);sys.stdin.read()"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-    try:
-        line = ""
-        for _ in range(20):  # moto prints a banner first
-            line = proc.stdout.readline().decode().strip()
-            if line.startswith("ENDPOINT ") or not line:
-                break
-        assert line.startswith("ENDPOINT "), f"moto server did not start: {line!r}"
-        endpoint = "http://" + line.split()[1]
-        saved = {k: os.environ.get(k) for k in FAKE_CREDENTIALS}
-        os.environ.update(FAKE_CREDENTIALS)
+    with moto_server_process() as endpoint:
         yield endpoint
-    finally:
-        proc.stdin.close()
-        proc.terminate()
-        proc.wait(timeout=10)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def test_sigkill_during_s3_saves(tmp_path, moto_subprocess):
