@@ -1,0 +1,166 @@
+"""Spot traces: load and validate the measured preemption/availability files, and summarise them.
+
+Format (skypilot-org/spot-traces, data of the NSDI'24 paper "Can't Be Late"):
+``{"metadata": {"gap_seconds": G}, "data": [v0, v1, ...]}``, one value per tick of ``G`` seconds, ``1`` = a
+spot instance of the pool is running (preemption traces) or could be launched (availability traces),
+``0`` = preempted / not available. A preemption is a ``1 -> 0`` step. Note that the paper authors'
+own simulator uses the opposite encoding; these files use 1 = up.
+
+The file name carries the pool: ``<zone>_<gpu>_<count>.json`` (e.g. ``us-west-2b_v100_1.json``).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+#: a trace shorter than this is most likely a truncated download, not a measurement
+MIN_TICKS = 2
+
+_NAME = re.compile(r"^(?P<zone>[a-z]{2}-[a-z]+-\d[a-z])_(?P<gpu>[a-z0-9]+)_(?P<count>\d+)$")
+
+#: GPU name in trace file names -> instance type measured (AWS, one node)
+TRACE_INSTANCE_TYPES: dict[tuple[str, int], str] = {
+    ("v100", 1): "p3.2xlarge",
+    ("v100", 4): "p3.8xlarge",
+    ("v100", 8): "p3.16xlarge",
+    ("k80", 1): "p2.xlarge",
+    ("k80", 8): "p2.8xlarge",
+}
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be used; the message names the file and what to fix."""
+
+
+@dataclass(frozen=True)
+class SpotTrace:
+    """One pool's measured up/down sequence."""
+
+    name: str
+    zone: str
+    gap_seconds: float
+    values: tuple[int, ...]
+    gpu: str = ""
+    gpu_count: int = 0
+
+    @property
+    def region(self) -> str:
+        return zone_region(self.zone)
+
+    @property
+    def instance_type(self) -> str | None:
+        return TRACE_INSTANCE_TYPES.get((self.gpu, self.gpu_count))
+
+    @property
+    def duration_seconds(self) -> float:
+        return len(self.values) * self.gap_seconds
+
+    def preemptions(self) -> int:
+        v = self.values
+        return sum(1 for a, b in zip(v, v[1:]) if a == 1 and b == 0)
+
+    def up_fraction(self) -> float:
+        return sum(self.values) / len(self.values)
+
+    def mtbf_seconds(self) -> float | None:
+        """Mean time between preemptions over the whole trace (what the data README quotes), or None
+        when the trace holds no preemption."""
+        n = self.preemptions()
+        return self.duration_seconds / n if n else None
+
+    def mean_up_seconds(self) -> float | None:
+        """Mean length of an up period that ended in a preemption (how long an instance survives)."""
+        runs, run = [], 0
+        for a, b in zip(self.values, self.values[1:]):
+            if a == 1:
+                run += 1
+                if b == 0:
+                    runs.append(run)
+                    run = 0
+        return sum(runs) * self.gap_seconds / len(runs) if runs else None
+
+    def up_at(self, seconds: float) -> bool:
+        """Whether the pool is up at ``seconds`` from the trace's start (False past its end)."""
+        i = int(seconds // self.gap_seconds)
+        return 0 <= i < len(self.values) and self.values[i] == 1
+
+
+def zone_region(zone: str) -> str:
+    """``us-west-2b`` -> ``us-west-2`` (AWS zone names are the region plus one letter)."""
+    if not re.fullmatch(r"[a-z]{2}-[a-z]+-\d[a-z]", zone):
+        raise TraceError(f"{zone!r} is not an AWS zone name like 'us-west-2b'")
+    return zone[:-1]
+
+
+def parse_trace(raw: object, name: str = "<trace>", zone: str | None = None) -> SpotTrace:
+    """Validate a decoded trace document; raise :class:`TraceError` saying what is wrong."""
+    if not isinstance(raw, dict):
+        raise TraceError(f"{name}: expected a JSON object with 'metadata' and 'data', got {type(raw).__name__}")
+    meta, data = raw.get("metadata"), raw.get("data")
+    if not isinstance(meta, dict) or "gap_seconds" not in meta:
+        raise TraceError(f"{name}: missing metadata.gap_seconds (seconds between two values)")
+    gap = meta["gap_seconds"]
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not gap > 0:
+        raise TraceError(f"{name}: metadata.gap_seconds must be a positive number, got {gap!r}")
+    if not isinstance(data, list):
+        raise TraceError(f"{name}: 'data' must be a list of 0/1 values, got {type(data).__name__}")
+    if len(data) < MIN_TICKS:
+        raise TraceError(f"{name}: 'data' holds {len(data)} values; a trace needs at least {MIN_TICKS}")
+    for i, v in enumerate(data):
+        if isinstance(v, bool) or v not in (0, 1):
+            raise TraceError(f"{name}: data[{i}] is {v!r}; values must be 0 (down) or 1 (up)")
+    m = _NAME.match(Path(name).stem)
+    gpu, count = (m.group("gpu"), int(m.group("count"))) if m else ("", 0)
+    z = zone or (m.group("zone") if m else "")
+    if not z:
+        raise TraceError(
+            f"{name}: cannot tell the zone; name the file '<zone>_<gpu>_<count>.json' or pass zone="
+        )
+    zone_region(z)
+    return SpotTrace(name=Path(name).stem, zone=z, gap_seconds=float(gap), values=tuple(int(v) for v in data),
+                     gpu=gpu, gpu_count=count)
+
+
+def load_trace(path: str | Path, zone: str | None = None) -> SpotTrace:
+    """Read and validate one trace file."""
+    p = Path(path)
+    if not p.is_file():
+        raise TraceError(f"trace file {p} does not exist")
+    try:
+        raw = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{p}: not valid JSON ({exc})") from exc
+    return parse_trace(raw, name=str(p), zone=zone)
+
+
+def load_traces(paths: list[str | Path] | str | Path) -> list[SpotTrace]:
+    """Load every ``*.json`` of a directory, or the given files; all must share one ``gap_seconds``."""
+    if isinstance(paths, (str, Path)):
+        d = Path(paths)
+        if d.is_dir():
+            files = sorted(d.glob("*.json"))
+            if not files:
+                raise TraceError(f"no *.json trace file in {d}")
+        else:
+            files = [d]
+    else:
+        files = [Path(p) for p in paths]
+    traces = [load_trace(f) for f in files]
+    gaps = {t.gap_seconds for t in traces}
+    if len(gaps) > 1:
+        raise TraceError(f"traces have different gap_seconds {sorted(gaps)}; replay needs one tick length")
+    zones = [t.zone for t in traces]
+    if len(set(zones)) != len(zones):
+        raise TraceError(f"two traces for the same zone among {zones}; pass one trace per zone")
+    return traces
+
+
+def default_traces_dir(project_root: Path | None = None) -> Path:
+    """``../shared/data/spot-traces`` next to the project checkout (the data shipped beside this repo)."""
+    root = project_root or Path(__file__).resolve().parents[2]
+    return (root / ".." / "shared" / "data" / "spot-traces").resolve()
+
+
+PREEMPTION_TRACES_SUBDIR = Path("preemption") / "1-node" / "aws-04-22-2023"

@@ -1,0 +1,221 @@
+"""Spot or on-demand under a deadline: Uniform Progress (Wu et al., NSDI'24 "Can't Be Late").
+
+The plan is the straight line from (job start, 0) to (deadline - restart overhead, all work): keeping
+progress on or above it finishes in time with one restart to spare. The rule, evaluated whenever
+something changes (a preemption, spot capacity coming back, a segment boundary):
+
+* on spot and still running: stay (a running spot instance makes progress at full speed, cheaply);
+* spot available and not on spot: take it, unless the job is on on-demand and not yet ``hysteresis``
+  ahead of the line (each switch pays a restart, so switching back and forth is worse than either);
+* no spot: run on-demand while progress is behind the line (or less than ``hysteresis`` ahead of it
+  when already on on-demand); otherwise wait for spot, paying nothing;
+* safety net: when the slack left (time to the deadline minus the work left) can absorb no more than
+  ``safety_restarts`` restarts, go to on-demand and stay there until the end.
+
+Without a deadline: spot only (wait when no spot is available).
+
+Work is measured in seconds of training at the job's current speed (``steps * step_seconds``). Pure: the
+state, the observation and the time are passed in; the decision carries the next state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from airflow_spot.policy.offers import Market
+from airflow_spot.policy.registry import PolicyRegistry
+
+deadline_policies = PolicyRegistry("deadline")
+
+#: "no instance": wait for spot capacity, paying nothing
+WAIT = "wait"
+
+
+@dataclass(frozen=True)
+class DeadlineParams:
+    """:param restart_overhead_seconds: paid time without progress when an instance (re)starts.
+    :param hysteresis_seconds: how far ahead of the line the job must be to leave on-demand.
+    :param safety_restarts: restarts the remaining slack must still absorb before the safety net
+        commits the job to on-demand."""
+
+    restart_overhead_seconds: float = 600.0
+    hysteresis_seconds: float | None = None
+    safety_restarts: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.restart_overhead_seconds < 0:
+            raise ValueError(f"restart_overhead_seconds must be >= 0, got {self.restart_overhead_seconds!r}")
+        if self.hysteresis_seconds is not None and self.hysteresis_seconds < 0:
+            raise ValueError(f"hysteresis_seconds must be >= 0, got {self.hysteresis_seconds!r}")
+        if self.safety_restarts < 0:
+            raise ValueError(f"safety_restarts must be >= 0, got {self.safety_restarts!r}")
+
+    @property
+    def hysteresis(self) -> float:
+        return 2.0 * self.restart_overhead_seconds if self.hysteresis_seconds is None else self.hysteresis_seconds
+
+
+@dataclass(frozen=True)
+class DeadlineState:
+    """What the policy remembers between calls. ``committed``: the safety net fired; on-demand to the end."""
+
+    committed: bool = False
+
+
+@dataclass(frozen=True)
+class Observation:
+    """:param started_at: when the job started (seconds, the same clock as ``now``).
+    :param deadline_at: when the job must be done, or None for no deadline.
+    :param work_done: seconds of work done (committed progress).
+    :param work_total: seconds of work of the whole job.
+    :param spot_available: some suitable spot offer can be launched (or is running) now.
+    :param running: what the job runs on now: ``spot``, ``on-demand`` or None."""
+
+    started_at: float
+    deadline_at: float | None
+    work_done: float
+    work_total: float
+    spot_available: bool = True
+    running: Market | str | None = None
+
+    def __post_init__(self) -> None:
+        if self.work_total <= 0:
+            raise ValueError(f"work_total must be positive, got {self.work_total!r}")
+        if self.deadline_at is not None and self.deadline_at <= self.started_at:
+            raise ValueError("deadline_at must be after started_at")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """``market``: ``spot``, ``on-demand`` or ``wait``; ``state``: pass it to the next call."""
+
+    market: str
+    reason: str
+    state: DeadlineState = DeadlineState()
+
+
+def planned_progress(obs: Observation, now: float, params: DeadlineParams) -> float:
+    """Work the straight line from start to (deadline - one restart) asks for at ``now``."""
+    assert obs.deadline_at is not None
+    end = max(obs.deadline_at - params.restart_overhead_seconds, obs.started_at + 1e-9)
+    frac = (now - obs.started_at) / (end - obs.started_at)
+    return obs.work_total * min(max(frac, 0.0), 1.0)
+
+
+def slack(obs: Observation, now: float) -> float:
+    """Time to the deadline minus the work left: what preemptions, restarts and waiting may still use."""
+    assert obs.deadline_at is not None
+    return (obs.deadline_at - now) - (obs.work_total - obs.work_done)
+
+
+def _running(obs: Observation) -> Market | None:
+    return Market(obs.running) if obs.running else None
+
+
+@deadline_policies.register("uniform-progress", default=True)
+def uniform_progress(state: DeadlineState, obs: Observation, now: float, params: DeadlineParams) -> Decision:
+    running = _running(obs)
+    if obs.deadline_at is None:
+        if obs.spot_available:
+            return Decision(Market.SPOT.value, "no deadline: spot only", state)
+        return Decision(WAIT, "no deadline and no spot capacity: wait", state)
+    if state.committed:
+        return Decision(Market.ON_DEMAND.value, "safety net: on-demand to the end", state)
+    r = params.restart_overhead_seconds
+    left = slack(obs, now)
+    # leaving the current instance costs a restart; running on-demand already, only the way back costs
+    needed = params.safety_restarts * r
+    if left <= needed:
+        return Decision(
+            Market.ON_DEMAND.value,
+            f"safety net: slack {left:.0f}s <= {needed:.0f}s ({params.safety_restarts:g} restarts)",
+            replace(state, committed=True),
+        )
+    ahead = obs.work_done - planned_progress(obs, now, params)
+    if running is Market.SPOT and obs.spot_available:
+        return Decision(Market.SPOT.value, f"on spot, {ahead:+.0f}s against the line", state)
+    if obs.spot_available:
+        if running is Market.ON_DEMAND and ahead < params.hysteresis:
+            return Decision(
+                Market.ON_DEMAND.value, f"on-demand until {params.hysteresis:.0f}s ahead of the line ({ahead:+.0f}s)", state
+            )
+        return Decision(Market.SPOT.value, f"spot available, {ahead:+.0f}s against the line", state)
+    threshold = params.hysteresis if running is Market.ON_DEMAND else 0.0
+    if ahead < threshold:
+        return Decision(Market.ON_DEMAND.value, f"no spot and {ahead:+.0f}s against the line", state)
+    return Decision(WAIT, f"no spot, {ahead:+.0f}s ahead of the line: wait for spot", state)
+
+
+@deadline_policies.register("greedy")
+def greedy(state: DeadlineState, obs: Observation, now: float, params: DeadlineParams) -> Decision:
+    """Baseline: spot whenever available, wait otherwise, on-demand to the end once the slack is gone."""
+    if obs.deadline_at is None:
+        return Decision(Market.SPOT.value if obs.spot_available else WAIT, "no deadline", state)
+    if state.committed:
+        return Decision(Market.ON_DEMAND.value, "deadline forces on-demand", state)
+    left = slack(obs, now)
+    if left <= params.safety_restarts * params.restart_overhead_seconds:
+        return Decision(Market.ON_DEMAND.value, f"slack {left:.0f}s: deadline forces on-demand", replace(state, committed=True))
+    if obs.spot_available:
+        return Decision(Market.SPOT.value, "spot available", state)
+    return Decision(WAIT, "no spot: wait", state)
+
+
+@deadline_policies.register("on-demand")
+def on_demand_only(state: DeadlineState, obs: Observation, now: float, params: DeadlineParams) -> Decision:
+    """Baseline: always on-demand."""
+    return Decision(Market.ON_DEMAND.value, "on-demand only", state)
+
+
+def decide(
+    state: DeadlineState, obs: Observation, now: float, params: DeadlineParams | None = None, policy: str | None = None
+) -> Decision:
+    """Run the registered deadline policy ``policy`` (default ``uniform-progress``)."""
+    return deadline_policies.get(policy)(state, obs, now, params or DeadlineParams())
+
+
+def choose_market(
+    *,
+    now: float,
+    started_at: float,
+    deadline_seconds: float | None,
+    done_steps: int,
+    total_steps: int,
+    step_seconds: float | None = None,
+    running: Market | str | None = None,
+    spot_available: bool = True,
+    params: DeadlineParams | None = None,
+    state: DeadlineState | None = None,
+    policy: str | None = None,
+) -> Decision:
+    """The operators' entry point: spot or on-demand for the next attempt, from steps.
+
+    :param deadline_seconds: the deadline as seconds after ``started_at`` (None: spot only).
+    :param step_seconds: measured seconds per step; without it the job is assumed to need the whole
+        window at its current rate, so only the line (not the safety net's absolute slack) is used.
+    :returns: a decision whose ``market`` is ``spot`` or ``on-demand`` (``wait`` becomes ``spot``: the
+        operator tries spot offers, which is what waiting for spot means for it).
+    """
+    if total_steps <= 0:
+        raise ValueError(f"total_steps must be positive, got {total_steps!r}")
+    if step_seconds is not None and step_seconds > 0:
+        unit = step_seconds
+    elif deadline_seconds:
+        # unknown speed: scale steps so that the whole job fills the window before the last restart; the
+        # absolute slack is then meaningless, so only the line decides (no safety-net restarts)
+        p = params or DeadlineParams()
+        unit = max(deadline_seconds - p.restart_overhead_seconds, 1.0) / total_steps
+        params = replace(p, safety_restarts=0.0)
+    else:
+        unit = 1.0
+    obs = Observation(
+        started_at=started_at,
+        deadline_at=started_at + deadline_seconds if deadline_seconds else None,
+        work_done=min(done_steps, total_steps) * unit,
+        work_total=total_steps * unit,
+        spot_available=spot_available,
+        running=running,
+    )
+    d = decide(state or DeadlineState(), obs, now, params, policy)
+    if d.market == WAIT:
+        return Decision(Market.SPOT.value, d.reason, d.state)
+    return d

@@ -1,0 +1,167 @@
+"""The cost ledger: one row per attempt, billed by the provider's rule, summed per job.
+
+Billing (AWS, Linux): per second, with a 60 s minimum each time an instance starts. A row on a warm
+instance reused from the previous segment (``new_instance=False``) continues that instance's bill, so
+the minimum does not apply again.
+
+Per row, ``lost_seconds`` is paid time that left no kept progress: for an attempt with a known mean
+step time, its duration minus ``steps_done * step_seconds`` (boot, restore, saves, the lost steps);
+otherwise the share of the attempt's steps that were lost (all of it when no step was kept), and
+nothing for a completed attempt.
+
+The job's ``on_demand_cost`` is what the same work — the billed time minus the lost time — costs at the
+on-demand price of the same instance type, so savings are never credited for work a preemption threw
+away. Totals are sums over rows. Pure maths: rows come from the store through
+:mod:`airflow_spot.storage.ledger_store`.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, fields
+
+from airflow_spot.policy.offers import Market
+
+#: AWS per-second billing minimum for Linux instances (EC2 docs, "per-second billing")
+AWS_MINIMUM_BILLED_SECONDS = 60.0
+
+LEDGER_SCHEMA_VERSION = 1
+
+PREEMPTION_OUTCOMES = ("preempted", "lost")
+
+
+def billed_seconds(duration_seconds: float, new_instance: bool = True,
+                   minimum_seconds: float = AWS_MINIMUM_BILLED_SECONDS) -> float:
+    """Seconds billed for ``duration_seconds`` of running: whole seconds, with the minimum on a new instance."""
+    if duration_seconds < 0:
+        raise ValueError(f"duration must be >= 0, got {duration_seconds!r}")
+    secs = float(math.ceil(duration_seconds - 1e-9))
+    return max(secs, minimum_seconds) if new_instance else secs
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    """One attempt of one segment on one instance."""
+
+    attempt_id: str
+    instance_id: str
+    instance_type: str
+    zone: str
+    market: str
+    price_per_hour: float
+    on_demand_price_per_hour: float
+    started_at: float
+    ended_at: float
+    steps_done: int
+    outcome: str
+    region: str = ""
+    segment_index: int = 0
+    new_instance: bool = True
+    steps_lost: int = 0
+    gpu_count: int = 1
+    step_seconds: float | None = None
+    schema_version: int = LEDGER_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "market", Market(self.market).value)
+        if self.ended_at < self.started_at:
+            raise ValueError(f"ledger row {self.attempt_id}: ended_at {self.ended_at} is before started_at {self.started_at}")
+        if self.price_per_hour < 0 or self.on_demand_price_per_hour < 0:
+            raise ValueError(f"ledger row {self.attempt_id}: prices must be >= 0")
+        if self.steps_done < 0 or self.steps_lost < 0:
+            raise ValueError(f"ledger row {self.attempt_id}: step counts must be >= 0")
+
+    @property
+    def duration_seconds(self) -> float:
+        return self.ended_at - self.started_at
+
+    @property
+    def billed_seconds(self) -> float:
+        return billed_seconds(self.duration_seconds, self.new_instance)
+
+    @property
+    def cost(self) -> float:
+        return self.billed_seconds / 3600.0 * self.price_per_hour
+
+    @property
+    def lost_seconds(self) -> float:
+        if self.step_seconds is not None:
+            return max(0.0, self.billed_seconds - self.steps_done * self.step_seconds)
+        if self.outcome == "completed":
+            return 0.0
+        tried = self.steps_done + self.steps_lost
+        return self.billed_seconds * (self.steps_lost / tried if tried else 1.0)
+
+    @property
+    def useful_seconds(self) -> float:
+        return self.billed_seconds - self.lost_seconds
+
+    @property
+    def on_demand_cost(self) -> float:
+        """The same work at the on-demand price of the same instance type."""
+        return self.useful_seconds / 3600.0 * self.on_demand_price_per_hour
+
+    @property
+    def is_preemption(self) -> bool:
+        return self.outcome in PREEMPTION_OUTCOMES
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(billed_seconds=self.billed_seconds, cost=round(self.cost, 6))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LedgerRow":
+        names = {f.name for f in fields(cls)}
+        version = d.get("schema_version", LEDGER_SCHEMA_VERSION)
+        if version > LEDGER_SCHEMA_VERSION:
+            raise ValueError(f"ledger row schema {version} is newer than this code's {LEDGER_SCHEMA_VERSION}; upgrade airflow-spot")
+        return cls(**{k: v for k, v in d.items() if k in names})  # derived fields (cost, ...) are recomputed
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    attempts: int
+    preemptions: int
+    cost: float
+    on_demand_cost: float
+    spot_cost: float
+    billed_seconds: float
+    gpu_hours: float
+    lost_gpu_hours: float
+    steps_done: int
+    steps_lost: int
+
+    @property
+    def savings(self) -> float:
+        return self.on_demand_cost - self.cost
+
+    @property
+    def savings_fraction(self) -> float:
+        return self.savings / self.on_demand_cost if self.on_demand_cost > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(savings=self.savings, savings_fraction=self.savings_fraction)
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in d.items()}
+
+
+def summarize(rows: Iterable[LedgerRow]) -> JobSummary:
+    """Job totals: every figure is the sum of the rows' figures."""
+    rows = list(rows)
+    return JobSummary(
+        attempts=len(rows),
+        preemptions=sum(r.is_preemption for r in rows),
+        cost=sum(r.cost for r in rows),
+        on_demand_cost=sum(r.on_demand_cost for r in rows),
+        spot_cost=sum(r.cost for r in rows if r.market == Market.SPOT.value),
+        billed_seconds=sum(r.billed_seconds for r in rows),
+        gpu_hours=sum(r.billed_seconds * r.gpu_count for r in rows) / 3600.0,
+        lost_gpu_hours=sum(r.lost_seconds * r.gpu_count for r in rows) / 3600.0,
+        steps_done=sum(r.steps_done for r in rows),
+        steps_lost=sum(r.steps_lost for r in rows),
+    )
+
+
+#: the name the Airflow layer uses
+totals = summarize

@@ -1,0 +1,59 @@
+"""Ledger rows in the job's store: one JSON object per attempt under ``control/ledger/<attempt_id>.json``.
+
+One key per attempt makes writing idempotent (a retried ``execute_complete`` rewrites the same row) and
+lets concurrent writers never clash. Only moves rows; the maths is in :mod:`airflow_spot.policy.ledger`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+from airflow_spot.policy.ledger import LedgerRow
+from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
+from airflow_spot.storage.protocol import safe_id
+
+log = logging.getLogger(__name__)
+
+LEDGER_PREFIX = "control/ledger/"
+
+
+class LedgerStore:
+    """:param store: the job's store (its root, not the checkpoints child)."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    @staticmethod
+    def key(attempt_id: str) -> str:
+        return f"{LEDGER_PREFIX}{safe_id(attempt_id)}.json"
+
+    def write(self, row: LedgerRow) -> str:
+        key = self.key(row.attempt_id)
+        self.store.put_bytes(key, json.dumps(row.to_dict(), sort_keys=True).encode())
+        return key
+
+    def read(self, attempt_id: str) -> LedgerRow | None:
+        try:
+            raw = self.store.get_bytes(self.key(attempt_id))
+        except ObjectNotFound:
+            return None
+        return self._decode(self.key(attempt_id), raw)
+
+    def rows(self) -> list[LedgerRow]:
+        """Every row, ordered by start time (then attempt id)."""
+        out = []
+        for key in self.store.list(LEDGER_PREFIX):
+            if not key.endswith(".json"):
+                continue
+            try:
+                raw = self.store.get_bytes(key)
+            except ObjectNotFound:  # deleted between list and get (retention); nothing to count
+                continue
+            out.append(self._decode(key, raw))
+        return sorted(out, key=lambda r: (r.started_at, r.attempt_id))
+
+    def _decode(self, key: str, raw: bytes) -> LedgerRow:
+        try:
+            return LedgerRow.from_dict(json.loads(raw))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"ledger row {self.store.uri}/{key} is not a valid ledger row: {exc}") from exc
