@@ -1,0 +1,283 @@
+"""On-disk state of the ``local`` backend: one JSON record per instance, shared by every process.
+
+The operator (a worker), the trigger (the triggerer, maybe after a restart), the preemption supervisor and
+``airflow-spot reap`` are different processes; they agree on the instances only through this directory::
+
+    <state_dir>/
+      .lock                               held while launching (idempotency tokens, job counters)
+      tokens/<sha256(token)>.json         idempotency token -> instance id
+      jobs/<sha256(job_uri)>.json         job-wide launch counter and clock (preemption schedules)
+      instances/<instance_id>/
+        record.json                       InstanceRecord (InstanceInfo + process ids + flags)
+        .lock                             held for every read-modify-write of record.json
+        notice                            appears when a preemption notice is issued (SPOT_NOTICE_FILE)
+        agent.log                         stdout/stderr of the agent
+        agent_exit.json                   written by the agent when it exits on its own (idle, SIGTERM)
+        attempts/<attempt_id>.log         full output of each attempt's command
+        preemption.log                    output of the preemption supervisor
+
+Liveness is decided from processes, not from the record alone: a process counts as alive only if its pid
+still exists with the recorded start time and is not a zombie (nothing reaps orphans on some machines,
+and ``kill(pid, 0)`` succeeds on a zombie).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+
+from airflow_spot.backends.base import InstanceInfo
+
+#: environment variable naming the state directory shared by all processes of one installation
+STATE_DIR_ENV = "AIRFLOW_SPOT_LOCAL_DIR"
+RECORD_SCHEMA = 1
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get(STATE_DIR_ENV) or Path.home() / ".airflow-spot" / "local")
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write then rename, so a reader never sees half a record."""
+    tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+@dataclass
+class ProcessRef:
+    """A process identified by pid and start time, so a recycled pid is never mistaken for it."""
+
+    pid: int
+    create_time: float
+
+    @classmethod
+    def of(cls, pid: int) -> "ProcessRef":
+        try:
+            return cls(pid, psutil.Process(pid).create_time())
+        except psutil.NoSuchProcess:
+            return cls(pid, 0.0)
+
+    def alive(self) -> bool:
+        try:
+            proc = psutil.Process(self.pid)
+            return abs(proc.create_time() - self.create_time) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any non-zombie process is left in process group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return bool(group_members(pgid))
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live (non-zombie) processes of a process group."""
+    out = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        if proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            if os.getpgid(proc.info["pid"]) == pgid:
+                out.append(proc.info["pid"])
+        except (ProcessLookupError, PermissionError):
+            continue
+    return out
+
+
+def kill_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def stop_group(pgid: int, grace_seconds: float, poll_seconds: float = 0.05) -> bool:
+    """SIGTERM the group, wait up to ``grace_seconds`` for it to exit, then SIGKILL it.
+
+    :returns: True if the group exited within the grace period (False: it had to be SIGKILLed).
+    """
+    if not group_alive(pgid):
+        return True
+    kill_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + max(0.0, grace_seconds)
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return True
+        time.sleep(poll_seconds)
+    kill_group(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0  # SIGKILL cannot be caught; only a D-state process lingers
+    while time.monotonic() < deadline and group_alive(pgid):
+        time.sleep(poll_seconds)
+    return False
+
+
+@dataclass
+class InstanceRecord:
+    """Everything the backend knows about one local instance (stored as record.json)."""
+
+    info: InstanceInfo
+    agent: ProcessRef
+    #: process group of the instance (the agent leads it; the training command runs inside it)
+    pgid: int
+    token: str
+    #: 0-based position of this launch among the job's launches (preemption schedules consume by it)
+    launch_index: int = 0
+    running_at: float | None = None
+    supervisor: ProcessRef | None = None
+    #: wall-clock time the injector will issue the notice, if any
+    preempt_at: float | None = None
+    #: the injector started killing the instance (set before the SIGKILL, so describe() never races it)
+    preempt_kill: bool = False
+    #: we asked for termination (set before the SIGTERM)
+    terminate_requested: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["info"] = self.info.to_dict()
+        d["schema"] = RECORD_SCHEMA
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "InstanceRecord":
+        d = dict(d)
+        if int(d.pop("schema", 0)) > RECORD_SCHEMA:
+            raise ValueError(f"local instance record has a newer schema than this code understands: {d}")
+        d["info"] = InstanceInfo.from_dict(d["info"])
+        d["agent"] = ProcessRef(**d["agent"])
+        if d.get("supervisor"):
+            d["supervisor"] = ProcessRef(**d["supervisor"])
+        return cls(**d)
+
+
+class LocalState:
+    """Paths and locked read-modify-writes under one state directory."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root).expanduser().resolve()
+        try:
+            for sub in ("instances", "tokens", "jobs"):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(
+                f"local backend state directory {str(self.root)!r} cannot be created ({exc.strerror}); "
+                f"pass state_dir= or set {STATE_DIR_ENV} to a writable directory"
+            ) from exc
+
+    # ---- paths
+    def instance_dir(self, instance_id: str) -> Path:
+        if not instance_id or "/" in instance_id or instance_id.startswith("."):
+            raise ValueError(f"not a local instance id: {instance_id!r}")
+        return self.root / "instances" / instance_id
+
+    def record_path(self, instance_id: str) -> Path:
+        return self.instance_dir(instance_id) / "record.json"
+
+    def notice_path(self, instance_id: str) -> Path:
+        return self.instance_dir(instance_id) / "notice"
+
+    def agent_exit_path(self, instance_id: str) -> Path:
+        return self.instance_dir(instance_id) / "agent_exit.json"
+
+    # ---- locks
+    def launch_lock(self) -> contextlib.AbstractContextManager[None]:
+        return file_lock(self.root / ".lock")
+
+    def instance_lock(self, instance_id: str) -> contextlib.AbstractContextManager[None]:
+        return file_lock(self.instance_dir(instance_id) / ".lock")
+
+    # ---- records
+    def instance_ids(self) -> list[str]:
+        base = self.root / "instances"
+        return sorted(p.name for p in base.iterdir() if (p / "record.json").is_file())
+
+    def read(self, instance_id: str) -> InstanceRecord | None:
+        try:
+            data = read_json(self.record_path(instance_id))
+        except ValueError:  # not a local id, or a corrupt record: unknown to this backend
+            return None
+        return InstanceRecord.from_dict(data) if data else None
+
+    def write(self, record: InstanceRecord) -> None:
+        write_json_atomic(self.record_path(record.info.instance_id), record.to_dict())
+
+    def update(self, instance_id: str, change: Callable[[InstanceRecord], None]) -> InstanceRecord | None:
+        """Apply ``change`` to the record under the instance's lock; returns the new record."""
+        with self.instance_lock(instance_id):
+            record = self.read(instance_id)
+            if record is None:
+                return None
+            change(record)
+            self.write(record)
+            return record
+
+    # ---- idempotency tokens and job counters (call under launch_lock)
+    def token_instance(self, token: str) -> str | None:
+        data = read_json(self.root / "tokens" / f"{_digest(token)}.json")
+        return data["instance_id"] if data else None
+
+    def remember_token(self, token: str, instance_id: str) -> None:
+        write_json_atomic(self.root / "tokens" / f"{_digest(token)}.json", {"token": token, "instance_id": instance_id})
+
+    def next_launch(self, job_uri: str, now: float) -> tuple[int, float]:
+        """Count one more launch of ``job_uri``; returns (launch index, job clock origin)."""
+        path = self.root / "jobs" / f"{_digest(job_uri)}.json"
+        data = read_json(path) or {"job_uri": job_uri, "launches": 0, "t0": now}
+        index = int(data["launches"])
+        data["launches"] = index + 1
+        write_json_atomic(path, data)
+        return index, float(data["t0"])
+
+
+def pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError as exc:
+        return exc.errno == errno.EPERM
+    return True

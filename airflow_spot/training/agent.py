@@ -1,0 +1,350 @@
+"""The agent: the small process on an instance that runs segment requests and reports their outcome.
+
+Started by a backend as ``python -m airflow_spot.training.agent --job-uri URI --instance-id ID ...``. It
+polls ``control/instances/<id>/requests/`` in the job's store, runs each new request's command (oldest
+``created_at`` first) as a child process with the segment's ``SPOT_*`` environment, keeps the full output
+of each attempt in ``<work-dir>/attempts/<attempt>.log`` and writes exactly one final
+:class:`~airflow_spot.storage.protocol.AttemptStatus` per attempt:
+
+* exit 0 -> ``completed``; exit 75 (``PREEMPTED_EXIT_CODE``) -> ``preempted``; anything else, or a command
+  that cannot be started -> ``failed`` with the tail of its output.
+
+A warm instance runs several segments in a row; an attempt that already has a status is never run
+again. With no request for ``--idle-timeout`` seconds the agent writes ``agent_exit.json`` (reason
+``idle``) in its work dir and exits 0. On SIGTERM it forwards the signal to the running command, waits
+up to ``--term-grace`` seconds, writes the status, and exits. It also writes a liveness object
+``control/instances/<id>/agent.json`` (state, current attempt, time) at a bounded rate.
+
+Never imports Airflow: only ``storage`` and the environment contract of ``training.env``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, open_store
+from airflow_spot.storage.protocol import (
+    PREEMPTED_EXIT_CODE,
+    AttemptStatus,
+    JobLayout,
+    Outcome,
+    SchemaError,
+    SegmentRequest,
+    safe_id,
+)
+from airflow_spot.training import env as E
+
+log = logging.getLogger("airflow_spot.agent")
+
+#: characters of a command's output kept in the status object
+TAIL_CHARS = 4000
+AGENT_EXIT_FILE = "agent_exit.json"
+
+
+def agent_key(instance_id: str) -> str:
+    """Key of the agent's liveness object in the job's store."""
+    return f"control/instances/{instance_id}/agent.json"
+
+
+def outcome_for_exit(code: int) -> Outcome:
+    if code == 0:
+        return Outcome.COMPLETED
+    if code == PREEMPTED_EXIT_CODE:
+        return Outcome.PREEMPTED
+    return Outcome.FAILED
+
+
+def segment_env(request: SegmentRequest, notice_file: str | None, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of one attempt: the agent's own, the request's extras, then the protocol variables
+    (which win, so a request cannot point the session at another job or range)."""
+    env = dict(os.environ if base is None else base)
+    env.update({str(k): str(v) for k, v in (request.env or {}).items()})
+    env.setdefault("PYTHONUNBUFFERED", "1")  # so the tail of a crash reaches the log
+    env[E.JOB_URI] = request.job_uri
+    env[E.ATTEMPT_ID] = request.attempt_id
+    env[E.START_STEP] = str(int(request.start_step))
+    env[E.END_STEP] = str(int(request.end_step))
+    optional = {
+        E.NOTICE_FILE: notice_file,
+        E.MTBF_SECONDS: request.mtbf_seconds,
+        E.CKPT_MIN_INTERVAL: request.min_interval_seconds,
+        E.CKPT_MAX_INTERVAL: request.max_interval_seconds,
+        E.CKPT_KEEP: request.keep_checkpoints,
+        E.WARM_START_URI: request.warm_start_uri,
+    }
+    for name, value in optional.items():
+        if value is not None and value != "":
+            env[name] = str(value)
+        else:
+            env.pop(name, None)
+    return env
+
+
+def read_tail(path: Path, chars: int = TAIL_CHARS) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - chars * 4))
+            return f.read().decode("utf-8", errors="replace")[-chars:]
+    except FileNotFoundError:
+        return ""
+
+
+def latest_committed_step(store: ObjectStore) -> int | None:
+    """Newest committed checkpoint step of the job, or None (no checkpoint, or the store is unreadable:
+    the status must still be written, so a read failure is reported in the log and not raised)."""
+    try:
+        from airflow_spot.storage.checkpoint import CheckpointStore
+    except ImportError:  # instance side installed without the checkpoint store
+        return None
+    try:
+        return CheckpointStore(store.child("checkpoints")).latest_step()
+    except (OSError, ValueError, ObjectNotFound) as exc:
+        log.warning("cannot read the job's latest checkpoint: %s", exc)
+        return None
+
+
+class Agent:
+    """Runs the segment requests of one instance. See the module docstring."""
+
+    def __init__(
+        self,
+        job_uri: str,
+        instance_id: str,
+        *,
+        idle_timeout: float,
+        work_dir: str | os.PathLike,
+        notice_file: str | None = None,
+        poll_interval: float = 0.2,
+        term_grace: float = 30.0,
+        heartbeat_seconds: float = 5.0,
+    ) -> None:
+        if idle_timeout <= 0 or poll_interval <= 0 or term_grace < 0:
+            raise ValueError("idle_timeout and poll_interval must be positive, term_grace >= 0")
+        self.store = open_store(job_uri)
+        self.layout = JobLayout(self.store)
+        self.instance_id = instance_id
+        self.idle_timeout = idle_timeout
+        self.work_dir = Path(work_dir)
+        (self.work_dir / "attempts").mkdir(parents=True, exist_ok=True)
+        self.notice_file = notice_file
+        self.poll_interval = poll_interval
+        self.term_grace = term_grace
+        self.heartbeat_seconds = heartbeat_seconds
+        self.handled: set[str] = set()
+        self.child: subprocess.Popen | None = None
+        self.stopping = False
+        self._last_liveness = 0.0
+
+    # ------------------------------------------------------------------ signals
+    def install_signal_handlers(self) -> None:
+        def on_term(signum, frame):
+            self.stopping = True
+            if self.child is not None and self.child.poll() is None:
+                # The child may already have it (a process-group SIGTERM); a second one is harmless.
+                try:
+                    self.child.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_term)
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> str:
+        """Serve requests until idle or told to stop. Returns the exit reason (``idle`` or ``sigterm``)."""
+        idle_since = time.monotonic()
+        self._liveness("idle", None, force=True)
+        while not self.stopping:
+            ran = False
+            for request in self.new_requests():
+                if self.stopping:
+                    break
+                self.run_request(request)
+                ran = True
+            if ran:
+                idle_since = time.monotonic()
+                continue
+            if time.monotonic() - idle_since >= self.idle_timeout:
+                self._write_exit("idle")
+                # A request may have landed while deciding: serve it instead of leaving it stranded.
+                if self.new_requests():
+                    os.unlink(self.work_dir / AGENT_EXIT_FILE)
+                    idle_since = time.monotonic()
+                    continue
+                log.info("no request for %.1f s: shutting down", self.idle_timeout)
+                self._liveness("exited", None, force=True)
+                return "idle"
+            self._liveness("idle", None)
+            time.sleep(self.poll_interval)
+        self._write_exit("sigterm")
+        self._liveness("exited", None, force=True)
+        return "sigterm"
+
+    def new_requests(self) -> list[SegmentRequest]:
+        """Requests of this instance not yet handled and without a status, oldest first."""
+        prefix = self.layout.request_prefix(self.instance_id)
+        out = []
+        for key in self.store.list(prefix):
+            name = key[len(prefix):] if key.startswith(prefix) else key.rsplit("/", 1)[-1]
+            if not name.endswith(".json") or "/" in name or name[: -len(".json")] in self.handled:
+                continue
+            try:
+                request = SegmentRequest.from_json(self.store.get_bytes(key))
+            except ObjectNotFound:
+                continue
+            except SchemaError as exc:
+                log.error("ignoring unreadable request %s: %s", key, exc)
+                self.handled.add(name[: -len(".json")])
+                continue
+            if self.layout.read_status(request.attempt_id) is not None:
+                self.handled.add(request.attempt_id)
+                continue
+            out.append(request)
+        return sorted(out, key=lambda r: (r.created_at, r.attempt_id))
+
+    def run_request(self, request: SegmentRequest) -> AttemptStatus:
+        self.handled.add(request.attempt_id)
+        started_at = time.time()
+        log.info("attempt %s: steps [%d, %d) command %s", request.attempt_id, request.start_step,
+                 request.end_step, request.command)
+        self._liveness("running", request.attempt_id, force=True)
+        log_path = self.work_dir / "attempts" / f"{safe_id(request.attempt_id)}.log"
+        exit_code: int | None = None
+        if self.notice_file and os.path.exists(self.notice_file):
+            outcome, tail = Outcome.PREEMPTED, "instance is under a preemption notice; the request was not started"
+        elif not isinstance(request.command, list) or not request.command or not all(
+            isinstance(a, str) for a in request.command
+        ):
+            outcome, tail = Outcome.FAILED, f"the request's command must be a non-empty list of strings, got {request.command!r}"
+        else:
+            exit_code, tail = self._run_command(request, log_path)
+            outcome = Outcome.FAILED if exit_code is None else outcome_for_exit(exit_code)
+        status = AttemptStatus(
+            attempt_id=request.attempt_id,
+            outcome=outcome.value,
+            exit_code=exit_code,
+            started_at=started_at,
+            ended_at=time.time(),
+            last_committed_step=latest_committed_step(self.store),
+            error_tail=tail,
+            instance_id=self.instance_id,
+        )
+        if self.layout.read_status(request.attempt_id) is None:  # written once, never overwritten
+            self._put_with_retries(lambda: self.layout.write_status(status))
+        log.info("attempt %s: %s (exit %s, last committed step %s)", request.attempt_id, outcome.value,
+                 exit_code, status.last_committed_step)
+        self._liveness("idle", None, force=True)
+        return status
+
+    def _run_command(self, request: SegmentRequest, log_path: Path) -> tuple[int | None, str]:
+        """Run the command to its end; returns (exit code or None if it never started, output tail)."""
+        with open(log_path, "ab") as out:
+            try:
+                self.child = subprocess.Popen(
+                    request.command,
+                    cwd=request.cwd or None,
+                    env=segment_env(request, self.notice_file),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+            except OSError as exc:  # missing program, not executable, bad cwd: the user's to fix
+                where = f" in {request.cwd!r}" if request.cwd else ""
+                message = f"cannot start command {request.command!r}{where}: {exc.strerror or exc}"
+                out.write((message + "\n").encode())
+                return None, message
+            term_deadline: float | None = None
+            while True:
+                try:
+                    code = self.child.wait(timeout=min(0.5, self.heartbeat_seconds))
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                self._liveness("running", request.attempt_id)
+                if self.stopping and term_deadline is None:
+                    # SIGTERM may have come before the child existed: make sure it has it.
+                    self.child.send_signal(signal.SIGTERM)
+                    term_deadline = time.monotonic() + self.term_grace
+                if term_deadline is not None and time.monotonic() > term_deadline:
+                    log.warning("attempt %s did not exit %.0f s after SIGTERM: killing it",
+                                request.attempt_id, self.term_grace)
+                    self.child.kill()
+            self.child = None
+        tail = read_tail(log_path)
+        if code < 0:
+            tail += f"\n[agent] command killed by signal {-code}"
+        return code, tail
+
+    # ------------------------------------------------------------------ reporting
+    def _liveness(self, state: str, attempt_id: str | None, force: bool = False) -> None:
+        now = time.time()
+        if not force and now - self._last_liveness < self.heartbeat_seconds:
+            return
+        self._last_liveness = now
+        body = {"schema": 1, "instance_id": self.instance_id, "pid": os.getpid(), "state": state,
+                "attempt_id": attempt_id, "time": now}
+        try:
+            self.store.put_bytes(agent_key(self.instance_id), json.dumps(body).encode())
+        except OSError as exc:  # liveness is best effort; statuses are retried
+            log.warning("cannot write agent liveness: %s", exc)
+
+    def _write_exit(self, reason: str) -> None:
+        path = self.work_dir / AGENT_EXIT_FILE
+        tmp = path.with_name(".tmp-" + path.name)
+        tmp.write_text(json.dumps({"reason": reason, "time": time.time(), "pid": os.getpid()}))
+        os.replace(tmp, path)
+
+    @staticmethod
+    def _put_with_retries(put, attempts: int = 5) -> None:
+        for i in range(attempts):
+            try:
+                put()
+                return
+            except OSError as exc:
+                if i == attempts - 1:
+                    raise
+                log.warning("store write failed (%s); retrying", exc)
+                time.sleep(0.5 * (i + 1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m airflow_spot.training.agent", description=__doc__.splitlines()[0])
+    p.add_argument("--job-uri", required=True, help="the job's store (checkpoint_uri)")
+    p.add_argument("--instance-id", required=True)
+    p.add_argument("--idle-timeout", type=float, default=300.0, help="exit after this many seconds without a request")
+    p.add_argument("--work-dir", default=None, help="logs and the exit marker (default: a temporary directory)")
+    p.add_argument("--notice-file", default=None, help="preemption notice file handed to commands as SPOT_NOTICE_FILE")
+    p.add_argument("--poll-interval", type=float, default=0.2, help="seconds between request polls")
+    p.add_argument("--term-grace", type=float, default=30.0, help="seconds a command gets after SIGTERM")
+    p.add_argument("--heartbeat-seconds", type=float, default=5.0, help="seconds between liveness writes")
+    p.add_argument("--boot-seconds", type=float, default=0.0, help="simulated boot time before serving")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s", stream=sys.stdout)
+    work_dir = args.work_dir or tempfile.mkdtemp(prefix=f"airflow-spot-agent-{safe_id(args.instance_id)}-")
+    agent = Agent(
+        args.job_uri, args.instance_id, idle_timeout=args.idle_timeout, work_dir=work_dir,
+        notice_file=args.notice_file, poll_interval=args.poll_interval, term_grace=args.term_grace,
+        heartbeat_seconds=args.heartbeat_seconds,
+    )
+    agent.install_signal_handlers()
+    if args.boot_seconds > 0:
+        deadline = time.monotonic() + args.boot_seconds
+        while time.monotonic() < deadline and not agent.stopping:
+            time.sleep(min(0.1, args.boot_seconds))
+    reason = agent.run()
+    log.info("agent exiting: %s", reason)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
