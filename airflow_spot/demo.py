@@ -190,7 +190,7 @@ def report(state: Any, s: dict[str, Any], wall: float, total: float) -> str:
     if not s:
         return "\n".join(lines + ["  no job summary was written (see the task logs above)"])
     lines.append(format_summary(s))
-    useful = s.get("useful_seconds")
+    useful = s.get("useful_step_seconds")
     if useful:
         lines.append(f"  goodput             {useful / wall:.2f} (useful step time / wall time)")
     return "\n".join(lines)

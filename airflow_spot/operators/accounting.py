@@ -2,7 +2,8 @@
 
 Rows are written by ``execute_complete`` (every outcome) and read back to count the job's preemptions and
 a segment's user-code failures (the retry budgets) and to sum the job (the final task). The billing and
-totals maths live in :mod:`airflow_spot.policy.ledger`; this module only moves rows in and out of the store.
+totals maths live in :mod:`airflow_spot.policy.ledger`, the storage in
+:mod:`airflow_spot.storage.ledger_store`; this module only builds rows from what the attempt left behind.
 """
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from airflow_spot.operators.attempt_record import AttemptLaunch
+from airflow_spot.policy.ledger import LedgerRow, totals
+from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import ObjectStore
 from airflow_spot.storage.protocol import Outcome
-
-LEDGER_PREFIX = "control/ledger/"
 
 
 def record_attempt(
@@ -25,18 +26,17 @@ def record_attempt(
     steps_after: int | None,
     now: float,
 ) -> dict[str, Any]:
-    """Write (idempotently: one key per attempt) and return the ledger row of one finished attempt."""
-    from airflow_spot.policy.ledger import LedgerRow
-    from airflow_spot.storage.ledger_store import LedgerStore
+    """Write (idempotently: one key per attempt) and return the ledger row of one finished attempt.
 
+    Kept progress is the job's newest checkpoint now minus where the attempt resumed; lost steps are
+    the ones its last heartbeat reported beyond that checkpoint.
+    """
     offer = launch.offer_obj
     ended = float(event.get("ended_at") or now)
-    steps_before = launch.start_step
+    committed = max(steps_after if steps_after is not None else 0, launch.resume_step)
     last_step = event.get("last_step")
-    committed = steps_after if steps_after is not None else steps_before
     row = LedgerRow(
         attempt_id=launch.attempt_id,
-        segment_index=launch.segment_index,
         instance_id=launch.instance_id,
         instance_type=offer.instance_type,
         zone=offer.zone,
@@ -45,18 +45,20 @@ def record_attempt(
         on_demand_price_per_hour=offer.on_demand_price_per_hour,
         started_at=launch.billed_from,
         ended_at=max(ended, launch.billed_from),
-        new_instance=not launch.reused_instance,
-        steps_done=max(0, committed - steps_before),
-        steps_lost=max(0, (last_step or committed) - committed),
+        steps_done=committed - launch.resume_step,
         outcome=outcome.value,
+        region=offer.region,
+        segment_index=launch.segment_index,
+        new_instance=not launch.reused_instance,
+        steps_lost=max(0, int(last_step) - committed) if last_step is not None else 0,
+        gpu_count=offer.gpu_count,
+        step_seconds=event.get("step_time_ewma"),
     )
     LedgerStore(store).write(row)
     return row.to_dict()
 
 
-def read_rows(store: ObjectStore) -> list[Any]:
-    from airflow_spot.storage.ledger_store import LedgerStore
-
+def read_rows(store: ObjectStore) -> list[LedgerRow]:
     return LedgerStore(store).rows()
 
 
@@ -70,22 +72,20 @@ def count(store: ObjectStore, outcomes: Iterable[Outcome], segment_index: int | 
 
 
 def job_totals(store: ObjectStore) -> dict[str, Any]:
-    from airflow_spot.policy.ledger import totals
-
     return totals(read_rows(store)).to_dict()
 
 
 def summarize(store: ObjectStore, now: float) -> dict[str, Any]:
-    """Totals plus the counts the demo and the final task print."""
+    """Ledger totals plus the counts and times the final task and the demo print."""
     rows = read_rows(store)
-    out = job_totals(store)
+    out = totals(rows).to_dict()
     started = min((r.started_at for r in rows), default=now)
     out.update(
-        attempts=len(rows),
-        preemptions=sum(r.outcome in (Outcome.PREEMPTED.value, Outcome.LOST.value) for r in rows),
         lost=sum(r.outcome == Outcome.LOST.value for r in rows),
         failures=sum(r.outcome == Outcome.FAILED.value for r in rows),
-        steps_lost=sum(r.steps_lost for r in rows),
-        wall_seconds=max(0.0, max((r.ended_at for r in rows), default=now) - started),
+        # time spent on steps that were kept (the goodput numerator)
+        useful_step_seconds=round(sum(r.steps_done * (r.step_seconds or 0.0) for r in rows), 3),
+        wall_seconds=round(max(0.0, max((r.ended_at for r in rows), default=now) - started), 3),
+        rows=[r.to_dict() for r in rows],
     )
     return out

@@ -43,6 +43,8 @@ class AttemptLaunch:
     reused_instance: bool
     try_number: int
     task_id: str
+    #: the job's newest committed step when the attempt was requested (where it resumes)
+    resume_step: int = 0
     schema: int = field(default=SCHEMA_VERSION)
 
     @property

@@ -43,7 +43,14 @@ def plan(
     job_started_at: float,
     deadline: timedelta | None,
     ledger_rows: Sequence[Any],
+    step_seconds: float | None = None,
+    running: Market | None = None,
 ) -> Plan:
+    """Rank the offers for the next attempt.
+
+    :param step_seconds: measured seconds per step (from the job's heartbeats), for the deadline policy.
+    :param running: the market of the warm instance the job holds, if any (switching costs a restart).
+    """
     from airflow_spot.policy.deadline import choose_market
     from airflow_spot.policy.offer_ranking import rank_offers
 
@@ -56,11 +63,37 @@ def plan(
         deadline_seconds=deadline.total_seconds() if deadline else None,
         done_steps=done_steps,
         total_steps=total_steps,
+        step_seconds=step_seconds,
+        running=running,
     )
     wanted = Market(decision.market)
     candidates = [o for o in offers if Market(o.market) is wanted] or offers
     ranked = rank_offers(candidates, now=now, recent_preemptions=_recent_preemptions(ledger_rows))
-    return Plan(ranked=list(ranked), market=wanted, reason=f"{wanted.value}: {decision.reason}")
+    best = ranked[0]
+    mtbf = 3600.0 / best.preemption_rate_per_hour if best.is_spot and best.preemption_rate_per_hour > 0 else None
+    return Plan(
+        ranked=list(ranked),
+        market=wanted,
+        reason=f"{wanted.value} ({decision.reason}); best {best.instance_type} in {best.zone} at ${best.price_per_hour:.4f}/h",
+        mtbf_seconds=mtbf,
+    )
+
+
+def measured_step_seconds(layout: Any) -> float | None:
+    """Seconds per step of the job's most recent heartbeat (any attempt), or None before the first."""
+    from airflow_spot.storage.protocol import Heartbeat, SchemaError
+
+    newest = None
+    for key in layout.store.list("control/attempts/"):
+        if not key.endswith("/heartbeat.json"):
+            continue
+        try:
+            hb = Heartbeat.from_json(layout.store.get_bytes(key))
+        except (KeyError, SchemaError):
+            continue
+        if hb.step_time_ewma and (newest is None or hb.time > newest.time):
+            newest = hb
+    return newest.step_time_ewma if newest else None
 
 
 def _recent_preemptions(rows: Sequence[Any]) -> dict[str, float]:

@@ -200,19 +200,25 @@ class SpotSegmentOperator(BaseOperator):
         now = time.time()
         started = job_started_at(store, now)
         rows = accounting.read_rows(store)
-        plan = planning.plan(
-            self.hook.get_market(),
-            self.gpus,
-            now=now,
-            done_steps=latest or 0,
-            total_steps=self.total_steps,
-            job_started_at=started,
-            deadline=self.deadline,
-            ledger_rows=rows,
-        )
+        alive = self._warm_instances(context)
+        try:
+            plan = planning.plan(
+                self.hook.get_market(),
+                self.gpus,
+                now=now,
+                done_steps=latest or 0,
+                total_steps=self.total_steps,
+                job_started_at=started,
+                deadline=self.deadline,
+                ledger_rows=rows,
+                step_seconds=planning.measured_step_seconds(JobLayout(store)),
+                running=alive[0].offer.market if alive else None,
+            )
+        except planning.NoOfferError as exc:
+            raise AirflowFailException(str(exc)) from exc
         self.log.info("offer plan: %s", plan.reason)
         attempt_id = self.attempt_id(context)
-        instance, reused = self._get_instance(context, store, plan, attempt_id)
+        instance, reused = self._get_instance(context, store, plan, alive)
         self._instance_id = instance.instance_id  # for on_kill while waiting in the worker
         requested_at = time.time()
         launch = AttemptLaunch(
@@ -227,6 +233,7 @@ class SpotSegmentOperator(BaseOperator):
             reused_instance=reused,
             try_number=context["ti"].try_number,
             task_id=self.task_id,
+            resume_step=max(latest or 0, self.start_step),
         )
         launch.write(store)
         JobLayout(store).write_request(instance.instance_id, self._request(attempt_id, requested_at, plan))
@@ -288,15 +295,18 @@ class SpotSegmentOperator(BaseOperator):
             warm_start_uri=self.warm_start_uri or None,
         )
 
+    def _warm_instances(self, context: Context) -> list[InstanceInfo]:
+        """The job's instances that are running and have no preemption notice."""
+        return [
+            i for i in self.hook.get_backend().list_instances(tags=self._tags(context))
+            if not InstanceState(i.state).is_terminal() and i.notice_at is None
+        ]
+
     def _get_instance(
-        self, context: Context, store, plan: planning.Plan, attempt_id: str
+        self, context: Context, store, plan: planning.Plan, alive: list[InstanceInfo]
     ) -> tuple[InstanceInfo, bool]:
         backend = self.hook.get_backend()
         tags = self._tags(context)
-        alive = [
-            i for i in backend.list_instances(tags=tags)
-            if not InstanceState(i.state).is_terminal() and i.notice_at is None
-        ]
         warm = planning.pick_warm(alive, plan, self.reuse_tolerance)
         extra = [i.instance_id for i in alive if warm is None or i.instance_id != warm.instance_id]
         if extra:  # warm instances we will not use only cost money

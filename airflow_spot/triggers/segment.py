@@ -200,6 +200,7 @@ class SegmentTrigger(BaseTrigger):
             "exit_code": status.exit_code if status else None,
             "error_tail": status.error_tail if status else "",
             "last_step": hb.step if hb else None,
+            "step_time_ewma": hb.step_time_ewma if hb else None,
             "last_committed_step": (
                 status.last_committed_step if status and status.last_committed_step is not None
                 else (hb.last_committed_step if hb else None)
