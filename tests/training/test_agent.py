@@ -1,0 +1,227 @@
+"""The agent as a real process: requests in, statuses out, warm reuse, idle shutdown, SIGTERM."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_spot.storage.checkpoint import CheckpointStore
+from airflow_spot.storage.object_store import open_store
+from airflow_spot.storage.protocol import AttemptStatus, JobLayout, SegmentRequest
+from airflow_spot.training import env as E
+from airflow_spot.training.agent import AGENT_EXIT_FILE, agent_key
+
+INSTANCE = "local-test0001"
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+class AgentProcess:
+    def __init__(self, tmp_path: Path, idle: float = 30.0, term_grace: float = 5.0) -> None:
+        self.job_uri = "file://" + str(tmp_path / "job")
+        self.work_dir = tmp_path / "instance"
+        self.notice_file = tmp_path / "notice"
+        self.layout = JobLayout(open_store(self.job_uri))
+        self.args = ["--idle-timeout", str(idle), "--term-grace", str(term_grace)]
+        self.log_path = tmp_path / "agent.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "AgentProcess":
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "airflow_spot.training.agent", "--job-uri", self.job_uri,
+                 "--instance-id", INSTANCE, "--work-dir", str(self.work_dir), "--notice-file", str(self.notice_file),
+                 "--poll-interval", "0.1", *self.args],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        return self
+
+    def submit(self, attempt_id: str, command: list[str], **kwargs) -> SegmentRequest:
+        kwargs.setdefault("created_at", time.time())
+        req = SegmentRequest(attempt_id=attempt_id, job_uri=self.job_uri, segment_index=0, start_step=10,
+                             end_step=20, command=command, **kwargs)
+        self.layout.write_request(INSTANCE, req)
+        return req
+
+    def status(self, attempt_id: str, timeout: float = 20.0) -> AttemptStatus:
+        return wait_for(lambda: self.layout.read_status(attempt_id), timeout, f"status of {attempt_id}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def agent(tmp_path):
+    started = []
+
+    def start(start: bool = True, **kwargs) -> AgentProcess:
+        a = AgentProcess(tmp_path, **kwargs)
+        started.append(a)
+        return a.start() if start else a
+
+    yield start
+    for a in started:
+        a.stop()
+        if a.proc is not None:
+            with pytest.raises(ProcessLookupError):  # nothing of the instance's group is left
+                os.killpg(a.proc.pid, 0)
+
+
+def py(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+@pytest.mark.parametrize(
+    "exit_code, outcome",
+    [(0, "completed"), (75, "preempted"), (1, "failed"), (3, "failed")],
+)
+def test_exit_code_decides_the_outcome(agent, exit_code, outcome):
+    a = agent()
+    a.submit("a1", py(f"import sys; print('hello from the command'); sys.exit({exit_code})"))
+    status = a.status("a1")
+    assert status.outcome == outcome and status.exit_code == exit_code
+    assert status.instance_id == INSTANCE and status.ended_at >= status.started_at
+    assert "hello from the command" in status.error_tail
+    assert "hello from the command" in (a.work_dir / "attempts" / "a1.log").read_text()
+
+
+def test_command_gets_the_segment_environment(agent, tmp_path):
+    a = agent()
+    out = tmp_path / "env.json"
+    names = [E.JOB_URI, E.ATTEMPT_ID, E.START_STEP, E.END_STEP, E.NOTICE_FILE, E.MTBF_SECONDS,
+             E.CKPT_MIN_INTERVAL, E.CKPT_MAX_INTERVAL, E.CKPT_KEEP, E.WARM_START_URI, "MY_VAR"]
+    a.submit("a1", py(f"import json, os; json.dump({{n: os.environ.get(n) for n in {names!r}}}, open({str(out)!r}, 'w'))"),
+             env={"MY_VAR": "mine", E.JOB_URI: "file:///elsewhere"}, mtbf_seconds=120.0, min_interval_seconds=5.0,
+             max_interval_seconds=60.0, keep_checkpoints=2, warm_start_uri="file:///previous-run")
+    assert a.status("a1").outcome == "completed"
+    seen = json.loads(out.read_text())
+    assert seen == {
+        E.JOB_URI: a.job_uri, E.ATTEMPT_ID: "a1", E.START_STEP: "10", E.END_STEP: "20",
+        E.NOTICE_FILE: str(a.notice_file), E.MTBF_SECONDS: "120.0", E.CKPT_MIN_INTERVAL: "5.0",
+        E.CKPT_MAX_INTERVAL: "60.0", E.CKPT_KEEP: "2", E.WARM_START_URI: "file:///previous-run", "MY_VAR": "mine",
+    }
+
+
+def test_missing_command_is_a_failed_attempt_not_a_dead_agent(agent):
+    a = agent()
+    a.submit("a1", ["/no/such/program", "--flag"])
+    status = a.status("a1")
+    assert status.outcome == "failed" and status.exit_code is None
+    assert "cannot start command ['/no/such/program', '--flag']" in status.error_tail
+    assert "No such file or directory" in status.error_tail
+    a.submit("a2", py("pass"))  # the agent is still serving
+    assert a.status("a2").outcome == "completed"
+
+
+def test_bad_cwd_is_a_failed_attempt(agent, tmp_path):
+    a = agent()
+    a.submit("a1", py("pass"), cwd=str(tmp_path / "missing-dir"))
+    status = a.status("a1")
+    assert status.outcome == "failed" and "missing-dir" in status.error_tail
+
+
+def test_warm_instance_runs_requests_in_order_of_creation(agent, tmp_path):
+    a = agent(start=False)
+    marks = tmp_path / "order.txt"
+    now = time.time()
+    # written in the opposite order, before the agent starts: created_at decides
+    a.submit("second", py(f"open({str(marks)!r}, 'a').write('second\\n')"), created_at=now + 1)
+    a.submit("first", py(f"open({str(marks)!r}, 'a').write('first\\n')"), created_at=now)
+    a.start()
+    second = a.status("second")
+    first = a.status("first")
+    assert marks.read_text().split() == ["first", "second"]
+    assert first.ended_at <= second.started_at
+    a.submit("third", py("pass"))  # a later segment on the same warm instance
+    assert a.status("third").outcome == "completed"
+    assert a.proc.poll() is None
+
+
+def test_attempt_with_a_status_is_never_run_again(agent, tmp_path):
+    marker = tmp_path / "ran"
+    a = agent()
+    old = AttemptStatus(attempt_id="done", outcome="completed", exit_code=0, started_at=1.0, ended_at=2.0)
+    a.layout.write_status(old)
+    a.submit("done", py(f"open({str(marker)!r}, 'w').write('ran')"))
+    a.submit("next", py("pass"))
+    a.status("next")
+    assert not marker.exists()
+    assert a.layout.read_status("done") == old
+
+
+def test_status_carries_the_last_committed_step(agent):
+    a = agent()
+    ckpts = CheckpointStore(open_store(a.job_uri).child("checkpoints"), writer="earlier")
+    ckpts.save(7, lambda f: f.write(b"state"))
+    a.submit("a1", py("import sys; sys.exit(75)"))
+    assert a.status("a1").last_committed_step == 7
+
+
+def test_idle_timeout_shuts_the_agent_down_cleanly(agent):
+    a = agent(idle=0.7)
+    a.submit("a1", py("pass"))
+    a.status("a1")
+    assert a.proc.wait(timeout=15) == 0
+    marker = json.loads((a.work_dir / AGENT_EXIT_FILE).read_text())
+    assert marker["reason"] == "idle"
+    liveness = json.loads(open_store(a.job_uri).get_bytes(agent_key(INSTANCE)))
+    assert liveness["state"] == "exited"
+
+
+def test_sigterm_is_forwarded_to_the_command_and_its_status_written(agent, tmp_path):
+    a = agent()
+    started = tmp_path / "started"
+    a.submit("a1", py(
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('saving', flush=True), sys.exit(75)))\n"
+        f"open({str(started)!r}, 'w').close()\n"
+        "time.sleep(60)\n"
+    ))
+    wait_for(started.exists, 15, "the command to start")
+    os.kill(a.proc.pid, signal.SIGTERM)  # the agent only, not the group: it must forward
+    assert a.proc.wait(timeout=15) == 0
+    status = a.status("a1", timeout=1)
+    assert status.outcome == "preempted" and status.exit_code == 75 and "saving" in status.error_tail
+    assert json.loads((a.work_dir / AGENT_EXIT_FILE).read_text())["reason"] == "sigterm"
+
+
+def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(agent, tmp_path):
+    a = agent(term_grace=0.5)
+    started = tmp_path / "started"
+    a.submit("a1", py(
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"open({str(started)!r}, 'w').close()\ntime.sleep(60)\n"
+    ))
+    wait_for(started.exists, 15, "the command to start")
+    os.kill(a.proc.pid, signal.SIGTERM)
+    assert a.proc.wait(timeout=15) == 0
+    status = a.status("a1", timeout=1)
+    assert status.outcome == "failed" and status.exit_code == -signal.SIGKILL
+    assert "killed by signal 9" in status.error_tail
+
+
+def test_no_new_attempt_starts_under_a_preemption_notice(agent, tmp_path):
+    a = agent()
+    a.notice_file.write_text("preemption")
+    marker = tmp_path / "ran"
+    a.submit("a1", py(f"open({str(marker)!r}, 'w').close()"))
+    status = a.status("a1")
+    assert status.outcome == "preempted" and "preemption notice" in status.error_tail
+    assert not marker.exists()
