@@ -1,0 +1,76 @@
+"""``airflow-spot reap``: lists and terminates leftover instances, by tag and age, with a dry run."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from local_helpers import spec
+
+from airflow_spot.backends.base import InstanceState, TerminationReason
+from airflow_spot.backends.reap import leftovers
+from airflow_spot.cli import main
+
+
+def states(backend) -> dict[str, tuple[str, str]]:
+    return {i.instance_id: (i.state.value, i.reason.value) for i in backend.list_instances()}
+
+
+def test_dry_run_lists_and_terminates_nothing(backend, job_uri, capsys):
+    info = backend.launch(spec(job_uri))
+    options = json.dumps({"state_dir": str(backend.state.root)})
+    assert main(["reap", "--backend-options", options, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert info.instance_id in out and "would be terminated" in out and "airflow-spot:dag=d" in out
+    assert states(backend)[info.instance_id] == ("running", "")
+
+
+def test_reap_terminates_only_matching_instances(backend, job_uri, capsys):
+    keep = backend.launch(spec(job_uri, token="keep", **{"airflow-spot:run": "live"}))
+    gone = backend.launch(spec(job_uri, token="gone", **{"airflow-spot:run": "dead"}))
+    options = json.dumps({"state_dir": str(backend.state.root)})
+    assert main(["reap", "--backend-options", options, "--tag", "airflow-spot:run=dead"]) == 0
+    assert "terminated 1 instance(s)" in capsys.readouterr().out
+    assert states(backend) == {keep.instance_id: ("running", ""), gone.instance_id: ("terminated", "user")}
+    assert main(["reap", "--backend-options", options, "--tag", "airflow-spot:run=dead"]) == 0
+    assert "no live instances match" in capsys.readouterr().out
+
+
+def test_older_than_spares_young_instances(backend, job_uri, capsys):
+    backend.launch(spec(job_uri))
+    options = json.dumps({"state_dir": str(backend.state.root)})
+    assert main(["reap", "--backend-options", options, "--older-than", "3600"]) == 0
+    assert "no live instances match" in capsys.readouterr().out
+    assert all(s == ("running", "") for s in states(backend).values())
+
+
+def test_leftovers_selects_live_and_old_enough(backend, job_uri):
+    a = backend.launch(spec(job_uri, token="a"))
+    b = backend.launch(spec(job_uri, token="b"))
+    backend.terminate([b.instance_id])
+    infos = backend.list_instances()
+    now = time.time()
+    assert [i.instance_id for i in leftovers(infos, 0, now)] == [a.instance_id]
+    assert leftovers(infos, 10, now) == []
+    assert [i.instance_id for i in leftovers(infos, 10, now + 11)] == [a.instance_id]
+    assert backend.describe([b.instance_id])[b.instance_id].reason is TerminationReason.USER
+    assert backend.describe([a.instance_id])[a.instance_id].state is InstanceState.RUNNING
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--tag", "novalue"], "--tag wants KEY=VALUE"),
+        (["--older-than", "-5"], "--older-than must be >= 0"),
+        (["--backend-options", "[1]"], "must be a JSON object"),
+    ],
+)
+def test_bad_arguments_are_explained(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["reap", *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_unknown_backend_is_explained(capsys):
+    assert main(["reap", "--backend", "gce"]) == 2
+    assert "unknown backend 'gce'; valid backends:" in capsys.readouterr().err
