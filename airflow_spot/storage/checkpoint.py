@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import time
 import uuid
@@ -120,11 +121,10 @@ class CheckpointStore:
             raise ValueError(f"checkpoint step must be >= 0, got {step}")
         started = time.monotonic()
         directory = f"{step:012d}-{self.writer}-{uuid.uuid4().hex[:8]}"
-        with self.store.writing(f"{directory}/{PAYLOAD}") as path:
-            with open(path, "wb") as raw:
-                hw = _HashingWriter(raw)
-                write(hw)
-                raw.flush()
+        with self.store.open_write(f"{directory}/{PAYLOAD}") as raw:
+            hw = _HashingWriter(raw)
+            write(hw)
+            raw.flush()
         manifest = Manifest(
             step=step,
             directory=directory,
@@ -155,16 +155,14 @@ class CheckpointStore:
         committed = self.committed()
         return committed[-1].step if committed else None
 
-    def verify(self, manifest: Manifest, path: str, entry: FileEntry) -> None:
-        import os
-
+    def verify(self, manifest: Manifest, path: str, entry: FileEntry, digest: str | None = None) -> None:
+        """Check size and sha256 of a fetched payload against its manifest (``digest`` if already known)."""
         size = os.path.getsize(path)
         if size != entry.size:
             raise CheckpointError(
                 f"checkpoint {manifest.directory}/{entry.name}: size {size} != {entry.size} in manifest"
             )
-        digest = sha256_file(path)
-        if digest != entry.sha256:
+        if (digest or sha256_file(path)) != entry.sha256:
             raise CheckpointError(
                 f"checkpoint {manifest.directory}/{entry.name}: sha256 mismatch (corrupt or tampered)"
             )
@@ -181,8 +179,9 @@ class CheckpointStore:
         for manifest in reversed(candidates):
             entry = manifest.files[0]
             try:
-                with self.store.reading(f"{manifest.directory}/{entry.name}") as path:
-                    self.verify(manifest, path, entry)
+                hasher = hashlib.sha256()
+                with self.store.reading(f"{manifest.directory}/{entry.name}", hasher=hasher) as path:
+                    self.verify(manifest, path, entry, digest=hasher.hexdigest())
                     return manifest, read(path)
             except Exception as exc:  # any failure of one checkpoint means: try the previous one
                 log.error(

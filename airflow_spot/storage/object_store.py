@@ -14,12 +14,15 @@ Keys are ``/``-separated and relative to the store's root URI.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import tempfile
+import threading
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import urlparse
 
 
@@ -53,7 +56,14 @@ class ObjectStore(ABC):
     def writing(self, key: str) -> contextlib.AbstractContextManager[str]: ...
 
     @abstractmethod
-    def reading(self, key: str) -> contextlib.AbstractContextManager[str]: ...
+    def reading(self, key: str, hasher=None) -> contextlib.AbstractContextManager[str]:
+        """Yield a local path holding the object; ``hasher`` (a hashlib object) is fed its bytes."""
+
+    @contextlib.contextmanager
+    def open_write(self, key: str) -> Iterator[BinaryIO]:
+        """Yield a writable binary file; the object is published when the block exits cleanly."""
+        with self.writing(key) as path, open(path, "wb") as f:
+            yield f
 
     def exists(self, key: str) -> bool:
         try:
@@ -157,10 +167,14 @@ class LocalStore(ObjectStore):
                 tmp.unlink()
 
     @contextlib.contextmanager
-    def reading(self, key: str) -> Iterator[str]:
+    def reading(self, key: str, hasher=None) -> Iterator[str]:
         path = self._path(key)
         if not path.is_file():
             raise ObjectNotFound(key)
+        if hasher is not None:
+            with open(path, "rb") as f:
+                while block := f.read(8 * 1024 * 1024):
+                    hasher.update(block)
         yield str(path)
 
 
@@ -257,12 +271,53 @@ class S3Store(ObjectStore):
                 os.unlink(tmp)
 
     @contextlib.contextmanager
-    def reading(self, key: str) -> Iterator[str]:
+    def open_write(self, key: str) -> Iterator[BinaryIO]:
+        # Stream through a pipe into a managed upload running in a thread: serialising, hashing and
+        # uploading overlap, and memory stays at a few parts instead of a whole spooled copy.
+        r, w = os.pipe()
+        with contextlib.suppress(OSError, AttributeError):  # a 1 MiB pipe: 16x fewer context switches
+            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1024 * 1024)
+        reader = _AbortableReader(os.fdopen(r, "rb"))
+        writer = os.fdopen(w, "wb", buffering=1024 * 1024)
+        errors: list[BaseException] = []
+
+        def upload() -> None:
+            try:
+                self.client.upload_fileobj(reader, self.bucket, self._key(key), Config=self.transfer_config)
+            except BaseException as exc:  # handed to the producer below
+                errors.append(exc)
+            finally:
+                reader.drain_and_close()  # never leave the producer blocked on a full pipe
+
+        thread = threading.Thread(target=upload, name="spot-s3-upload", daemon=True)
+        thread.start()
+        try:
+            yield _GuardedWriter(writer, errors)
+        except BaseException:
+            reader.aborted = True  # EOF now fails the upload instead of publishing a truncated object
+            raise
+        finally:
+            try:
+                writer.close()
+            except OSError:
+                pass  # the uploader is gone; its error is raised below
+            thread.join()
+        if errors:
+            raise errors[0]
+
+    @contextlib.contextmanager
+    def reading(self, key: str, hasher=None) -> Iterator[str]:
         fd, tmp = tempfile.mkstemp(prefix="airflow-spot-down-")
         os.close(fd)
         try:
             try:
-                self.client.download_file(self.bucket, self._key(key), tmp, Config=self.transfer_config)
+                if hasher is None:
+                    self.client.download_file(self.bucket, self._key(key), tmp, Config=self.transfer_config)
+                else:  # hash while the bytes arrive instead of reading the file a second time
+                    with open(tmp, "wb") as f:
+                        self.client.download_fileobj(
+                            self.bucket, self._key(key), _HashingSink(f, hasher), Config=self.transfer_config
+                        )
             except Exception as exc:
                 if _is_not_found(exc):
                     raise ObjectNotFound(key) from None
@@ -271,6 +326,55 @@ class S3Store(ObjectStore):
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+
+
+class _AbortableReader:
+    """Pipe reader for the uploader: at EOF after an abort it raises, so nothing half-written is published."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.aborted = False
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        if not data and self.aborted:
+            raise OSError("upload aborted by the writer")
+        return data
+
+    def drain_and_close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while self.raw.read(1024 * 1024):
+                pass
+        with contextlib.suppress(OSError):
+            self.raw.close()
+
+
+class _GuardedWriter:
+    """Writes to the pipe, failing fast with the uploader's error once it has given up."""
+
+    def __init__(self, f: BinaryIO, errors: list[BaseException]) -> None:
+        self._f = f
+        self._errors = errors
+
+    def write(self, data) -> int:
+        if self._errors:
+            raise self._errors[0]
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+class _HashingSink:
+    """Write-only, non-seekable sink: the transfer manager then delivers parts in order."""
+
+    def __init__(self, f: BinaryIO, hasher) -> None:
+        self._f = f
+        self._hasher = hasher
+
+    def write(self, data) -> int:
+        self._hasher.update(data)
+        return self._f.write(data)
 
 
 def _is_not_found(exc: Exception) -> bool:

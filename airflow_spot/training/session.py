@@ -215,6 +215,10 @@ class SpotSession:
                 raise FileNotFoundError(f"warm start: no checkpoint under {self.warm_start_uri}")
             self._apply(warm[1], keys=self.warm_start_keys)
             log.info("warm-started %s from %s step %d", self.warm_start_keys, self.warm_start_uri, warm[0].step)
+        # Allocate the staging buffers before training starts (fresh pages fault in several times slower
+        # than a copy); optimizer state that appears only after the first step is allocated at first save.
+        for name, obj in objects.items():
+            self.stager.stage(obj.state_dict(), (name,))
         return self.step
 
     def _apply(self, payload: dict, keys: tuple[str, ...] | None) -> None:
