@@ -92,3 +92,31 @@ def test_check_writable_names_the_uri(tmp_path, s3_endpoint):
 def test_local_store_rejects_parent_escape(tmp_path):
     with pytest.raises(ValueError, match=r"\.\."):
         open_store(str(tmp_path)).put_bytes("../evil", b"")
+
+
+@pytest.mark.parametrize("size", [1000, 11 * 1024 * 1024])
+def test_open_write_streams_and_aborts_cleanly(store, size):
+    if isinstance(store, S3Store):
+        store = S3Store(store.bucket, store.prefix, endpoint_url=store.endpoint_url,
+                        multipart_chunk=5 * 1024 * 1024)
+    data = bytes(range(256)) * (size // 256)
+    with store.open_write("s/ok.bin") as f:
+        for off in range(0, len(data), 1 << 20):
+            f.write(data[off : off + (1 << 20)])
+    with store.reading("s/ok.bin") as path:
+        assert open(path, "rb").read() == data
+    with pytest.raises(RuntimeError, match="serialiser died"):
+        with store.open_write("s/aborted.bin") as f:
+            f.write(data[: len(data) // 2])
+            raise RuntimeError("serialiser died")
+    assert store.list("s/") == ["s/ok.bin"], "a half-written object was published"
+
+
+def test_reading_feeds_the_hasher(store):
+    import hashlib
+
+    store.put_bytes("h.bin", b"abc" * 1000)
+    h = hashlib.sha256()
+    with store.reading("h.bin", hasher=h):
+        pass
+    assert h.hexdigest() == hashlib.sha256(b"abc" * 1000).hexdigest()
