@@ -1,0 +1,94 @@
+"""Retry semantics under real Airflow (dag.test) on the real local backend.
+
+Preemptions and user-code failures have separate budgets: a job survives many preemptions with no
+code retries at all, a broken script stops after its small budget, and an exhausted preemption budget
+stops retrying although Airflow would allow more tries. After each run no instance process is left.
+"""
+from __future__ import annotations
+
+import pytest
+
+from airflow_fixtures import airflow_db, run_dag  # noqa: F401
+from spot_dag_helpers import (
+    backend_options,
+    build_dag,
+    job_store,
+    leftover_processes,
+    protocol_command,
+    summary,
+    ti_states,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_many_preemptions_need_no_code_retries(airflow_db, tmp_path):  # noqa: F811
+    dag = build_dag(
+        "budget_preemptions",
+        tmp_path,
+        # 7.2 s of work against instances that each live 1 s: all four preemptions must happen
+        command=protocol_command("--step-seconds", "0.03"),
+        total_steps=240,
+        steps_per_segment=120,
+        backend_options=backend_options(tmp_path, [1.0, 1.0, 1.0, 1.0, None]),
+        max_preemptions=4,
+        retries=0,
+    )
+    dr = run_dag(dag)
+    states = ti_states(dr)
+    assert str(getattr(dr.state, "value", dr.state)) == "success", states
+    s = summary(tmp_path, dr.run_id)
+    assert s["completed"] and s["latest_step"] == 240
+    assert s["preemptions"] == 4 and s["failures"] == 0
+    # every preempted attempt saved on its notice: the next one resumed where it stopped
+    assert s["steps_lost"] == 0
+    assert sum(r["steps_done"] for r in s["rows"]) == 240
+    assert not leftover_processes(tmp_path)
+
+
+def test_broken_script_fails_after_its_small_budget(airflow_db, tmp_path):  # noqa: F811
+    dag = build_dag(
+        "budget_code",
+        tmp_path,
+        command=protocol_command("--fail", "bad learning rate schedule"),
+        total_steps=100,
+        steps_per_segment=50,
+        backend_options=backend_options(tmp_path),
+        max_preemptions=5,
+        retries=1,
+    )
+    dr = run_dag(dag)
+    states = ti_states(dr)
+    seg_state, seg_try = states["train.segment_000"]
+    # Airflow would allow 1 + 5 + 1 tries; the code budget (1 retry) stopped it at the second
+    assert seg_state == "failed" and seg_try == 2, states
+    assert states["train.segment_001"][0] == "upstream_failed"
+    assert states["train.finish"][0] == "failed"  # ran (ALL_DONE), cleaned up, reported the job unfinished
+    s = summary(tmp_path, dr.run_id)
+    assert s["failures"] == 2 and s["preemptions"] == 0 and not s["completed"]
+    from airflow_spot.storage.protocol import JobLayout
+
+    status = JobLayout(job_store(tmp_path, dr.run_id)).read_status("train.segment_000.try2")
+    assert "bad learning rate schedule" in status.error_tail
+    assert not leftover_processes(tmp_path)
+
+
+def test_exhausted_preemption_budget_stops_retrying(airflow_db, tmp_path):  # noqa: F811
+    dag = build_dag(
+        "budget_exhausted",
+        tmp_path,
+        command=protocol_command("--step-seconds", "0.05"),
+        total_steps=400,
+        steps_per_segment=400,
+        backend_options=backend_options(tmp_path, [1.0, 1.0, 1.0, 1.0]),
+        max_preemptions=1,
+        retries=2,
+    )
+    dr = run_dag(dag)
+    states = ti_states(dr)
+    # Airflow retries = 1 + 2 = 3, yet the second preemption (> max_preemptions=1) ended it
+    assert states["train.segment_000"] == ("failed", 2), states
+    s = summary(tmp_path, dr.run_id)
+    assert s["preemptions"] == 2 and s["failures"] == 0
+    assert 0 < s["latest_step"] < 400  # progress was kept across the preemption
+    assert not leftover_processes(tmp_path)
