@@ -83,7 +83,7 @@ def torture(uri: str, options: dict, tmp_path, max_delay: float, kills: int = KI
         _, status = os.waitpid(pid, 0)
         assert os.WIFSIGNALED(status), f"writer exited by itself (status {status}): see {log_path}"
 
-        lines = open(log_path).read().split()
+        lines = open(log_path).read().split() if os.path.exists(log_path) else []
         commits = [int(s) for k, s in zip(lines[::2], lines[1::2]) if k == "commit"]
         if len(lines) >= 2 and lines[-2] == "begin":
             in_save += 1
