@@ -1,12 +1,18 @@
-"""Airflow fixtures for tests that run DAGs with ``dag.test()``: a migrated sqlite metadata DB.
+"""Airflow fixtures for tests that run DAGs with ``dag.test()``: a migrated sqlite metadata DB, and
+helpers to build small spot training DAGs on the real local backend and inspect what they left behind.
 
 Use: ``from airflow_fixtures import airflow_db, run_dag  # noqa: F401`` (tests/ is on sys.path through its conftest).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
 
+import psutil
 import pytest
 
 
@@ -33,3 +39,82 @@ def run_dag(dag, **kwargs):
     bag.bag_dag(dag)
     sync_bag_to_db(bag, "dags-folder", None)
     return dag.test(**kwargs)
+
+
+PROTOCOL_SCRIPT = str(Path(__file__).parent / "operators" / "protocol_script.py")
+
+
+def protocol_command(*extra: str) -> list[str]:
+    return [sys.executable, PROTOCOL_SCRIPT, *extra]
+
+
+def backend_options(root: Path, schedule: list[float | None] | None = None) -> dict:
+    opts: dict = {"state_dir": str(root / "instances"), "notice_window_seconds": 1.0, "terminate_grace_seconds": 3.0}
+    if schedule:
+        opts["preemption"] = {"mode": "schedule", "after_seconds": schedule}
+    return opts
+
+
+FAST_SEGMENT_OPTIONS = {"poll_interval": 0.2, "startup_timeout": 60.0, "heartbeat_timeout": 30.0}
+
+
+def build_dag(dag_id: str, root: Path, **training_kwargs):
+    from airflow.sdk import DAG
+
+    from airflow_spot.operators.training import SpotTraining
+
+    kwargs = dict(
+        task_id="train",
+        checkpoint_uri=f"file://{root}/jobs/{{{{ run_id }}}}",
+        backend="local",
+        retry_delay=timedelta(seconds=0.5),
+        segment_options=FAST_SEGMENT_OPTIONS,
+    )
+    kwargs.update(training_kwargs)
+    with DAG(dag_id, schedule=None, start_date=datetime(2024, 1, 1), catchup=False) as dag:
+        SpotTraining(**kwargs)
+    return dag
+
+
+def job_store(root: Path, run_id: str):
+    from airflow_spot.storage.object_store import open_store
+
+    return open_store(f"file://{root}/jobs/{run_id}")
+
+
+def summary(root: Path, run_id: str) -> dict:
+    from airflow_spot.operators.training import SUMMARY_KEY
+
+    return json.loads(job_store(root, run_id).get_bytes(SUMMARY_KEY))
+
+
+def ti_states(dag_run) -> dict[str, tuple[str, int]]:
+    """task id -> (state, try_number) of the run's task instances."""
+    return {ti.task_id: (str(getattr(ti.state, "value", ti.state)), ti.try_number) for ti in dag_run.get_task_instances()}
+
+
+def leftover_processes(root: Path) -> list[str]:
+    """Instances of the local backend that are not terminated, or whose processes still exist."""
+    from airflow_spot.backends.base import InstanceState, get_backend
+    from airflow_spot.backends.local_state import group_alive
+
+    backend = get_backend("local", state_dir=str(root / "instances"))
+    problems = []
+    for info in backend.list_instances():
+        record = backend.record(info.instance_id)
+        if not InstanceState(record.info.state).is_terminal():
+            problems.append(f"{info.instance_id} is {record.info.state}")
+        if group_alive(record.pgid):
+            problems.append(f"{info.instance_id}: process group {record.pgid} still has processes")
+        if record.supervisor is not None and psutil.pid_exists(record.supervisor.pid):
+            try:
+                if psutil.Process(record.supervisor.pid).status() != psutil.STATUS_ZOMBIE:
+                    problems.append(f"{info.instance_id}: preemption supervisor {record.supervisor.pid} alive")
+            except psutil.NoSuchProcess:
+                pass
+    return problems
+
+
+def instance_count(root: Path) -> int:
+    base = root / "instances" / "instances"
+    return len(os.listdir(base)) if base.is_dir() else 0

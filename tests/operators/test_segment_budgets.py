@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_fixtures import airflow_db, run_dag  # noqa: F401
-from spot_dag_helpers import (
+from airflow_fixtures import (
     backend_options,
     build_dag,
     job_store,
