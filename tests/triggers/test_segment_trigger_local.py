@@ -1,0 +1,119 @@
+"""SegmentTrigger.run() against the real local backend: each way an attempt ends gives one event, and a
+trigger rebuilt from its serialised kwargs (a triggerer restart) picks up a running attempt."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_spot.backends.base import InstanceState, LaunchSpec, get_backend
+from airflow_spot.policy.offers import Market, Offer
+from airflow_spot.storage.object_store import open_store
+from airflow_spot.storage.protocol import JobLayout, SegmentRequest
+from airflow_spot.triggers.segment import SegmentTrigger
+
+pytestmark = pytest.mark.timeout(120)
+
+SCRIPT = str(Path(__file__).resolve().parents[1] / "operators" / "protocol_script.py")
+OFFER = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.4, 1.0, "A10G", 1, 24.0)
+
+
+@pytest.fixture
+def job(tmp_path):
+    options = {"state_dir": str(tmp_path / "instances"), "terminate_grace_seconds": 2.0}
+    backend = get_backend("local", **options)
+    uri = f"file://{tmp_path}/job"
+    launched = []
+
+    def start(command: list[str], attempt: str = "seg.try1", end_step: int = 20):
+        info = backend.launch(LaunchSpec(OFFER, uri, idempotency_token=f"{tmp_path}-{attempt}", idle_timeout_seconds=30))
+        launched.append(info.instance_id)
+        now = time.time()
+        req = SegmentRequest(attempt, uri, 0, 0, end_step, command, created_at=now)
+        JobLayout(open_store(uri)).write_request(info.instance_id, req)
+        trigger = SegmentTrigger(
+            job_uri=uri, attempt_id=attempt, instance_id=info.instance_id, requested_at=now,
+            backend="local", backend_options=options, aws_conn_id=None,
+            poll_interval=0.1, startup_timeout=20, heartbeat_timeout=10, max_attempt_seconds=60,
+        )
+        return info, trigger
+
+    yield backend, start
+    backend.terminate(launched)
+
+
+def first_event(trigger: SegmentTrigger, timeout: float = 60) -> dict:
+    async def go():
+        async for event in trigger.run():
+            return event.payload
+
+    return asyncio.run(asyncio.wait_for(go(), timeout))
+
+
+def test_completed_attempt(job):
+    backend, start = job
+    _, trigger = start([sys.executable, SCRIPT, "--step-seconds", "0.01"])
+    event = first_event(trigger)
+    assert event["status"] == "completed" and event["exit_code"] == 0
+    assert event["last_committed_step"] == 20
+
+
+def test_failed_attempt_carries_the_error_tail(job):
+    _, start = job
+    _, trigger = start([sys.executable, SCRIPT, "--fail", "CUDA out of memory"])
+    event = first_event(trigger)
+    assert event["status"] == "failed" and event["exit_code"] == 3
+    assert "CUDA out of memory" in event["error_tail"]
+
+
+def test_vanished_instance_is_lost(job):
+    backend, start = job
+    info, trigger = start([sys.executable, SCRIPT, "--step-seconds", "0.5"], end_step=1000)
+    deadline = time.monotonic() + 20
+    while JobLayout(open_store(trigger.job_uri)).read_heartbeat(trigger.attempt_id) is None:
+        assert time.monotonic() < deadline, "the command never sent a heartbeat"
+        time.sleep(0.1)
+    os.killpg(backend.record(info.instance_id).pgid, signal.SIGKILL)  # the machine disappears
+    event = first_event(trigger)
+    assert event["status"] == "lost" and "without a status" in event["message"]
+    assert event["last_step"] is not None
+
+
+def test_silent_command_is_lost_after_the_startup_timeout(job):
+    _, start = job
+    _, trigger = start([sys.executable, "-c", "import time; time.sleep(60)"])
+    trigger.startup_timeout = 1.5
+    event = first_event(trigger)
+    assert event["status"] == "lost" and "no heartbeat within 2s" in event["message"]
+
+
+def test_rebuilt_trigger_picks_up_a_running_attempt(job):
+    _, start = job
+    _, trigger = start([sys.executable, SCRIPT, "--step-seconds", "0.05"], end_step=40)
+
+    async def run_briefly():
+        agen = trigger.run()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(agen.__anext__(), 0.8)  # the triggerer dies mid-attempt
+
+    asyncio.run(run_briefly())
+    classpath, kwargs = trigger.serialize()
+    rebuilt = SegmentTrigger(**kwargs)
+    event = first_event(rebuilt)
+    assert event["status"] == "completed" and event["last_committed_step"] == 40
+
+
+def test_on_kill_terminates_the_instance(job):
+    backend, start = job
+    info, trigger = start([sys.executable, SCRIPT, "--step-seconds", "0.5"], end_step=1000)
+    asyncio.run(trigger.on_kill())
+    after = backend.describe([info.instance_id])[info.instance_id]
+    assert InstanceState(after.state) is InstanceState.TERMINATED
+    from airflow_spot.backends.local_state import group_alive
+
+    assert not group_alive(backend.record(info.instance_id).pgid)
