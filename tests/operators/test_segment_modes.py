@@ -1,0 +1,97 @@
+"""The segment operator waiting in the worker (non-deferrable), failing early on a store it cannot
+write, skipping a segment that is already done, and releasing its instance when killed."""
+from __future__ import annotations
+
+import pytest
+
+from airflow_fixtures import (  # noqa: F401
+    FAST_SEGMENT_OPTIONS,
+    airflow_db,
+    backend_options,
+    build_dag,
+    instance_count,
+    leftover_processes,
+    protocol_command,
+    run_dag,
+    summary,
+    ti_states,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_non_deferrable_mode_survives_a_preemption(airflow_db, tmp_path):  # noqa: F811
+    dag = build_dag(
+        "mode_worker",
+        tmp_path,
+        command=protocol_command("--step-seconds", "0.03"),
+        total_steps=100,
+        steps_per_segment=100,
+        backend_options=backend_options(tmp_path, [1.0, None]),
+        max_preemptions=2,
+        segment_options={**FAST_SEGMENT_OPTIONS, "deferrable": False},
+    )
+    dr = run_dag(dag)
+    assert ti_states(dr)["train.segment_000"] == ("success", 2)
+    s = summary(tmp_path, dr.run_id)
+    assert s["preemptions"] == 1 and s["completed"]
+    assert not leftover_processes(tmp_path)
+
+
+def test_unwritable_checkpoint_uri_fails_before_launching(airflow_db, tmp_path):  # noqa: F811
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    dag = build_dag(
+        "mode_unwritable",
+        tmp_path,
+        command=protocol_command(),
+        total_steps=10,
+        steps_per_segment=10,
+        checkpoint_uri=f"file://{blocker}/{{{{ run_id }}}}",
+        backend_options=backend_options(tmp_path),
+        max_preemptions=3,
+    )
+    dr = run_dag(dag)
+    states = ti_states(dr)
+    assert states["train.segment_000"] == ("failed", 1), states  # no retry: a config error, not bad luck
+    assert instance_count(tmp_path) == 0
+
+
+def test_a_done_segment_is_skipped_on_rerun(airflow_db, tmp_path):  # noqa: F811
+    kwargs = dict(
+        command=protocol_command("--step-seconds", "0.01"),
+        total_steps=40,
+        steps_per_segment=20,
+        checkpoint_uri=f"file://{tmp_path}/jobs/fixed",  # the same job root for both runs
+        backend_options=backend_options(tmp_path),
+    )
+    first = run_dag(build_dag("mode_skip", tmp_path, **kwargs))
+    assert str(getattr(first.state, "value", first.state)) == "success"
+    launched = instance_count(tmp_path)
+    second = run_dag(build_dag("mode_skip", tmp_path, **kwargs))
+    assert str(getattr(second.state, "value", second.state)) == "success"
+    assert instance_count(tmp_path) == launched  # nothing was launched for finished segments
+    from airflow_spot.storage.object_store import open_store
+    from airflow_spot.storage.ledger_store import LedgerStore
+
+    assert len(LedgerStore(open_store(f"file://{tmp_path}/jobs/fixed")).rows()) == 2  # from the first run only
+
+
+def test_on_kill_terminates_the_awaited_instance(tmp_path):
+    from airflow_spot.backends.base import InstanceState, LaunchSpec, get_backend
+    from airflow_spot.backends.local_state import group_alive
+    from airflow_spot.operators.segment import SpotSegmentOperator
+    from airflow_spot.policy.offers import Market, Offer
+
+    options = backend_options(tmp_path)
+    backend = get_backend("local", **options)
+    offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.4, 1.0, "A10G", 1, 24.0)
+    info = backend.launch(LaunchSpec(offer, f"file://{tmp_path}/job", "kill-test", idle_timeout_seconds=60))
+    op = SpotSegmentOperator(
+        task_id="seg", command=protocol_command(), checkpoint_uri=f"file://{tmp_path}/job",
+        start_step=0, end_step=10, total_steps=10, backend="local", backend_options=options,
+    )
+    op._instance_id = info.instance_id  # what execute() records before it waits in the worker
+    op.on_kill()
+    assert InstanceState(backend.describe([info.instance_id])[info.instance_id].state) is InstanceState.TERMINATED
+    assert not group_alive(backend.record(info.instance_id).pgid)
