@@ -1,0 +1,75 @@
+"""A real torch job through the local backend: preempted once by the injector, resumed on a new instance.
+
+The first instance is preempted (notice file -> emergency checkpoint -> exit 75 -> kill after the
+window); a relaunch resumes from that emergency checkpoint and finishes with exactly the weights of an
+uninterrupted run of the same script.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from local_helpers import spec, wait_for
+
+from airflow_spot.backends.base import TerminationReason
+from airflow_spot.storage.checkpoint import CheckpointStore
+from airflow_spot.storage.object_store import open_store
+from airflow_spot.storage.protocol import SegmentRequest
+
+TOTAL = 240
+
+
+def train_tiny(*extra: str) -> list[str]:
+    return [sys.executable, "-m", "airflow_spot.examples.train_tiny", "--total-steps", str(TOTAL), *extra]
+
+
+@pytest.mark.timeout(180)
+def test_train_tiny_survives_an_injected_preemption(make_backend, job_uri, layout, tmp_path):
+    # The reference: the same script, uninterrupted, outside airflow-spot. Its start-up time (imports,
+    # under whatever load this machine has now) places the injected preemption inside the training loop.
+    reference = tmp_path / "reference.pt"
+    started = time.monotonic()
+    with subprocess.Popen(train_tiny("--job-uri", str(tmp_path / "ref-job"), "--final-weights", str(reference)),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as ref:
+        startup = None
+        for line in ref.stdout:
+            if startup is None and line.startswith("resuming at step"):
+                startup = time.monotonic() - started
+        assert ref.wait(timeout=120) == 0 and startup is not None
+
+    # launch 0 is preempted once its training loop is surely running; launch 1 is not preempted
+    backend = make_backend(preemption={"mode": "schedule", "after_seconds": [1.5 * startup + 1.5]},
+                           notice_window_seconds=2.0)
+    weights = tmp_path / "final.pt"
+    command = train_tiny("--step-sleep", "0.02", "--final-weights", str(weights))
+
+    first = backend.launch(spec(job_uri, token="try1"))
+    layout.write_request(first.instance_id, SegmentRequest(
+        attempt_id="seg0.try1", job_uri=job_uri, segment_index=0, start_step=0, end_step=TOTAL, command=command))
+    preempted = wait_for(lambda: layout.read_status("seg0.try1"), 60, "the first attempt to end")
+    assert preempted.outcome == "preempted" and preempted.exit_code == 75, preempted.error_tail
+    emergency_step = preempted.last_committed_step
+    assert emergency_step is not None and 0 < emergency_step < TOTAL, preempted.error_tail
+    manifests = {m.step: m for m in CheckpointStore(open_store(job_uri).child("checkpoints")).committed()}
+    assert manifests[emergency_step].meta["reason"] == "emergency"
+    gone = wait_for(lambda: (i := backend.describe([first.instance_id])[first.instance_id]).state.is_terminal() and i,
+                    30, "the kill after the notice window")
+    assert gone.reason is TerminationReason.PREEMPTED and gone.notice_at is not None
+
+    second = backend.launch(spec(job_uri, token="try2"))
+    assert backend.record(second.instance_id).preempt_at is None
+    layout.write_request(second.instance_id, SegmentRequest(
+        attempt_id="seg0.try2", job_uri=job_uri, segment_index=0, start_step=0, end_step=TOTAL, command=command))
+    completed = wait_for(lambda: layout.read_status("seg0.try2"), 90, "the second attempt to end")
+    assert completed.outcome == "completed", completed.error_tail
+    assert completed.last_committed_step == TOTAL
+    second_log = (backend.instance_dir(second.instance_id) / "attempts" / "seg0.try2.log").read_text()
+    assert f"resuming at step {emergency_step}\n" in second_log
+
+    final, expected = torch.load(weights), torch.load(reference)
+    assert final.keys() == expected.keys()
+    assert all(torch.equal(final[k], expected[k]) for k in expected), "resumed run diverged from the reference"
+    backend.terminate([second.instance_id])
