@@ -153,7 +153,8 @@ class LocalBackend(Backend):
             "--work-dir", str(instance_dir),
             "--notice-file", str(self.state.notice_path(instance_id)),
             "--poll-interval", repr(self.poll_interval_seconds),
-            "--term-grace", repr(self.terminate_grace_seconds),
+            # the agent must give up on its command before we give up on the agent, to write a status
+            "--term-grace", repr(max(0.5 * self.terminate_grace_seconds, self.terminate_grace_seconds - 1.0)),
             "--boot-seconds", repr(self.boot_seconds),
         ]
         env = {**os.environ, **{str(k): str(v) for k, v in spec.env.items()}}
@@ -244,8 +245,9 @@ class LocalBackend(Backend):
 
     # ------------------------------------------------------------------ terminate
     def terminate(self, instance_ids: list[str]) -> None:
-        """SIGTERM each instance's process group, wait up to ``terminate_grace_seconds`` for all of them,
-        SIGKILL what is left. Idempotent: terminated or unknown instances are skipped."""
+        """Stop each instance: SIGTERM to its agent (which forwards it to the running command and writes
+        the attempt's status), wait up to ``terminate_grace_seconds`` for all of them, SIGKILL whatever
+        is left of their process groups. Idempotent: terminated or unknown instances are skipped."""
         targets: list[InstanceRecord] = []
         for instance_id in dict.fromkeys(instance_ids):
             record = self.state.read(instance_id)
@@ -264,7 +266,11 @@ class LocalBackend(Backend):
             if record is not None and not InstanceState(record.info.state).is_terminal():
                 targets.append(record)
         for record in targets:
-            kill_group(record.pgid, signal.SIGTERM)
+            # SIGTERM goes to the agent alone, which forwards it to its command: a second SIGTERM sent to
+            # the whole group could reach the command after its handler is gone (Python restores the
+            # default handler while exiting) and kill it after a clean emergency save.
+            if not self._signal_agent(record, signal.SIGTERM):
+                kill_group(record.pgid, signal.SIGTERM)
         deadline = time.monotonic() + self.terminate_grace_seconds
         pending = [r for r in targets if group_alive(r.pgid)]
         while pending and time.monotonic() < deadline:
@@ -280,6 +286,16 @@ class LocalBackend(Backend):
         for record in targets:
             self.state.update(record.info.instance_id, self._mark_dead)
             log.info("terminated %s", record.info.instance_id)
+
+    @staticmethod
+    def _signal_agent(record: InstanceRecord, sig: int) -> bool:
+        if not record.agent.alive():
+            return False
+        try:
+            os.kill(record.agent.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
 
     def _stop_supervisor(self, record: InstanceRecord) -> None:
         if record.supervisor is not None and record.supervisor.alive():

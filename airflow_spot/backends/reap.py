@@ -5,6 +5,7 @@ Examples::
     airflow-spot reap --dry-run                                   # list live local instances
     airflow-spot reap --older-than 3600 --tag airflow-spot:dag=spot_training_demo
     airflow-spot reap --backend local --backend-options '{"state_dir": "/tmp/spot-state"}'
+    airflow-spot reap --purge-older-than 86400                    # also forget day-old terminated instances
 """
 from __future__ import annotations
 
@@ -52,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tag", type=_tag, action="append", default=[], metavar="KEY=VALUE",
                         help="only instances carrying this tag (repeatable; all must match)")
     parser.add_argument("--dry-run", action="store_true", help="list what would be terminated, terminate nothing")
+    parser.add_argument("--purge-older-than", type=_seconds, default=None, metavar="SECONDS",
+                        help="also delete the records and logs of instances terminated this long ago "
+                             "(backends that keep local records, e.g. local)")
 
 
 def leftovers(instances: list[InstanceInfo], older_than: float, now: float) -> list[InstanceInfo]:
@@ -70,6 +74,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     now = time.time()
     found = leftovers(backend.list_instances(dict(args.tag)), args.older_than, now)
+    if args.purge_older_than is not None and not args.dry_run:
+        purge = getattr(backend, "purge", None)
+        if purge is None:
+            print(f"airflow-spot reap: backend {args.backend!r} keeps no local records to purge", file=sys.stderr)
+            return 2
+        print(f"purged {len(purge(args.purge_older_than))} terminated instance record(s)")
     if not found:
         print("no live instances match")
         return 0

@@ -229,6 +229,10 @@ class Agent:
         else:
             exit_code, tail = self._run_command(request, log_path)
             outcome = Outcome.FAILED if exit_code is None else outcome_for_exit(exit_code)
+            if self.stopping and exit_code is not None and exit_code < 0:
+                # Killed by a signal while the instance was being stopped: not the user's code failing.
+                outcome = Outcome.PREEMPTED
+                tail += "\n[agent] the instance was stopping; the attempt counts as preempted"
         status = AttemptStatus(
             attempt_id=request.attempt_id,
             outcome=outcome.value,

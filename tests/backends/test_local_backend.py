@@ -30,6 +30,24 @@ def test_launch_is_idempotent_on_the_token(backend, job_uri):
     assert first.offer.instance_type == "g5.xlarge" and first.job_uri == job_uri
 
 
+def test_concurrent_launches_with_one_token_start_one_instance(backend, job_uri):
+    code = (
+        "import json, sys\n"
+        "from airflow_spot.backends.base import LaunchSpec, get_backend\n"
+        "from airflow_spot.policy.offers import Offer\n"
+        "kwargs, spec = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n"
+        "spec['offer'] = Offer.from_dict(spec['offer'])\n"
+        "print(get_backend('local', **kwargs).launch(LaunchSpec(**spec)).instance_id)\n"
+    )
+    s = spec(job_uri, token="raced")
+    payload = json.dumps({**s.__dict__, "offer": s.offer.to_dict()})
+    procs = [subprocess.Popen([sys.executable, "-c", code, json.dumps(backend.serialize()), payload],
+                              stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    ids = {p.communicate(timeout=60)[0].strip() for p in procs}
+    assert len(ids) == 1 and all(p.returncode == 0 for p in procs)
+    assert [i.instance_id for i in backend.list_instances()] == list(ids)
+
+
 def test_describe_is_batched_and_skips_unknown_ids(backend, job_uri):
     a = backend.launch(spec(job_uri, token="a"))
     b = backend.launch(spec(job_uri, token="b"))

@@ -74,3 +74,16 @@ def test_bad_arguments_are_explained(argv, message, capsys):
 def test_unknown_backend_is_explained(capsys):
     assert main(["reap", "--backend", "gce"]) == 2
     assert "unknown backend 'gce'; valid backends:" in capsys.readouterr().err
+
+
+def test_purge_forgets_old_terminated_instances_only(backend, job_uri, capsys):
+    live = backend.launch(spec(job_uri, token="live"))
+    ended = backend.launch(spec(job_uri, token="ended"))
+    backend.terminate([ended.instance_id])
+    options = json.dumps({"state_dir": str(backend.state.root)})
+    assert main(["reap", "--backend-options", options, "--purge-older-than", "3600", "--tag", "none=none"]) == 0
+    assert "purged 0" in capsys.readouterr().out
+    assert main(["reap", "--backend-options", options, "--purge-older-than", "0", "--tag", "none=none"]) == 0
+    assert "purged 1" in capsys.readouterr().out
+    assert [i.instance_id for i in backend.list_instances()] == [live.instance_id]
+    assert not backend.instance_dir(ended.instance_id).exists()

@@ -213,8 +213,16 @@ def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(agent, tmp_pat
     os.kill(a.proc.pid, signal.SIGTERM)
     assert a.proc.wait(timeout=15) == 0
     status = a.status("a1", timeout=1)
-    assert status.outcome == "failed" and status.exit_code == -signal.SIGKILL
+    # killed because the instance is stopping, not because the user's code failed
+    assert status.outcome == "preempted" and status.exit_code == -signal.SIGKILL
     assert "killed by signal 9" in status.error_tail
+
+
+def test_a_command_killed_by_a_signal_on_its_own_is_failed(agent):
+    a = agent()
+    a.submit("a1", py("import os, signal; os.kill(os.getpid(), signal.SIGKILL)"))
+    status = a.status("a1")
+    assert status.outcome == "failed" and status.exit_code == -signal.SIGKILL
 
 
 def test_no_new_attempt_starts_under_a_preemption_notice(agent, tmp_path):
