@@ -35,17 +35,21 @@ class DeadlineParams:
     """:param restart_overhead_seconds: paid time without progress when an instance (re)starts.
     :param hysteresis_seconds: how far ahead of the line the job must be to leave on-demand.
     :param safety_restarts: restarts the remaining slack must still absorb before the safety net
-        commits the job to on-demand."""
+        commits the job to on-demand.
+    :param reserve_per_work: ``slack-reserve`` only: seconds of slack kept per second of work left."""
 
     restart_overhead_seconds: float = 600.0
     hysteresis_seconds: float | None = None
     safety_restarts: float = 2.0
+    reserve_per_work: float = 0.06
 
     def __post_init__(self) -> None:
         if self.restart_overhead_seconds < 0:
             raise ValueError(f"restart_overhead_seconds must be >= 0, got {self.restart_overhead_seconds!r}")
         if self.hysteresis_seconds is not None and self.hysteresis_seconds < 0:
             raise ValueError(f"hysteresis_seconds must be >= 0, got {self.hysteresis_seconds!r}")
+        if self.reserve_per_work < 0:
+            raise ValueError(f"reserve_per_work must be >= 0, got {self.reserve_per_work!r}")
         if self.safety_restarts < 0:
             raise ValueError(f"safety_restarts must be >= 0, got {self.safety_restarts!r}")
 
@@ -143,6 +147,33 @@ def uniform_progress(state: DeadlineState, obs: Observation, now: float, params:
     if ahead < threshold:
         return Decision(Market.ON_DEMAND.value, f"no spot and {ahead:+.0f}s against the line", state)
     return Decision(WAIT, f"no spot, {ahead:+.0f}s ahead of the line: wait for spot", state)
+
+
+@deadline_policies.register("slack-reserve")
+def slack_reserve(state: DeadlineState, obs: Observation, now: float, params: DeadlineParams) -> Decision:
+    """Uniform Progress measured in slack: keep ``reserve_per_work`` seconds of slack per second of work
+    left (what preemptions and outages will still cost) plus the safety net's restarts; spend the rest
+    waiting for spot rather than paying for on-demand."""
+    running = _running(obs)
+    if obs.deadline_at is None or state.committed:
+        return uniform_progress(state, obs, now, params)
+    r = params.restart_overhead_seconds
+    left = slack(obs, now)
+    safety = params.safety_restarts * r
+    if left <= safety:
+        return Decision(Market.ON_DEMAND.value, f"safety net: slack {left:.0f}s <= {safety:.0f}s",
+                        replace(state, committed=True))
+    spare = left - safety - params.reserve_per_work * (obs.work_total - obs.work_done)
+    if running is Market.SPOT and obs.spot_available:
+        return Decision(Market.SPOT.value, f"on spot, {spare:+.0f}s spare slack", state)
+    threshold = params.hysteresis if running is Market.ON_DEMAND else 0.0
+    if obs.spot_available:
+        if running is Market.ON_DEMAND and spare < threshold:
+            return Decision(Market.ON_DEMAND.value, f"on-demand until {threshold:.0f}s spare slack ({spare:+.0f}s)", state)
+        return Decision(Market.SPOT.value, f"spot available, {spare:+.0f}s spare slack", state)
+    if spare < threshold:
+        return Decision(Market.ON_DEMAND.value, f"no spot and {spare:+.0f}s spare slack", state)
+    return Decision(WAIT, f"no spot, {spare:+.0f}s spare slack: wait for spot", state)
 
 
 @deadline_policies.register("greedy")

@@ -40,13 +40,33 @@ class RankingParams:
             raise ValueError("overhead_seconds and cooldown_seconds must be >= 0")
 
 
-def cost_per_step(offer: Offer, params: RankingParams = RankingParams()) -> float:
-    """Expected $ per V100-hour of work on ``offer`` (proportional to $ per training step)."""
+def risk_multiplier(seconds_since_loss: float | None, cooldown_seconds: float) -> float:
+    """How much riskier than its long-run rate a pool is, given the time since it last lost capacity.
+
+    Spot capacity that just came back tends to go again soon: on the four measured p3.2xlarge traces a
+    fresh up period lasts a median 0.3-1 h, while one that has already lasted 2 h has 3.5-6 h more on
+    average (a decreasing hazard). ``1 + c / (age + c / 4)``: 5x at age 0, 1.8x at one cool-down, -> 1.
+    """
+    if seconds_since_loss is None or cooldown_seconds <= 0:
+        return 1.0
+    age = max(seconds_since_loss, 0.0)
+    return 1.0 + cooldown_seconds / (age + cooldown_seconds / 4.0)
+
+
+def cost_per_step(
+    offer: Offer, params: RankingParams = RankingParams(), seconds_since_loss: float | None = None
+) -> float:
+    """Expected $ per V100-hour of work on ``offer`` (proportional to $ per training step).
+
+    :param seconds_since_loss: time since the pool last preempted (us or, where the market shows it,
+        anyone); raises the expected preemption rate of pools that just lost capacity.
+    """
     if offer.relative_throughput <= 0:
         raise ValueError(f"offer {offer.pool} has relative_throughput {offer.relative_throughput}; must be > 0")
     inflation = 1.0
     if Market(offer.market) is Market.SPOT:
-        inflation += offer.preemption_rate_per_hour * params.overhead_seconds / 3600.0
+        rate = offer.preemption_rate_per_hour * risk_multiplier(seconds_since_loss, params.cooldown_seconds)
+        inflation += rate * params.overhead_seconds / 3600.0
     return offer.price_per_hour / offer.relative_throughput * inflation
 
 
@@ -60,9 +80,17 @@ def in_cooldown(offer: Offer, now: float, recent_preemptions: Mapping[str, float
 def rank_by_cost_per_step(
     offers: Sequence[Offer], now: float, recent_preemptions: Mapping[str, float], params: RankingParams
 ) -> list[Offer]:
+    def since(o: Offer) -> float | None:
+        last = recent_preemptions.get(o.pool)
+        return None if last is None else now - last
+
     return sorted(
         offers,
-        key=lambda o: (in_cooldown(o, now, recent_preemptions, params.cooldown_seconds), cost_per_step(o, params), o.pool),
+        key=lambda o: (
+            in_cooldown(o, now, recent_preemptions, params.cooldown_seconds),
+            cost_per_step(o, params, since(o)),
+            o.pool,
+        ),
     )
 
 

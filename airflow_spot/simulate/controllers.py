@@ -1,0 +1,138 @@
+"""Controllers the simulator replays: our policy and the baselines, all driven by ``airflow_spot.policy``.
+
+* ``ours`` — the product's policies: :func:`airflow_spot.policy.deadline.decide` (``slack-reserve``, Uniform
+  Progress measured in slack; tuned on these traces: 0.06 s of slack kept per second of work left) says
+  spot / on-demand / wait; :func:`airflow_spot.policy.offer_ranking.choose_offer` picks the pool by cost
+  per step with a cool-down of pools that just lost capacity; the checkpoint interval is the lead's
+  Daly policy on the pool's estimated MTBF; emergency saves on a notice.
+* ``up-any-zone`` — "any zone up, else on-demand when behind the line": the same Uniform Progress
+  without ranking (first zone up) and without cool-down.
+* ``greedy`` — spot in any zone up until the deadline forces on-demand.
+* ``fixed-one-zone`` — the first zone given, checkpoints every ``fixed_interval`` and no emergency save, greedy
+  fallback to on-demand when the deadline forces it.
+* ``on-demand`` — on-demand only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from airflow_spot.policy.checkpoint_interval import IntervalInputs, checkpoint_interval, estimate_mtbf
+from airflow_spot.policy.deadline import WAIT, DeadlineParams, DeadlineState, Observation, decide
+from airflow_spot.policy.offer_ranking import RankingParams, choose_offer, in_cooldown
+from airflow_spot.policy.offers import Market
+from airflow_spot.policy.registry import PolicyRegistry
+from airflow_spot.simulate.engine import HOUR, View
+
+controllers = PolicyRegistry("simulated controller")
+
+
+def _observation(view: View, spot_available: bool) -> Observation:
+    running = None
+    if view.running is not None:
+        running = Market.SPOT if view.running[0] == "spot" else Market.ON_DEMAND
+    return Observation(
+        started_at=0.0, deadline_at=view.deadline_at, work_done=view.work_done, work_total=view.work_total,
+        spot_available=spot_available, running=running,
+    )
+
+
+@dataclass
+class DeadlineController:
+    """A deadline policy + an offer choice + a checkpoint interval.
+
+    :param deadline_policy: registered name in :mod:`airflow_spot.policy.deadline`.
+    :param ranking: rank pools with :func:`choose_offer` (else the first zone up).
+    :param cooldown_hours: a pool that lost capacity this recently is avoided while others are up.
+    :param zones: only these pool indexes (the one-zone baseline).
+    :param fixed_interval_hours: periodic checkpoints at this interval instead of Daly's.
+    """
+
+    name: str
+    deadline_policy: str = "uniform-progress"
+    ranking: bool = True
+    cooldown_hours: float = 0.0
+    emergency_save: bool = True
+    zones: tuple[int, ...] | None = None
+    fixed_interval_hours: float | None = None
+    safety_restarts: float = 2.0
+    hysteresis_hours: float | None = None
+    reserve_per_work: float = 0.06
+    prior_mtbf_hours: float = 3.6
+    state: DeadlineState = field(default_factory=DeadlineState)
+
+    def reset(self) -> "DeadlineController":
+        return replace(self, state=DeadlineState())
+
+    def _params(self, view: View) -> DeadlineParams:
+        r = view.spec.restart_overhead_hours * HOUR
+        safety = self.safety_restarts
+        if not self.emergency_save and self.fixed_interval_hours and r > 0:
+            safety += self.fixed_interval_hours * HOUR / r  # a preemption can also throw away one interval
+        return DeadlineParams(restart_overhead_seconds=r, safety_restarts=safety, reserve_per_work=self.reserve_per_work,
+                              hysteresis_seconds=None if self.hysteresis_hours is None else self.hysteresis_hours * HOUR)
+
+    def _ranking(self, view: View) -> RankingParams:
+        return RankingParams(overhead_seconds=view.spec.restart_overhead_hours * HOUR,
+                             cooldown_seconds=self.cooldown_hours * HOUR)
+
+    def _candidates(self, view: View) -> list[int]:
+        allowed = range(len(view.pools)) if self.zones is None else self.zones
+        return [i for i in allowed if view.up[i]]
+
+    def decide(self, view: View) -> tuple[str, int] | None:
+        candidates = self._candidates(view)
+        rp = self._ranking(view)
+        settled = [i for i in candidates if not in_cooldown(view.pools[i].offer, view.now, view.up_since, rp.cooldown_seconds)]
+        on_spot = view.running is not None and view.running[0] == "spot"
+        # leaving on-demand for a pool that just came back is the costliest mistake: wait until it settles
+        usable = settled if (view.running is not None and not on_spot) else candidates
+        d = decide(self.state, _observation(view, bool(usable)), view.now, self._params(view), self.deadline_policy)
+        self.state = d.state
+        if d.market == WAIT:
+            return None
+        if d.market == Market.ON_DEMAND.value:
+            return ("on-demand", 0)
+        if on_spot and view.up[view.running[1]]:
+            return view.running
+        if not self.ranking:
+            return ("spot", usable[0])
+        best = choose_offer([view.pools[i].offer for i in usable], now=view.now,
+                            recent_preemptions=view.up_since, params=rp)
+        return ("spot", next(i for i in usable if view.pools[i].offer is best))
+
+    def checkpoint_interval(self, view: View) -> float:
+        if self.fixed_interval_hours is not None:
+            return self.fixed_interval_hours * HOUR
+        if view.running is None or view.running[0] != "spot":
+            return 3600.0  # on-demand: an insurance save an hour
+        pool = view.pools[view.running[1]].name
+        n = view.our_preemption_counts.get(pool, 0)
+        mtbf = estimate_mtbf(self.prior_mtbf_hours * HOUR, n, view.now)
+        return checkpoint_interval(IntervalInputs(save_cost_seconds=view.spec.save_cost_seconds, mtbf_seconds=mtbf))
+
+
+@controllers.register("ours", default=True)
+def ours() -> DeadlineController:
+    return DeadlineController("ours", deadline_policy="slack-reserve", cooldown_hours=1.0, hysteresis_hours=0.0,
+                              reserve_per_work=0.06)
+
+
+@controllers.register("up-any-zone")
+def up_any_zone() -> DeadlineController:
+    return DeadlineController("up-any-zone", ranking=False)
+
+
+@controllers.register("greedy")
+def greedy() -> DeadlineController:
+    return DeadlineController("greedy", deadline_policy="greedy", ranking=False)
+
+
+@controllers.register("fixed-one-zone")
+def fixed_one_zone() -> DeadlineController:
+    return DeadlineController("fixed-one-zone", deadline_policy="greedy", ranking=False, emergency_save=False,
+                              zones=(0,), fixed_interval_hours=0.5)
+
+
+@controllers.register("on-demand")
+def on_demand() -> DeadlineController:
+    return DeadlineController("on-demand", deadline_policy="on-demand", ranking=False)

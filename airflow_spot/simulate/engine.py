@@ -1,0 +1,258 @@
+"""Replay one job over spot traces with a simulated clock.
+
+Model (one tick = the traces' ``gap_seconds``):
+
+* A pool (one instance type in one zone) can be launched at tick ``t`` when its trace reads 1 there; a
+  spot instance running in it is preempted at the first tick its trace reads 0.
+* Every new instance pays ``restart_overhead`` (boot, restore, warm-up) before it makes progress; an
+  on-demand instance is never preempted. Money is billed per attempt by :mod:`airflow_spot.policy.ledger`
+  (per second, 60 s minimum), so the simulator's costs are the ledger's.
+* A periodic checkpoint stalls training for ``save_cost``. On a preemption, a controller with emergency
+  saves keeps all progress if ``save_cost`` fits in the notice window; otherwise the job falls back to
+  its last periodic checkpoint. Leaving an instance on purpose checkpoints first (nothing is lost).
+* Work is counted in seconds on the reference GPU (V100 = 1.0); an instance with relative throughput
+  ``x`` does ``x`` seconds of work per second.
+
+What a controller sees at tick ``t`` (:class:`View`): the job's progress, where it runs, which pools can
+be launched now, when each pool was last seen to lose capacity (a 1 -> 0 step of its trace) and since
+when it has been up (the last 0 -> 1 step) — the past, never the future. Seeing other pools' capacity
+is an assumption of this replay (the traces were measured by relaunching in every zone); a live market
+approximates it with spot placement scores and the preemptions other jobs see.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from airflow_spot.market.traces import SpotTrace
+from airflow_spot.policy.ledger import LedgerRow, summarize
+from airflow_spot.policy.offers import Market, Offer
+
+HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """:param work_hours: hours of training on one reference GPU (V100).
+    :param deadline_hours: hours from the job's start, or None.
+    :param save_cost_seconds: training stall per checkpoint.
+    :param restart_overhead_hours: paid time without progress per new instance.
+    :param notice_seconds: preemption notice (AWS: 120 s)."""
+
+    work_hours: float
+    deadline_hours: float | None = None
+    save_cost_seconds: float = 10.0
+    restart_overhead_hours: float = 0.2
+    notice_seconds: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not self.work_hours > 0:
+            raise ValueError(f"work_hours must be positive, got {self.work_hours!r}")
+        if self.deadline_hours is not None and self.deadline_hours < self.work_hours:
+            raise ValueError(
+                f"deadline_hours {self.deadline_hours} is shorter than the work ({self.work_hours} h): "
+                "no policy can meet it; raise the deadline or shrink the job"
+            )
+        for name in ("save_cost_seconds", "restart_overhead_hours", "notice_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class SimPool:
+    """A spot pool replayed from a trace, with its prices."""
+
+    trace: SpotTrace
+    offer: Offer  # the spot offer (price, on-demand price, throughput)
+
+    @property
+    def name(self) -> str:
+        return self.offer.pool
+
+
+@dataclass
+class View:
+    """What the controller may look at (see the module docstring)."""
+
+    now: float
+    spec: JobSpec
+    pools: list[SimPool]
+    on_demand: Offer
+    up: list[bool]
+    last_capacity_loss: dict[str, float]
+    up_since: dict[str, float]
+    our_preemptions: dict[str, float]
+    our_preemption_counts: dict[str, int]
+    work_done: float
+    running: tuple[str, int] | None  # ("spot", pool index) or ("on-demand", 0)
+
+    @property
+    def work_total(self) -> float:
+        return self.spec.work_hours * HOUR
+
+    @property
+    def deadline_at(self) -> float | None:
+        return self.spec.deadline_hours * HOUR if self.spec.deadline_hours is not None else None
+
+
+class Controller(Protocol):
+    name: str
+    emergency_save: bool
+
+    def decide(self, view: View) -> tuple[str, int] | None:
+        """Where to run during the next tick: ``("spot", pool index)``, ``("on-demand", 0)`` or None."""
+
+    def checkpoint_interval(self, view: View) -> float:
+        """Seconds of training between periodic checkpoints on the current instance."""
+
+
+@dataclass
+class SimResult:
+    policy: str
+    cost: float
+    on_demand_cost: float
+    completed: bool
+    completion_hours: float | None
+    deadline_met: bool | None
+    preemptions: int
+    lost_gpu_hours: float
+    spot_hours: float
+    on_demand_hours: float
+    rows: list[LedgerRow] = field(default_factory=list)
+    timeline: list[tuple[float, float, float]] = field(default_factory=list)  # (hours, work fraction, $)
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("rows", "timeline")}
+
+
+class _Attempt:
+    def __init__(self, where: tuple[str, int], offer: Offer, start: float, committed: float) -> None:
+        self.where, self.offer, self.start, self.committed_at_start = where, offer, start, committed
+
+
+def simulate(
+    spec: JobSpec,
+    pools: list[SimPool],
+    on_demand: Offer,
+    controller: Controller,
+    *,
+    offset_ticks: int = 0,
+    max_hours: float | None = None,
+    timeline_every: int = 15,
+) -> SimResult:
+    """Run ``controller`` from tick ``offset_ticks`` of the traces until the job is done or the traces end.
+
+    :param max_hours: stop (unfinished) after this many simulated hours; default: the shortest trace's
+        remaining length, or twice the deadline when that is longer (the traces then read as 0).
+    """
+    if not pools and controller.name != "on-demand":
+        raise ValueError("no spot pool to replay: pass at least one trace")
+    gap = pools[0].trace.gap_seconds if pools else 60.0
+    if any(p.trace.gap_seconds != gap for p in pools):
+        raise ValueError("all traces must share one gap_seconds")
+    total = spec.work_hours * HOUR
+    r = spec.restart_overhead_hours * HOUR
+    horizon_ticks = int((max_hours * HOUR if max_hours else 4 * (spec.deadline_hours or spec.work_hours) * HOUR) // gap) + 1
+    progress = committed = since_ckpt = pending = 0.0
+    attempt: _Attempt | None = None
+    rows: list[LedgerRow] = []
+    timeline: list[tuple[float, float, float]] = [(0.0, 0.0, 0.0)]
+    last_loss: dict[str, float] = {}
+    up_since: dict[str, float] = {}
+    for p in pools:  # the past before the job started is known too
+        before = p.trace.values[: max(0, offset_ticks + 1)]
+        for i in range(len(before) - 1, 0, -1):
+            if before[i - 1] == 1 and before[i] == 0 and p.name not in last_loss:
+                last_loss[p.name] = (i - offset_ticks) * gap
+            if before[i - 1] == 0 and before[i] == 1 and p.name not in up_since:
+                up_since[p.name] = (i - offset_ticks) * gap
+            if p.name in last_loss and p.name in up_since:
+                break
+    ours: dict[str, float] = {}
+    ours_count: dict[str, int] = {}
+    cost_so_far = 0.0
+    done_at: float | None = None
+
+    def close(now: float, outcome: str, kept: float, lost: float) -> None:
+        nonlocal attempt, cost_so_far
+        assert attempt is not None
+        o = attempt.offer
+        rows.append(LedgerRow(
+            attempt_id=f"{controller.name}-{len(rows)}", instance_id=f"sim-{len(rows)}", instance_type=o.instance_type,
+            zone=o.zone, region=o.region, market=o.market, price_per_hour=o.price_per_hour,
+            on_demand_price_per_hour=o.on_demand_price_per_hour, started_at=attempt.start, ended_at=now,
+            steps_done=int(round(max(0.0, kept - attempt.committed_at_start))), steps_lost=int(round(lost)),
+            outcome=outcome, step_seconds=1.0 / o.relative_throughput,
+        ))
+        cost_so_far += rows[-1].cost
+        attempt = None
+
+    for t in range(horizon_ticks):
+        now = t * gap
+        idx = offset_ticks + t
+        up = [p.trace.values[idx] == 1 if idx < len(p.trace.values) else False for p in pools]
+        if idx > 0:
+            for p in pools:
+                if idx < len(p.trace.values) and p.trace.values[idx - 1] != p.trace.values[idx]:
+                    (up_since if p.trace.values[idx] == 1 else last_loss)[p.name] = now
+        if attempt is not None and attempt.where[0] == "spot" and not up[attempt.where[1]]:
+            saved = controller.emergency_save and spec.save_cost_seconds <= spec.notice_seconds
+            lost = 0.0 if saved else progress - committed
+            progress = committed = progress if saved else committed
+            ours[pools[attempt.where[1]].name] = now
+            ours_count[pools[attempt.where[1]].name] = ours_count.get(pools[attempt.where[1]].name, 0) + 1
+            close(now, "preempted", committed, lost)
+            since_ckpt = pending = 0.0
+        view = View(now, spec, pools, on_demand, up, last_loss, up_since, ours, ours_count, progress,
+                    attempt.where if attempt is not None else None)
+        target = controller.decide(view)
+        if target is not None and target[0] == "spot" and not up[target[1]]:
+            raise RuntimeError(f"controller {controller.name} chose pool {pools[target[1]].name}, which is down")
+        current = attempt.where if attempt is not None else None
+        if target != current:
+            if attempt is not None:  # leaving on purpose: checkpoint first
+                committed = progress
+                close(now, "completed", committed, 0.0)
+            if target is not None:
+                offer = on_demand if target[0] == "on-demand" else pools[target[1]].offer
+                attempt = _Attempt(target, offer, now, committed)
+                pending, since_ckpt = r, 0.0
+        if attempt is not None:
+            thr = attempt.offer.relative_throughput
+            use = min(pending, gap)
+            pending -= use
+            work = (gap - use) * thr
+            if progress + work >= total:
+                done_at = now + use + (total - progress) / thr
+                progress = committed = total
+                close(done_at, "completed", total, 0.0)
+                timeline.append((done_at / HOUR, 1.0, cost_so_far))
+                break
+            progress += work
+            since_ckpt += gap - use
+            if since_ckpt >= controller.checkpoint_interval(view):
+                committed, since_ckpt = progress, 0.0
+                pending += spec.save_cost_seconds
+        if t % timeline_every == 0:
+            running_cost = cost_so_far + ((now + gap - attempt.start) / HOUR * attempt.offer.price_per_hour if attempt else 0)
+            timeline.append(((now + gap) / HOUR, progress / total, running_cost))
+    else:
+        if attempt is not None:
+            close(horizon_ticks * gap, "lost", committed, progress - committed)
+
+    summary = summarize(rows)
+    deadline = spec.deadline_hours
+    return SimResult(
+        policy=controller.name,
+        cost=summary.cost,
+        on_demand_cost=summary.on_demand_cost,
+        completed=done_at is not None,
+        completion_hours=done_at / HOUR if done_at is not None else None,
+        deadline_met=None if deadline is None else (done_at is not None and done_at <= deadline * HOUR + 1e-6),
+        preemptions=summary.preemptions,
+        lost_gpu_hours=summary.lost_gpu_hours,
+        spot_hours=sum(x.billed_seconds for x in rows if x.market == Market.SPOT.value) / HOUR,
+        on_demand_hours=sum(x.billed_seconds for x in rows if x.market == Market.ON_DEMAND.value) / HOUR,
+        rows=rows,
+        timeline=timeline,
+    )
