@@ -139,12 +139,16 @@ class LocalBackend(Backend):
 
     def _start(self, spec: LaunchSpec) -> InstanceRecord:
         now = time.time()
-        launch_index, job_t0 = self.state.next_launch(spec.job_uri, now)
+        launch_index, spot_index, job_t0 = self.state.next_launch(spec.job_uri, now, spot=spec.offer.is_spot)
         instance_id = f"local-{uuid.uuid4().hex[:12]}"
         instance_dir = self.state.instance_dir(instance_id)
         instance_dir.mkdir(parents=True)
         running_at = now + self.boot_seconds
-        delay = preemption_delay(self.preemption, launch_index=launch_index, seconds_since_job_start=running_at - job_t0)
+        delay = None
+        if spot_index >= 0:  # the market takes back spot capacity only
+            delay = preemption_delay(self.preemption, launch_index=spot_index,
+                                     seconds_since_job_start=running_at - job_t0,
+                                     preemption_rate_per_hour=spec.offer.preemption_rate_per_hour)
         command = [
             self.python, "-m", "airflow_spot.training.agent",
             "--job-uri", spec.job_uri,
@@ -175,7 +179,7 @@ class LocalBackend(Backend):
         )
         record = InstanceRecord(
             info=info, agent=ProcessRef.of(agent.pid), pgid=agent.pid, token=spec.idempotency_token,
-            launch_index=launch_index, running_at=running_at,
+            launch_index=launch_index, spot_launch_index=spot_index, running_at=running_at,
             preempt_at=None if delay is None else running_at + delay,
         )
         record.extra["notice_window_seconds"] = self.notice_window_seconds

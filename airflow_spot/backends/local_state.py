@@ -166,8 +166,10 @@ class InstanceRecord:
     #: process group of the instance (the agent leads it; the training command runs inside it)
     pgid: int
     token: str
-    #: 0-based position of this launch among the job's launches (preemption schedules consume by it)
+    #: 0-based position of this launch among the job's launches
     launch_index: int = 0
+    #: 0-based position among the job's spot launches (preemption schedules consume by it); -1: on-demand
+    spot_launch_index: int = -1
     running_at: float | None = None
     supervisor: ProcessRef | None = None
     #: wall-clock time the injector will issue the notice, if any
@@ -265,14 +267,17 @@ class LocalState:
     def remember_token(self, token: str, instance_id: str) -> None:
         write_json_atomic(self.root / "tokens" / f"{_digest(token)}.json", {"token": token, "instance_id": instance_id})
 
-    def next_launch(self, job_uri: str, now: float) -> tuple[int, float]:
-        """Count one more launch of ``job_uri``; returns (launch index, job clock origin)."""
+    def next_launch(self, job_uri: str, now: float, spot: bool) -> tuple[int, int, float]:
+        """Count one more launch of ``job_uri``; returns (launch index, spot launch index or -1 for an
+        on-demand launch, job clock origin)."""
         path = self.root / "jobs" / f"{_digest(job_uri)}.json"
         data = read_json(path) or {"job_uri": job_uri, "launches": 0, "t0": now}
-        index = int(data["launches"])
+        index, spot_index = int(data["launches"]), int(data.get("spot_launches", 0))
         data["launches"] = index + 1
+        if spot:
+            data["spot_launches"] = spot_index + 1
         write_json_atomic(path, data)
-        return index, float(data["t0"])
+        return index, spot_index if spot else -1, float(data["t0"])
 
 
 def pid_exists(pid: int) -> bool:

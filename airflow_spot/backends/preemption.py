@@ -2,12 +2,18 @@
 
 Configured through the backend's ``preemption`` kwarg (plain JSON):
 
+Only spot instances are preempted; on-demand launches are never preempted and do not count as launches
+below (so a deadline's fallback to on-demand does not shift a schedule).
+
 * ``{"mode": "none"}`` (default): instances are never preempted.
-* ``{"mode": "schedule", "after_seconds": [6, 9, null, 7]}``: the job's n-th launched instance is
+* ``{"mode": "schedule", "after_seconds": [6, 9, null, 7]}``: the job's n-th launched spot instance is
   preempted ``after_seconds[n]`` seconds after it starts running (``null``: not preempted); launches past
   the end of the list are never preempted. A demo gets exactly as many preemptions as it lists.
 * ``{"mode": "rate", "mtbf_seconds": 30, "seed": 1}``: exponential lifetimes (a Poisson market) with the
   given mean, drawn from ``seed`` and the launch index, so a run is reproducible.
+* ``{"mode": "offer", "time_scale": 600, "seed": 1}``: like ``rate``, with the rate the market gives the
+  launched offer (``Offer.preemption_rate_per_hour``), time-compressed ``time_scale`` times; an offer
+  with no risk is never preempted.
 * ``{"mode": "trace", "path": ".../us-west-2b_v100_1.json", "time_scale": 600}``: replays a measured
   spot trace (``1`` = running, a ``1 -> 0`` step = a preemption) on a job-wide clock compressed
   ``time_scale`` times: the job's first launch is trace time ``start_offset_seconds`` (default: the
@@ -40,7 +46,7 @@ from typing import ClassVar
 
 log = logging.getLogger(__name__)
 
-MODES = ("none", "schedule", "rate", "trace")
+MODES = ("none", "schedule", "rate", "offer", "trace")
 SUPERVISOR_POLL_SECONDS = 0.1
 
 
@@ -60,6 +66,7 @@ class PreemptionConfig:
         "none": {"mode"},
         "schedule": {"mode", "after_seconds"},
         "rate": {"mode", "mtbf_seconds", "seed"},
+        "offer": {"mode", "time_scale", "seed"},
         "trace": {"mode", "path", "time_scale", "start_offset_seconds"},
     }
 
@@ -95,6 +102,15 @@ class PreemptionConfig:
             if not isinstance(seed, int):
                 raise ValueError(f"preemption seed must be an integer, got {seed!r}")
             return cls(mode=mode, mtbf_seconds=float(mtbf), seed=seed)
+        if mode in ("offer", "trace"):
+            scale = options.get("time_scale", 1.0)
+            if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale <= 0:
+                raise ValueError(f"preemption time_scale must be > 0 (trace seconds per real second), got {scale!r}")
+        if mode == "offer":
+            seed = options.get("seed", 0)
+            if not isinstance(seed, int):
+                raise ValueError(f"preemption seed must be an integer, got {seed!r}")
+            return cls(mode=mode, time_scale=float(options.get("time_scale", 1.0)), seed=seed)
         if mode == "trace":
             path = options.get("path")
             if not isinstance(path, str) or not Path(path).is_file():
@@ -102,9 +118,6 @@ class PreemptionConfig:
                     f"preemption mode 'trace' needs path= an existing spot trace JSON file, got {path!r} "
                     "(e.g. shared/data/spot-traces/preemption/1-node/aws-04-22-2023/us-west-2b_v100_1.json)"
                 )
-            scale = options.get("time_scale", 1.0)
-            if not isinstance(scale, (int, float)) or scale <= 0:
-                raise ValueError(f"preemption time_scale must be > 0 (trace seconds per real second), got {scale!r}")
             offset = options.get("start_offset_seconds")
             if offset is not None and (not isinstance(offset, (int, float)) or offset < 0):
                 raise ValueError(f"preemption start_offset_seconds must be >= 0 trace seconds, got {offset!r}")
@@ -120,6 +133,8 @@ class PreemptionConfig:
             return {"mode": "schedule", "after_seconds": list(self.after_seconds)}
         if self.mode == "rate":
             return {"mode": "rate", "mtbf_seconds": self.mtbf_seconds, "seed": self.seed}
+        if self.mode == "offer":
+            return {"mode": "offer", "time_scale": self.time_scale, "seed": self.seed}
         if self.mode == "trace":
             d = {"mode": "trace", "path": self.path, "time_scale": self.time_scale}
             if self.start_offset_seconds is not None:
@@ -174,13 +189,18 @@ def next_trace_preemption(events: list[float], trace_now: float, length_seconds:
 
 
 def preemption_delay(
-    config: PreemptionConfig, *, launch_index: int, seconds_since_job_start: float
+    config: PreemptionConfig,
+    *,
+    launch_index: int,
+    seconds_since_job_start: float,
+    preemption_rate_per_hour: float = 0.0,
 ) -> float | None:
-    """Seconds after an instance starts running at which it is preempted; ``None``: never.
+    """Seconds after a spot instance starts running at which it is preempted; ``None``: never.
 
-    :param launch_index: 0-based position of the instance among the job's launches.
+    :param launch_index: 0-based position of the instance among the job's spot launches.
     :param seconds_since_job_start: real seconds from the job's first launch to this instance's start
         (the trace mode's clock; the other modes ignore it).
+    :param preemption_rate_per_hour: the offer's risk (``offer`` mode).
     """
     if config.mode == "schedule":
         if launch_index < len(config.after_seconds):
@@ -189,6 +209,11 @@ def preemption_delay(
     if config.mode == "rate":
         rng = random.Random(f"airflow-spot-preemption:{config.seed}:{launch_index}")
         return rng.expovariate(1.0 / float(config.mtbf_seconds))
+    if config.mode == "offer":
+        if preemption_rate_per_hour <= 0:
+            return None
+        rng = random.Random(f"airflow-spot-preemption:{config.seed}:{launch_index}")
+        return rng.expovariate(preemption_rate_per_hour * config.time_scale / 3600.0)
     if config.mode == "trace":
         trace = load_trace(config.path)
         events = trace_preemption_times(trace.values, trace.gap_seconds)

@@ -1,12 +1,13 @@
 """The preemption injector: pure planning (schedule, rate, trace) and the notice -> window -> kill cycle."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
 
 import pytest
-from local_helpers import request, spec, wait_for
+from local_helpers import OFFER, request, spec, wait_for
 
 from airflow_spot.backends.base import InstanceState, TerminationReason
 from airflow_spot.backends.local_state import group_alive
@@ -17,6 +18,7 @@ from airflow_spot.backends.preemption import (
     preemption_delay,
     trace_preemption_times,
 )
+from airflow_spot.policy.offers import Market
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "data" / "spot-traces" / "preemption" / "1-node" / "aws-04-22-2023"
 
@@ -46,6 +48,15 @@ def test_rate_mode_is_reproducible_and_has_the_requested_mean():
     assert draws[:10] != [preemption_delay(other_seed, launch_index=i, seconds_since_job_start=0) for i in range(10)]
     assert 27.0 < statistics.fmean(draws) < 33.0  # exponential: mean 30, standard error ~0.5
     assert 0.55 < sum(d < 30 for d in draws) / len(draws) < 0.71  # P(X < mean) = 1 - 1/e = 0.632
+
+
+def test_offer_mode_uses_the_offers_risk_time_compressed():
+    config = PreemptionConfig.from_kwargs({"mode": "offer", "time_scale": 600, "seed": 3})
+    # 0.25 preemptions per hour, 600x faster: one every 24 s on average
+    draws = [preemption_delay(config, launch_index=i, seconds_since_job_start=0, preemption_rate_per_hour=0.25)
+             for i in range(4000)]
+    assert 21.6 < statistics.fmean(draws) < 26.4
+    assert preemption_delay(config, launch_index=0, seconds_since_job_start=0, preemption_rate_per_hour=0.0) is None
 
 
 def test_trace_preemptions_are_the_one_to_zero_steps():
@@ -97,6 +108,7 @@ def test_real_trace_gives_hours_between_preemptions():
         ({"mode": "schedule", "after_seconds": [5], "mtbf_seconds": 3}, "does not take \\['mtbf_seconds'\\]"),
         ({"mode": "rate", "mtbf_seconds": 0}, "mtbf_seconds > 0"),
         ({"mode": "rate", "mtbf_seconds": 10, "seed": "x"}, "seed must be an integer"),
+        ({"mode": "offer", "time_scale": 0}, "time_scale must be > 0"),
         ({"mode": "trace", "path": "/nonexistent.json"}, "existing spot trace JSON file"),
         ({"mode": "trace", "path": __file__}, "is not a spot trace"),
         ("rate", "must be a dict"),
@@ -171,6 +183,17 @@ def test_schedule_counts_launches_job_wide_and_tokens_do_not_consume(make_backen
     assert plans[first.instance_id].preempt_at == pytest.approx(plans[first.instance_id].running_at + 60)
     assert plans[second.instance_id].preempt_at is None and plans[second.instance_id].supervisor is None
     assert plans[third.instance_id].preempt_at == pytest.approx(plans[third.instance_id].running_at + 30)
+
+
+def test_on_demand_instances_are_never_preempted_and_do_not_consume_the_schedule(make_backend, job_uri):
+    backend = make_backend(preemption={"mode": "schedule", "after_seconds": [40, 50]})
+    on_demand = dataclasses.replace(OFFER, market=Market.ON_DEMAND, price_per_hour=OFFER.on_demand_price_per_hour)
+    od = backend.launch(dataclasses.replace(spec(job_uri, token="od"), offer=on_demand))
+    spot = backend.launch(spec(job_uri, token="spot"))
+    od_record, spot_record = backend.record(od.instance_id), backend.record(spot.instance_id)
+    assert od_record.preempt_at is None and od_record.supervisor is None and od_record.spot_launch_index == -1
+    assert (spot_record.launch_index, spot_record.spot_launch_index) == (1, 0)
+    assert spot_record.preempt_at == pytest.approx(spot_record.running_at + 40)
 
 
 def test_supervisor_leaves_with_an_instance_terminated_before_the_notice(make_backend, job_uri):
