@@ -162,7 +162,7 @@ def test_simulated_boot_keeps_the_instance_pending(make_backend, job_uri, layout
         ({"notice_window_seconds": -1}, "notice_window_seconds must be >= 0"),
         ({"poll_interval_seconds": 0}, "poll_interval_seconds must be > 0"),
         ({"boot_seconds": "5"}, "boot_seconds must be a number"),
-        ({"preemption": {"mode": "sometimes"}}, "valid modes: none, schedule, rate, trace"),
+        ({"preemption": {"mode": "sometimes"}}, "valid modes: none, schedule, rate, offer, trace"),
         ({"python": "/nonexistent/python"}, "not an executable interpreter"),
     ],
 )
