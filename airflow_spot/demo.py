@@ -51,6 +51,7 @@ def build_demo_dag(
     steps_per_segment: int = 150,
     step_sleep: float = 0.02,
     preemption_schedule: tuple[float | None, ...] | list[float | None] = DEFAULT_SCHEDULE,
+    preemption: dict[str, Any] | None = None,
     max_preemptions: int = 8,
     retries: int = 1,
     command: list[str] | None = None,
@@ -60,6 +61,7 @@ def build_demo_dag(
 
     :param root: directory for checkpoints (``<root>/jobs/<dag>/<run>``) and the local backend's state.
     :param preemption_schedule: the injector's ``after_seconds``: one entry per launched instance.
+    :param preemption: a full injector config instead (e.g. ``{"mode": "rate", "mtbf_seconds": 120}``).
     """
     from airflow.sdk import DAG
 
@@ -86,7 +88,7 @@ def build_demo_dag(
             backend="local",
             backend_options={
                 "state_dir": str(root / "instances"),
-                "preemption": {"mode": "schedule", "after_seconds": list(preemption_schedule)},
+                "preemption": preemption or {"mode": "schedule", "after_seconds": list(preemption_schedule)},
                 "notice_window_seconds": NOTICE_WINDOW_SECONDS,
             },
             max_preemptions=max_preemptions,
@@ -114,6 +116,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--preempt-after", default="6,6,6",
         help="comma-separated seconds after which the 1st, 2nd, ... launched instance is preempted",
     )
+    parser.add_argument(
+        "--mtbf", type=float, default=None,
+        help="instead of the schedule: preempt at random (Poisson, seeded) with this mean time between preemptions",
+    )
     parser.add_argument("--verify", action="store_true", help="also train uninterrupted and compare the weights")
 
 
@@ -123,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     home.mkdir(parents=True, exist_ok=True)
     _configure_airflow(home)
     schedule = [float(s) for s in args.preempt_after.split(",") if s.strip()] + [None]
+    preemption = {"mode": "rate", "mtbf_seconds": args.mtbf, "seed": 1} if args.mtbf else None
     started = time.monotonic()
     from airflow.utils import db
 
@@ -134,9 +141,11 @@ def run(args: argparse.Namespace) -> int:
         steps_per_segment=args.steps_per_segment,
         step_sleep=args.step_sleep,
         preemption_schedule=schedule,
-        max_preemptions=max(len(schedule) + 2, 8),
+        preemption=preemption,
+        max_preemptions=max(len(schedule) + 2, 8) if preemption is None else 100,
     )
-    print(f"running DAG {dag.dag_id} ({len(schedule) - 1} preemptions scheduled) ...", flush=True)
+    plan = f"random preemptions, MTBF {args.mtbf:g} s" if preemption else f"{len(schedule) - 1} preemptions scheduled"
+    print(f"running DAG {dag.dag_id} ({plan}) ...", flush=True)
     run_started = time.monotonic()
     dag_run = run_dag_test(dag)
     wall = time.monotonic() - run_started

@@ -55,3 +55,13 @@ def test_demo_survives_three_preemptions_with_identical_weights(airflow_db, tmp_
     want = torch.load(reference)
     assert got.keys() == want.keys()
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_demo_can_use_a_random_preemption_rate(tmp_path):
+    from airflow_spot.backends.base import get_backend
+    from airflow_spot.demo import build_demo_dag
+
+    dag = build_demo_dag(root=tmp_path, preemption={"mode": "rate", "mtbf_seconds": 60.0, "seed": 1})
+    options = dag.task_dict["train.segment_000"].backend_options
+    assert options["preemption"] == {"mode": "rate", "mtbf_seconds": 60.0, "seed": 1}
+    assert get_backend("local", **options).serialize()["preemption"]["mode"] == "rate"
