@@ -136,6 +136,7 @@ class AirflowStack:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.procs: dict[str, Proc] = {}
+        self._all_procs: list[Proc] = []  # including replaced ones (a restarted triggerer)
         self._password = secrets.token_hex(12)
         self._secret = secrets.token_hex(16)
         self._fernet_key = base64.urlsafe_b64encode(os.urandom(32)).decode()
@@ -243,6 +244,7 @@ class AirflowStack:
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
         self.procs[name] = proc
+        self._all_procs.append(proc)
         return proc
 
     @staticmethod
@@ -281,6 +283,25 @@ class AirflowStack:
                     found.append(p)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
+        return found
+
+    def instance_processes(self) -> list[tuple[int, str]]:
+        """Processes of this stack outside the sessions of its Airflow processes: ``(pid, command line)``.
+
+        Airflow's own processes (and the task runners they fork, which only change process group) stay in
+        the session each was started in; the ``local`` backend starts every instance (agent, training
+        command) and every preemption supervisor in a session of its own. So whatever is found here is
+        an instance-side process that is still alive.
+        """
+        airflow_sessions = {p.popen.pid for p in self._all_procs if p.popen is not None}
+        found = []
+        for p in self.processes_of_stack():
+            try:
+                sid = os.getsid(p.pid)
+            except ProcessLookupError:
+                continue
+            if sid not in airflow_sessions:
+                found.append((p.pid, " ".join(_cmdline(p))))
         return found
 
     def sweep_processes(self, timeout: float = 10.0) -> list[str]:

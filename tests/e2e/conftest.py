@@ -5,15 +5,21 @@
 end of the session, failures included. A test module may add DAG files of its own by listing them in a
 module-level ``E2E_DAG_FILES = {path: [dag_id, ...]}`` and using the ``e2e_dags`` fixture.
 
-When a test fails, the tails of every Airflow process log are attached to its report. The full logs stay
-under the session's temporary directory (printed at the start) until pytest prunes old tmp dirs.
+When a test fails, the tails of every Airflow process log are attached to its report. The full logs (and
+task logs, checkpoints, instance state) stay in ``$TMPDIR/airflow-spot-e2e/session-*`` (printed at the
+start); the newest ``KEEP_SESSIONS`` are kept. pytest's own tmp dirs are not used because parallel pytest
+sessions rotate them away while a stack still runs.
 
 Without PostgreSQL or Redis on 127.0.0.1 the e2e tests are skipped with the reason; deselect them with
 ``-m "not e2e"``.
 """
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -23,15 +29,28 @@ sys.path.insert(0, str(Path(__file__).parent))
 from airflow_stack import AirflowStack, services_available  # noqa: E402
 
 E2E_DAGS_DIR = Path(__file__).parent / "dags"
+SESSIONS_DIR = Path(tempfile.gettempdir()) / "airflow-spot-e2e"
+KEEP_SESSIONS = 5
 _STACK_KEY = pytest.StashKey[AirflowStack]()
 
 
+def session_root() -> Path:
+    """A new directory for this session's stack; older sessions' directories beyond the newest few go."""
+    SESSIONS_DIR.mkdir(parents=True, exist_ok=True)
+    old = sorted(SESSIONS_DIR.glob("session-*"), key=lambda p: p.stat().st_mtime)
+    for path in old[: max(0, len(old) - (KEEP_SESSIONS - 1))]:
+        shutil.rmtree(path, ignore_errors=True)
+    root = SESSIONS_DIR / f"session-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    root.mkdir()
+    return root
+
+
 @pytest.fixture(scope="session")
-def airflow_stack(tmp_path_factory, request):
+def airflow_stack(request):
     reason = services_available()
     if reason:
         pytest.skip(reason)
-    root = tmp_path_factory.mktemp("airflow-e2e")
+    root = session_root()
     stack = AirflowStack(root=root, dag_files=sorted(E2E_DAGS_DIR.glob("*.py")))
     print(f"\n[e2e] Airflow stack in {root} (logs in {stack.logs})", file=sys.stderr)
     request.config.stash[_STACK_KEY] = stack

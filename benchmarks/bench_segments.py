@@ -1,0 +1,242 @@
+"""Segment benchmarks under a real Airflow: PostgreSQL, CeleryExecutor on Redis, separate triggerer.
+
+Starts the same production-like stack as the end-to-end tests (``tests/e2e/airflow_stack.py``), runs
+spot training DAGs on the ``local`` backend and measures, from per-step wall-clock stamps written by the
+training process itself (this script's ``train`` mode, a small torch MLP driven by ``SpotSession``):
+
+(i)   segment boundary on a warm instance: end of the last step of segment k -> start of the first step
+      of segment k+1 (same instance; no preemption).                                     target <= 3 s
+(ii)  recovery after a preemption: the injector's SIGKILL (notice window 0, no simulated boot, retry
+      delay 2 s) -> start of the first step of the next try on a fresh instance.          target <= 10 s
+(iii) goodput of a demo-like job (600 steps, 4 segments) under an injected Poisson preemption rate:
+      useful step time (the steps of the final weights' lineage) / wall time of the DAG run.  target >= 0.9
+
+Run: ``python benchmarks/bench_segments.py`` (about 6-8 minutes on 2 cores); the table is printed and
+written to ``benchmarks/results/segments.txt``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+E2E = REPO / "tests" / "e2e"
+RESULTS = REPO / "benchmarks" / "results" / "segments.txt"
+
+STEP_SECONDS = 0.05
+BOUNDARY = dict(dag_id="bench_boundary", total_steps=200, steps_per_segment=40)
+RECOVERY = dict(dag_id="bench_recovery", total_steps=300, steps_per_segment=300, preempt_after=[6.0, 6.0, None])
+GOODPUT_MTBF_SECONDS = 90.0
+GOODPUT = dict(dag_id="bench_goodput", total_steps=600, steps_per_segment=150)
+GOODPUT_ONE_SEGMENT = dict(dag_id="bench_goodput_1seg", total_steps=600, steps_per_segment=600)
+
+
+# ------------------------------------------------------------------------------------ instance side
+def train(total_steps: int, step_seconds: float) -> int:
+    """A small deterministic torch job that stamps every step into ``<job dir>/steps.log``."""
+    import torch
+    from torch import nn
+
+    from airflow_spot.training import SpotSession
+    from airflow_spot.training import env as E
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    x, y = torch.randn(256, 32), torch.randn(256, 1)
+    job_dir = Path(os.environ[E.JOB_URI].removeprefix("file://"))
+    attempt = os.environ.get(E.ATTEMPT_ID, "?")
+    with SpotSession.from_env(total_steps=total_steps) as spot, open(job_dir / "steps.log", "a", buffering=1) as stamps:
+        spot.track(model=model, optimizer=opt)
+        for step in spot.steps():
+            started = time.time()
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            spot.report(loss=loss.item())
+            time.sleep(max(0.0, step_seconds - (time.time() - started)))
+            stamps.write(f"{attempt} {step} {started:.6f} {time.time():.6f}\n")
+    return 0
+
+
+# ------------------------------------------------------------------------------------ Airflow side
+DAG_FILE = '''"""Benchmark DAGs of benchmarks/bench_segments.py (generated; see there)."""
+import sys
+sys.path.insert(0, {dags!r})
+from e2e_spot_dags import spot_dag
+
+def command(total_steps):
+    return [sys.executable, {script!r}, "train", "--total-steps", str(total_steps), "--step-seconds", "{step}"]
+
+boundary = spot_dag("{b[dag_id]}", {b[total_steps]}, {b[steps_per_segment]}, 0.0, command=command({b[total_steps]}))
+recovery = spot_dag("{r[dag_id]}", {r[total_steps]}, {r[steps_per_segment]}, 0.0, command=command({r[total_steps]}),
+                    preemption={{"mode": "schedule", "after_seconds": {r[preempt_after]!r}}}, notice_window_seconds=0.0)
+goodput = spot_dag("{g[dag_id]}", {g[total_steps]}, {g[steps_per_segment]}, 0.0, command=command({g[total_steps]}),
+                   preemption={{"mode": "rate", "mtbf_seconds": {mtbf}, "seed": 3}}, notice_window_seconds=2.0,
+                   max_preemptions=20)
+goodput_1 = spot_dag("{g1[dag_id]}", {g1[total_steps]}, {g1[steps_per_segment]}, 0.0, command=command({g1[total_steps]}),
+                     preemption={{"mode": "rate", "mtbf_seconds": {mtbf}, "seed": 3}}, notice_window_seconds=2.0,
+                     max_preemptions=20)
+'''
+
+
+def read_stamps(job_dir: Path) -> list[tuple[str, int, float, float]]:
+    rows = []
+    for line in (job_dir / "steps.log").read_text().splitlines():
+        attempt, step, t0, t1 = line.split()
+        rows.append((attempt, int(step), float(t0), float(t1)))
+    return sorted(rows, key=lambda r: r[2])
+
+
+def lineage(stamps) -> dict[int, tuple[str, int, float, float]]:
+    """The last execution of every step: the steps the final weights descend from."""
+    return {s[1]: s for s in stamps}
+
+
+def run_job(stack, dag_id: str, timeout: float = 600) -> tuple[str, Path, dict]:
+    run_id = f"bench-{uuid.uuid4().hex[:8]}"
+    stack.trigger(dag_id, run_id=run_id)
+    state = stack.wait_run(dag_id, run_id, timeout=timeout)
+    if state != "success":
+        raise RuntimeError(f"{dag_id} run {run_id} ended {state}: {stack.task_instances(dag_id, run_id)}")
+    return run_id, stack.work_dir / "jobs" / dag_id / run_id, stack.dag_run(dag_id, run_id)
+
+
+def bench_boundary(stack) -> dict:
+    _, job, _ = run_job(stack, BOUNDARY["dag_id"])
+    steps = lineage(read_stamps(job))
+    per = BOUNDARY["steps_per_segment"]
+    gaps = [steps[k][2] - steps[k - 1][3] for k in range(per, BOUNDARY["total_steps"], per)]
+    attempts = {steps[k][0] for k in range(BOUNDARY["total_steps"])}
+    return {"gaps": gaps, "segments": len(attempts)}
+
+
+def bench_recovery(stack) -> dict:
+    from airflow_spot.backends.local_state import LocalState
+
+    run_id, job, _ = run_job(stack, RECOVERY["dag_id"])
+    stamps = read_stamps(job)
+    state = LocalState(stack.local_state_dir)
+    kills = sorted(
+        r.info.terminated_at for r in (state.read(i) for i in state.instance_ids())
+        if r is not None and r.info.job_uri.endswith(f"/{RECOVERY['dag_id']}/{run_id}") and r.info.reason == "preempted"
+    )
+    recoveries, lost = [], []
+    for kill in kills:
+        after = [s for s in stamps if s[2] > kill]
+        before = [s for s in stamps if s[3] <= kill]
+        if after:
+            recoveries.append(after[0][2] - kill)
+            lost.append(before[-1][1] + 1 - after[0][1] if before else 0)
+    return {"recoveries": recoveries, "steps_redone": lost, "preemptions": len(kills)}
+
+
+def bench_goodput(stack, spec: dict) -> dict:
+    run_id, job, run = run_job(stack, spec["dag_id"])
+    stamps = read_stamps(job)
+    useful = sum(t1 - t0 for (_, _, t0, t1) in lineage(stamps).values())
+    executed = sum(t1 - t0 for (_, _, t0, t1) in stamps)
+    from datetime import datetime
+
+    wall = (datetime.fromisoformat(run["end_date"]) - datetime.fromisoformat(run["start_date"])).total_seconds()
+    from airflow_spot.storage.ledger_store import LedgerStore
+    from airflow_spot.storage.object_store import open_store
+
+    rows = LedgerStore(open_store(f"file://{job}")).rows()
+    preemptions = sum(1 for r in rows if r.outcome in ("preempted", "lost"))
+    training_wall = max(s[3] for s in stamps) - min(s[2] for s in stamps)
+    return {"useful": useful, "executed": executed, "wall": wall, "training_wall": training_wall,
+            "preemptions": preemptions, "attempts": len(rows)}
+
+
+def fmt(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    return f"median {statistics.median(values):.2f} s (min {min(values):.2f}, max {max(values):.2f}, n={len(values)})"
+
+
+def main_bench(args: argparse.Namespace) -> int:
+    sys.path.insert(0, str(E2E))
+    from airflow_stack import AirflowStack
+
+    root = Path(args.root or f"/tmp/airflow-spot-bench/run-{time.strftime('%Y%m%d-%H%M%S')}")
+    stack = AirflowStack(root=root, dag_files=[E2E / "dags" / "e2e_spot_dags.py"])
+    print(f"starting Airflow in {root} ...", flush=True)
+    with stack:
+        print(f"healthy after {stack.startup_seconds:.1f} s", flush=True)
+        (stack.dags_folder / "bench_spot_dags.py").write_text(DAG_FILE.format(
+            dags=str(E2E / "dags"), script=str(Path(__file__).resolve()), step=STEP_SECONDS,
+            b=BOUNDARY, r=RECOVERY, g=GOODPUT, g1=GOODPUT_ONE_SEGMENT, mtbf=GOODPUT_MTBF_SECONDS,
+        ))
+        for spec in (BOUNDARY, RECOVERY, GOODPUT, GOODPUT_ONE_SEGMENT):
+            stack.wait_dag(spec["dag_id"], timeout=90)
+        print("(i) segment boundaries ...", flush=True)
+        boundary = bench_boundary(stack)
+        print("(ii) recovery after preemptions ...", flush=True)
+        recovery = bench_recovery(stack)
+        print("(iii) goodput ...", flush=True)
+        goodput = bench_goodput(stack, GOODPUT)
+        goodput_1 = bench_goodput(stack, GOODPUT_ONE_SEGMENT)
+    table = report(boundary, recovery, goodput, goodput_1)
+    print(table)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(table + "\n")
+    print(f"written to {RESULTS}")
+    return 0
+
+
+def report(boundary: dict, recovery: dict, goodput: dict, goodput_1: dict) -> str:
+    def ok(value: float | None, target: float, higher: bool = False) -> str:
+        if value is None:
+            return "n/a"
+        return "meets" if (value >= target if higher else value <= target) else "MISSES"
+
+    b = statistics.median(boundary["gaps"]) if boundary["gaps"] else None
+    r = statistics.median(recovery["recoveries"]) if recovery["recoveries"] else None
+    g = goodput["useful"] / goodput["wall"]
+    g1 = goodput_1["useful"] / goodput_1["wall"]
+    lines = [
+        f"airflow-spot segment benchmarks, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"{os.cpu_count()} CPUs; Airflow 3.3.2, PostgreSQL + CeleryExecutor on Redis, separate triggerer; "
+        f"local backend; trigger poll 0.5 s; step {STEP_SECONDS} s",
+        "",
+        f"{'measure':<58} {'value':>8}  {'target':>8}  verdict",
+        f"{'(i) boundary on a warm instance, last step k -> first k+1':<58} {b if b is None else f'{b:.2f} s':>8}  {'<= 3 s':>8}  {ok(b, 3)}",
+        f"{'(ii) recovery: SIGKILL -> first resumed step':<58} {r if r is None else f'{r:.2f} s':>8}  {'<= 10 s':>8}  {ok(r, 10)}",
+        f"{'(iii) goodput, 600 steps in 4 segments, MTBF %.0f s' % GOODPUT_MTBF_SECONDS:<58} {g:>8.2f}  {'>= 0.9':>8}  {ok(g, 0.9, True)}",
+        f"{'      same job in 1 segment':<58} {g1:>8.2f}  {'':>8}  {ok(g1, 0.9, True)}",
+        "",
+        f"(i)   {len(boundary['gaps'])} boundaries of a {BOUNDARY['total_steps']}-step job in {boundary['segments']} segments: {fmt(boundary['gaps'])}",
+        f"(ii)  {recovery['preemptions']} preemptions (notice window 0, retry delay 2 s): {fmt(recovery['recoveries'])}; "
+        f"steps redone {recovery['steps_redone']}",
+    ]
+    for name, d in (("4 segments", goodput), ("1 segment", goodput_1)):
+        lines.append(
+            f"(iii) {name}: useful {d['useful']:.1f} s, executed {d['executed']:.1f} s, training span "
+            f"{d['training_wall']:.1f} s, DAG run wall {d['wall']:.1f} s, {d['preemptions']} preemptions in "
+            f"{d['attempts']} attempts (Poisson, MTBF {GOODPUT_MTBF_SECONDS:.0f} s, seed 3)"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="mode")
+    t = sub.add_parser("train", help="(instance side) the stamped training job")
+    t.add_argument("--total-steps", type=int, required=True)
+    t.add_argument("--step-seconds", type=float, default=STEP_SECONDS)
+    p.add_argument("--root", default=None, help="working directory of the Airflow stack")
+    args = p.parse_args(argv)
+    if args.mode == "train":
+        return train(args.total_steps, args.step_seconds)
+    return main_bench(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
