@@ -23,13 +23,10 @@ and ``kill(pid, 0)`` succeeds on a zombie).
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
 import os
-import signal
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -135,26 +132,6 @@ def group_members(pgid: int) -> list[int]:
 def kill_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-
-
-def stop_group(pgid: int, grace_seconds: float, poll_seconds: float = 0.05) -> bool:
-    """SIGTERM the group, wait up to ``grace_seconds`` for it to exit, then SIGKILL it.
-
-    :returns: True if the group exited within the grace period (False: it had to be SIGKILLed).
-    """
-    if not group_alive(pgid):
-        return True
-    kill_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + max(0.0, grace_seconds)
-    while time.monotonic() < deadline:
-        if not group_alive(pgid):
-            return True
-        time.sleep(poll_seconds)
-    kill_group(pgid, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0  # SIGKILL cannot be caught; only a D-state process lingers
-    while time.monotonic() < deadline and group_alive(pgid):
-        time.sleep(poll_seconds)
-    return False
 
 
 @dataclass
@@ -279,10 +256,3 @@ class LocalState:
         write_json_atomic(path, data)
         return index, spot_index if spot else -1, float(data["t0"])
 
-
-def pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError as exc:
-        return exc.errno == errno.EPERM
-    return True
