@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import pytest
+
+from airflow_spot.policy.ledger import LedgerRow, billed_seconds, summarize, totals
+from airflow_spot.policy.offers import Market
+
+
+def row(i, market="spot", start=0.0, end=3600.0, price=1.0, od=3.0, done=100, lost=0, outcome="completed", **kw):
+    return LedgerRow(attempt_id=f"a{i}", instance_id=f"i-{i}", instance_type=kw.pop("itype", "p3.2xlarge"),
+                     zone="usw2-az1", market=market, price_per_hour=price, on_demand_price_per_hour=od,
+                     started_at=start, ended_at=end, steps_done=done, steps_lost=lost, outcome=outcome, **kw)
+
+
+def test_aws_billing_per_second_with_a_60s_minimum_on_new_instances():
+    assert billed_seconds(10.0) == 60.0
+    assert billed_seconds(10.0, new_instance=False) == 10.0
+    assert billed_seconds(60.2) == 61.0
+    assert billed_seconds(0.0) == 60.0
+    with pytest.raises(ValueError):
+        billed_seconds(-1.0)
+    r = row(1, start=100.0, end=130.0, price=3.6)
+    assert r.billed_seconds == 60.0 and r.cost == pytest.approx(0.06)
+
+
+def test_totals_equal_the_sum_of_rows():
+    rows = [
+        row(1, end=3600.0, price=0.9, od=3.06),
+        row(2, start=3600.0, end=5400.0, price=0.9, od=3.06, done=10, lost=40, outcome="preempted"),
+        row(3, market=Market.ON_DEMAND, start=6000.0, end=9000.0, price=3.06, od=3.06),
+        row(4, start=9000.0, end=9030.0, price=0.5, od=1.2, new_instance=False, itype="g5.xlarge"),
+    ]
+    s = summarize(rows)
+    assert s.cost == pytest.approx(sum(r.cost for r in rows))
+    assert s.on_demand_cost == pytest.approx(sum(r.on_demand_cost for r in rows))
+    assert s.billed_seconds == sum(r.billed_seconds for r in rows) == 3600 + 1800 + 3000 + 30
+    assert s.lost_gpu_hours == pytest.approx(sum(r.lost_seconds for r in rows) / 3600)
+    assert s.preemptions == 1 and s.attempts == 4
+    assert s.steps_done == 310 and s.steps_lost == 40
+    assert s.spot_cost == pytest.approx(rows[0].cost + rows[1].cost + rows[3].cost)
+    assert totals is summarize
+
+
+def test_savings_use_the_same_instance_types_on_demand_price():
+    v100 = row(1, end=3600.0, price=1.0, od=3.06)
+    a10g = row(2, start=3600.0, end=7200.0, price=0.5, od=1.2, itype="g5.xlarge")
+    s = summarize([v100, a10g])
+    assert s.on_demand_cost == pytest.approx(3.06 + 1.2)
+    assert s.savings == pytest.approx(3.06 + 1.2 - 1.5)
+    assert s.savings_fraction == pytest.approx(s.savings / s.on_demand_cost)
+
+
+def test_lost_time_is_not_credited_as_savings():
+    # 1 h preempted, 10 of 50 steps kept: 80 % of the hour lost
+    r = row(1, end=3600.0, price=1.0, od=3.0, done=10, lost=40, outcome="preempted")
+    assert r.lost_seconds == pytest.approx(2880.0)
+    assert r.on_demand_cost == pytest.approx(0.6)
+    # with a known step time: lost = billed - steps * step time (boot and restore included)
+    r2 = row(2, end=3600.0, done=300, step_seconds=10.0)
+    assert r2.lost_seconds == pytest.approx(600.0)
+
+
+def test_round_trip_and_validation():
+    r = row(1, market=Market.ON_DEMAND, segment_index=3, region="us-west-2")
+    d = r.to_dict()
+    assert d["market"] == "on-demand" and d["billed_seconds"] == 3600.0 and d["cost"] == pytest.approx(1.0)
+    assert LedgerRow.from_dict(d) == r
+    with pytest.raises(ValueError, match="before"):
+        row(1, start=10.0, end=5.0)
+    with pytest.raises(ValueError):
+        row(1, market="reserved")
+    with pytest.raises(ValueError, match="newer"):
+        LedgerRow.from_dict({**d, "schema_version": 99})
+    assert summarize([]).to_dict()["cost"] == 0.0

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from airflow_spot.cli import main
+
+PREEMPTION = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "spot-traces" / "preemption" / "1-node" / "aws-04-22-2023"
+
+
+def write_trace(d: Path, zone: str, values: list[int]) -> Path:
+    p = d / f"{zone}_v100_1.json"
+    p.write_text(json.dumps({"metadata": {"gap_seconds": 60}, "data": values}))
+    return p
+
+
+def test_simulate_prints_table_distribution_png_and_json(tmp_path, capsys):
+    write_trace(tmp_path, "us-west-2b", ([1] * 50 + [0] * 10) * 6)
+    write_trace(tmp_path, "us-west-2c", ([0] * 20 + [1] * 40) * 6)
+    png, js = tmp_path / "out.png", tmp_path / "out.json"
+    rc = main(["simulate", "--work-hours", "1", "--deadline-hours", "1.5", "--restart-overhead-hours", "0.05",
+               "--traces", str(tmp_path), "--spot-price", "1", "--on-demand-price", "3", "--offsets",
+               "--offset-step-hours", "0.5", "--png", str(png), "--json", str(js)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    for name in ("ours", "greedy", "on-demand", "fixed-one-zone", "up-any-zone"):
+        assert name in out
+    assert "start offsets" in out and png.stat().st_size > 1000
+    data = json.loads(js.read_text())
+    assert {d["policy"] for d in data["distributions"]} >= {"ours", "on-demand"}
+    assert all(d["deadline_met"] == d["runs"] for d in data["distributions"] if d["policy"] == "on-demand")
+
+
+def test_simulate_reports_bad_input(tmp_path, capsys):
+    (tmp_path / "us-west-2b_v100_1.json").write_text('{"metadata": {"gap_seconds": 60}, "data": [1, 7]}')
+    assert main(["simulate", "--work-hours", "1", "--traces", str(tmp_path), "--spot-price", "1",
+                 "--on-demand-price", "3"]) == 2
+    assert "data[1] is 7" in capsys.readouterr().err
+    assert main(["simulate", "--work-hours", "2", "--deadline-hours", "1", "--traces", str(tmp_path)]) == 2
+    assert "shorter than the work" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not PREEMPTION.is_dir(), reason=f"shared spot traces not found at {PREEMPTION}")
+def test_reference_job_on_the_real_traces(capsys):
+    rc = main(["simulate", "--work-hours", "48", "--deadline-hours", "52", "--restart-overhead-hours", "0.2",
+               "--spot-price", "0.9731", "--on-demand-price", "3.06", "--policies", "ours,greedy,on-demand"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "MISSED" not in out
