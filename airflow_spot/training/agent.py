@@ -47,6 +47,23 @@ log = logging.getLogger("airflow_spot.agent")
 #: characters of a command's output kept in the status object
 TAIL_CHARS = 4000
 AGENT_EXIT_FILE = "agent_exit.json"
+#: longest pause between request polls while the store keeps failing
+MAX_ERROR_BACKOFF_SECONDS = 5.0
+
+
+def _store_errors() -> tuple[type[BaseException], ...]:
+    """What a store call raises when the store is unreachable or refuses: the agent waits those out."""
+    errors: list[type[BaseException]] = [OSError]
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:  # an instance with file:// stores only
+        pass
+    else:
+        errors += [BotoCoreError, ClientError]
+    return tuple(errors)
+
+
+STORE_ERRORS = _store_errors()
 
 
 def agent_key(instance_id: str) -> str:
@@ -108,7 +125,7 @@ def latest_committed_step(store: ObjectStore) -> int | None:
         return None
     try:
         return CheckpointStore(store.child("checkpoints")).latest_step()
-    except (OSError, ValueError, ObjectNotFound) as exc:
+    except (ValueError, ObjectNotFound, *STORE_ERRORS) as exc:
         log.warning("cannot read the job's latest checkpoint: %s", exc)
         return None
 
@@ -163,10 +180,23 @@ class Agent:
     def run(self) -> str:
         """Serve requests until idle or told to stop. Returns the exit reason (``idle`` or ``sigterm``)."""
         idle_since = time.monotonic()
+        failures = 0
         self._liveness("idle", None, force=True)
         while not self.stopping:
             ran = False
-            for request in self.new_requests():
+            try:
+                requests = self.new_requests()
+            except STORE_ERRORS as exc:
+                # An unreachable store is waited out (with backoff) up to the idle timeout, like silence.
+                failures += 1
+                log.warning("cannot read requests from the store (%s: %s); retrying", type(exc).__name__, exc)
+                if time.monotonic() - idle_since >= self.idle_timeout:
+                    self._write_exit("idle")
+                    return "idle"
+                time.sleep(min(MAX_ERROR_BACKOFF_SECONDS, self.poll_interval * 2 ** min(failures, 6)))
+                continue
+            failures = 0
+            for request in requests:
                 if self.stopping:
                     break
                 self.run_request(request)
@@ -177,7 +207,7 @@ class Agent:
             if time.monotonic() - idle_since >= self.idle_timeout:
                 self._write_exit("idle")
                 # A request may have landed while deciding: serve it instead of leaving it stranded.
-                if self.new_requests():
+                if self._new_requests_or_none():
                     os.unlink(self.work_dir / AGENT_EXIT_FILE)
                     idle_since = time.monotonic()
                     continue
@@ -189,6 +219,12 @@ class Agent:
         self._write_exit("sigterm")
         self._liveness("exited", None, force=True)
         return "sigterm"
+
+    def _new_requests_or_none(self) -> list[SegmentRequest]:
+        try:
+            return self.new_requests()
+        except STORE_ERRORS:
+            return []
 
     def new_requests(self) -> list[SegmentRequest]:
         """Requests of this instance not yet handled and without a status, oldest first."""
@@ -243,8 +279,7 @@ class Agent:
             error_tail=tail,
             instance_id=self.instance_id,
         )
-        if self.layout.read_status(request.attempt_id) is None:  # written once, never overwritten
-            self._put_with_retries(lambda: self.layout.write_status(status))
+        self._write_status_once(status)
         log.info("attempt %s: %s (exit %s, last committed step %s)", request.attempt_id, outcome.value,
                  exit_code, status.last_committed_step)
         self._liveness("idle", None, force=True)
@@ -299,7 +334,7 @@ class Agent:
                 "attempt_id": attempt_id, "time": now}
         try:
             self.store.put_bytes(agent_key(self.instance_id), json.dumps(body).encode())
-        except OSError as exc:  # liveness is best effort; statuses are retried
+        except STORE_ERRORS as exc:  # liveness is best effort; statuses are retried
             log.warning("cannot write agent liveness: %s", exc)
 
     def _write_exit(self, reason: str) -> None:
@@ -308,17 +343,20 @@ class Agent:
         tmp.write_text(json.dumps({"reason": reason, "time": time.time(), "pid": os.getpid()}))
         os.replace(tmp, path)
 
-    @staticmethod
-    def _put_with_retries(put, attempts: int = 5) -> None:
+    def _write_status_once(self, status: AttemptStatus, attempts: int = 6) -> bool:
+        """Write the final status unless one exists (written once, never overwritten), retrying a failing
+        store for about 15 s; if the store stays down the trigger will call the attempt lost."""
         for i in range(attempts):
             try:
-                put()
-                return
-            except OSError as exc:
-                if i == attempts - 1:
-                    raise
-                log.warning("store write failed (%s); retrying", exc)
+                if self.layout.read_status(status.attempt_id) is None:
+                    self.layout.write_status(status)
+                return True
+            except STORE_ERRORS as exc:
+                log.warning("cannot write the status of %s (%s: %s); retrying", status.attempt_id,
+                            type(exc).__name__, exc)
                 time.sleep(0.5 * (i + 1))
+        log.error("gave up writing the status of %s: the store is unreachable", status.attempt_id)
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:

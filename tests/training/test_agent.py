@@ -233,3 +233,51 @@ def test_no_new_attempt_starts_under_a_preemption_notice(agent, tmp_path):
     status = a.status("a1")
     assert status.outcome == "preempted" and "preemption notice" in status.error_tail
     assert not marker.exists()
+
+
+
+def test_agent_on_s3_waits_out_a_store_outage(tmp_path, monkeypatch):
+    """The agent serves a job on s3:// (moto's server on 127.0.0.1) and survives the endpoint going away."""
+    from moto.server import ThreadedMotoServer
+
+    from airflow_spot.testing.moto_s3 import FAKE_CREDENTIALS, create_bucket
+
+    for name, value in FAKE_CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # fail fast while the endpoint is down
+    create_bucket(endpoint, "jobs")
+    job_uri = "s3://jobs/run-1"
+    layout = JobLayout(open_store(job_uri))
+    log_path = tmp_path / "agent.log"
+
+    def submit(attempt_id: str) -> None:
+        layout.write_request(INSTANCE, SegmentRequest(attempt_id=attempt_id, job_uri=job_uri, segment_index=0,
+                                                      start_step=0, end_step=1, command=py("pass"),
+                                                      created_at=time.time()))
+
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "airflow_spot.training.agent", "--job-uri", job_uri, "--instance-id", INSTANCE,
+             "--idle-timeout", "30", "--work-dir", str(tmp_path / "instance"), "--poll-interval", "0.1"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        submit("before")
+        assert wait_for(lambda: layout.read_status("before"), 30, "the first status").outcome == "completed"
+        server.stop()  # the endpoint goes away for a while; moto keeps its buckets in this process
+        wait_for(lambda: "cannot read requests from the store" in log_path.read_text(), 15, "failed polls")
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        submit("after")
+        assert wait_for(lambda: layout.read_status("after"), 30, "the status after the outage").outcome == "completed"
+        assert proc.poll() is None
+    finally:
+        server.stop()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
