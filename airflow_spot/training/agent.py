@@ -242,11 +242,17 @@ class Agent:
                 log.error("ignoring unreadable request %s: %s", key, exc)
                 self.handled.add(name[: -len(".json")])
                 continue
-            if self.layout.read_status(request.attempt_id) is not None:
+            if self._has_status(request.attempt_id):
                 self.handled.add(request.attempt_id)
                 continue
             out.append(request)
         return sorted(out, key=lambda r: (r.created_at, r.attempt_id))
+
+    def _has_status(self, attempt_id: str) -> bool:
+        try:
+            return self.layout.read_status(attempt_id) is not None
+        except SchemaError:  # a status this agent cannot read is still a status: never run it again
+            return True
 
     def run_request(self, request: SegmentRequest) -> AttemptStatus:
         self.handled.add(request.attempt_id)
@@ -348,7 +354,7 @@ class Agent:
         store for about 15 s; if the store stays down the trigger will call the attempt lost."""
         for i in range(attempts):
             try:
-                if self.layout.read_status(status.attempt_id) is None:
+                if not self._has_status(status.attempt_id):
                     self.layout.write_status(status)
                 return True
             except STORE_ERRORS as exc:

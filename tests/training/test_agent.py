@@ -166,6 +166,17 @@ def test_attempt_with_a_status_is_never_run_again(agent, tmp_path):
     assert a.layout.read_status("done") == old
 
 
+def test_unreadable_status_also_means_never_again(agent, tmp_path):
+    marker = tmp_path / "ran"
+    a = agent(start=False)
+    a.layout.store.put_bytes(a.layout.status_key("future"), b'{"schema": 99, "attempt_id": "future"}')
+    a.submit("future", py(f"open({str(marker)!r}, 'w').write('ran')"))
+    a.start()
+    a.submit("next", py("pass"))
+    a.status("next")
+    assert not marker.exists() and a.proc.poll() is None
+
+
 def test_status_carries_the_last_committed_step(agent):
     a = agent()
     ckpts = CheckpointStore(open_store(a.job_uri).child("checkpoints"), writer="earlier")
