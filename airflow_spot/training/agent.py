@@ -160,21 +160,29 @@ class Agent:
         self.handled: set[str] = set()
         self.child: subprocess.Popen | None = None
         self.stopping = False
+        self._sigterm_forwarded = False
         self._last_liveness = 0.0
 
     # ------------------------------------------------------------------ signals
     def install_signal_handlers(self) -> None:
         def on_term(signum, frame):
             self.stopping = True
-            if self.child is not None and self.child.poll() is None:
-                # The child may already have it (a process-group SIGTERM); a second one is harmless.
-                try:
-                    self.child.send_signal(signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+            self._forward_sigterm()
 
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_term)
+
+    def _forward_sigterm(self) -> None:
+        """Pass SIGTERM on to the running command, once: a second SIGTERM can land after a Python
+        command restored its default handler on the way out and kill it after a clean emergency save."""
+        child = self.child
+        if child is None or self._sigterm_forwarded or child.poll() is not None:
+            return
+        self._sigterm_forwarded = True
+        try:
+            child.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> str:
@@ -294,6 +302,7 @@ class Agent:
     def _run_command(self, request: SegmentRequest, log_path: Path) -> tuple[int | None, str]:
         """Run the command to its end; returns (exit code or None if it never started, output tail)."""
         with open(log_path, "ab") as out:
+            self._sigterm_forwarded = False
             try:
                 self.child = subprocess.Popen(
                     request.command,
@@ -317,8 +326,7 @@ class Agent:
                     pass
                 self._liveness("running", request.attempt_id)
                 if self.stopping and term_deadline is None:
-                    # SIGTERM may have come before the child existed: make sure it has it.
-                    self.child.send_signal(signal.SIGTERM)
+                    self._forward_sigterm()  # SIGTERM may have come before the child existed
                     term_deadline = time.monotonic() + self.term_grace
                 if term_deadline is not None and time.monotonic() > term_deadline:
                     log.warning("attempt %s did not exit %.0f s after SIGTERM: killing it",
