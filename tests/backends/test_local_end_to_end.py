@@ -73,3 +73,23 @@ def test_train_tiny_survives_an_injected_preemption(make_backend, job_uri, layou
     assert final.keys() == expected.keys()
     assert all(torch.equal(final[k], expected[k]) for k in expected), "resumed run diverged from the reference"
     backend.terminate([second.instance_id])
+
+
+@pytest.mark.timeout(120)
+def test_terminate_mid_training_commits_an_emergency_checkpoint(make_backend, job_uri, layout):
+    """on_kill / run end: terminate() reaches the training process once, which saves and exits 75."""
+    # a torch process needs 1-2 s to exit after its save (interpreter teardown): leave it the default grace
+    backend = make_backend(terminate_grace_seconds=10.0)
+    info = backend.launch(spec(job_uri))
+    layout.write_request(info.instance_id, SegmentRequest(
+        attempt_id="seg0.try1", job_uri=job_uri, segment_index=0, start_step=0, end_step=TOTAL,
+        command=train_tiny("--step-sleep", "0.05"), env={"SPOT_HEARTBEAT_SECONDS": "0.2"}))
+    beat = wait_for(lambda: (hb := layout.read_heartbeat("seg0.try1")) is not None and hb.step >= 5 and hb,
+                    60, "training to be under way")
+    backend.terminate([info.instance_id])
+    status = layout.read_status("seg0.try1")
+    assert status is not None and status.outcome == "preempted" and status.exit_code == 75, status
+    assert beat.step <= status.last_committed_step < TOTAL
+    manifests = {m.step: m for m in CheckpointStore(open_store(job_uri).child("checkpoints")).committed()}
+    assert manifests[status.last_committed_step].meta["reason"] == "emergency"
+    assert backend.describe([info.instance_id])[info.instance_id].reason is TerminationReason.USER
