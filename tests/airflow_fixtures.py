@@ -118,3 +118,14 @@ def leftover_processes(root: Path) -> list[str]:
 def instance_count(root: Path) -> int:
     base = root / "instances" / "instances"
     return len(os.listdir(base)) if base.is_dir() else 0
+
+
+def xcom_value(dag_run, task_id: str, key: str = "return_value"):
+    """The XCom a task of ``dag_run`` pushed under ``key`` (None when absent)."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    query = XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag_run.dag_id, task_ids=task_id, key=key, limit=1)
+    with create_session() as session:
+        row = session.scalars(query).first()
+        return None if row is None else XComModel.deserialize_value(row)

@@ -13,6 +13,7 @@ from airflow_fixtures import (  # noqa: F401
     leftover_processes,
     protocol_command,
     run_dag,
+    xcom_value,
     summary,
     ti_states,
 )
@@ -36,6 +37,12 @@ def test_non_deferrable_mode_survives_a_preemption(airflow_db, tmp_path):  # noq
     s = summary(tmp_path, dr.run_id)
     assert s["preemptions"] == 1 and s["completed"]
     assert not leftover_processes(tmp_path)
+    # each attempt's outcome and the job's totals are in XCom
+    attempt = xcom_value(dr, "train.segment_000", "attempt")
+    assert attempt["outcome"] == "completed" and attempt["attempt_id"] == "train.segment_000.try2"
+    assert {"instance_id", "zone", "market", "price_per_hour", "steps_done", "job_cost_so_far"} <= set(attempt)
+    final = xcom_value(dr, "train.finish", "summary")
+    assert final["preemptions"] == 1 and final["cost"] > 0 and "savings" in final
 
 
 def test_unwritable_checkpoint_uri_fails_before_launching(airflow_db, tmp_path):  # noqa: F811
