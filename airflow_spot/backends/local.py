@@ -47,7 +47,12 @@ from airflow_spot.backends.local_state import (
     kill_group,
     read_json,
 )
-from airflow_spot.backends.preemption import PreemptionConfig, preemption_delay, spawn_supervisor_command
+from airflow_spot.backends.preemption import (
+    PreemptionConfig,
+    preemption_delay,
+    spawn_supervisor_command,
+    spot_capacity_available,
+)
 
 log = logging.getLogger(__name__)
 
@@ -130,15 +135,22 @@ class LocalBackend(Backend):
                 if record is not None:
                     log.info("launch token %s already launched %s", spec.idempotency_token, known)
                     return self._refresh(record).info
-            record = self._start(spec)
+            now = time.time()
+            if spec.offer.is_spot and self.preemption.capacity:
+                since = now + self.boot_seconds - self.state.job_clock(spec.job_uri, now)
+                if not spot_capacity_available(self.preemption, since):
+                    raise LaunchError(
+                        f"no spot capacity for {spec.offer.pool} now (the replayed trace is down)",
+                        capacity=True, tried=[spec.offer.pool],
+                    )
+            record = self._start(spec, now)
             self.state.remember_token(spec.idempotency_token, record.info.instance_id)
         log.info("launched %s (pid %d, launch %d of job %s%s)", record.info.instance_id, record.agent.pid,
                  record.launch_index, spec.job_uri,
                  f", preemption notice in {record.preempt_at - time.time():.1f} s" if record.preempt_at else "")
         return record.info
 
-    def _start(self, spec: LaunchSpec) -> InstanceRecord:
-        now = time.time()
+    def _start(self, spec: LaunchSpec, now: float) -> InstanceRecord:
         launch_index, spot_index, job_t0 = self.state.next_launch(spec.job_uri, now, spot=spec.offer.is_spot)
         instance_id = f"local-{uuid.uuid4().hex[:12]}"
         instance_dir = self.state.instance_dir(instance_id)

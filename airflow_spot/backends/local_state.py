@@ -244,6 +244,15 @@ class LocalState:
     def remember_token(self, token: str, instance_id: str) -> None:
         write_json_atomic(self.root / "tokens" / f"{_digest(token)}.json", {"token": token, "instance_id": instance_id})
 
+    def job_clock(self, job_uri: str, now: float) -> float:
+        """Origin of the job's clock (its first launch attempt), set to ``now`` on first use."""
+        path = self.root / "jobs" / f"{_digest(job_uri)}.json"
+        data = read_json(path)
+        if data is None:
+            data = {"job_uri": job_uri, "launches": 0, "t0": now}
+            write_json_atomic(path, data)
+        return float(data["t0"])
+
     def next_launch(self, job_uri: str, now: float, spot: bool) -> tuple[int, int, float]:
         """Count one more launch of ``job_uri``; returns (launch index, spot launch index or -1 for an
         on-demand launch, job clock origin)."""

@@ -18,7 +18,9 @@ below (so a deadline's fallback to on-demand does not shift a schedule).
   spot trace (``1`` = running, a ``1 -> 0`` step = a preemption) on a job-wide clock compressed
   ``time_scale`` times: the job's first launch is trace time ``start_offset_seconds`` (default: the
   trace's first running tick) and an instance is preempted at the next preemption of the trace after
-  its start. The trace wraps around at its end.
+  its start. The trace wraps around at its end. With ``"capacity": true`` a spot launch while the trace
+  is down (``0``: the measured instance was waiting for a relaunch) fails with a capacity error, as the
+  cloud would refuse it.
 
 For each planned preemption a small supervisor process (``python -m airflow_spot.backends.preemption``,
 in a process group of its own so it survives the kill) waits until the time, issues the notice (creates
@@ -61,13 +63,15 @@ class PreemptionConfig:
     path: str | None = None
     time_scale: float = 1.0
     start_offset_seconds: float | None = None
+    #: trace mode: refuse spot launches while the trace is down
+    capacity: bool = False
 
     ALLOWED: ClassVar[dict[str, set[str]]] = {
         "none": {"mode"},
         "schedule": {"mode", "after_seconds"},
         "rate": {"mode", "mtbf_seconds", "seed"},
         "offer": {"mode", "time_scale", "seed"},
-        "trace": {"mode", "path", "time_scale", "start_offset_seconds"},
+        "trace": {"mode", "path", "time_scale", "start_offset_seconds", "capacity"},
     }
 
     @classmethod
@@ -121,11 +125,14 @@ class PreemptionConfig:
             offset = options.get("start_offset_seconds")
             if offset is not None and (not isinstance(offset, (int, float)) or offset < 0):
                 raise ValueError(f"preemption start_offset_seconds must be >= 0 trace seconds, got {offset!r}")
+            capacity = options.get("capacity", False)
+            if not isinstance(capacity, bool):
+                raise ValueError(f"preemption capacity must be true or false, got {capacity!r}")
             trace = load_trace(path)
             if not trace_preemption_times(trace.values, trace.gap_seconds):
                 raise ValueError(f"spot trace {path!r} holds no preemption (no 1 -> 0 step); pick another trace")
             return cls(mode=mode, path=str(Path(path).resolve()), time_scale=float(scale),
-                       start_offset_seconds=None if offset is None else float(offset))
+                       start_offset_seconds=None if offset is None else float(offset), capacity=capacity)
         return cls()
 
     def to_kwargs(self) -> dict:
@@ -139,6 +146,8 @@ class PreemptionConfig:
             d = {"mode": "trace", "path": self.path, "time_scale": self.time_scale}
             if self.start_offset_seconds is not None:
                 d["start_offset_seconds"] = self.start_offset_seconds
+            if self.capacity:
+                d["capacity"] = True
             return d
         return {"mode": "none"}
 
@@ -217,12 +226,26 @@ def preemption_delay(
     if config.mode == "trace":
         trace = load_trace(config.path)
         events = trace_preemption_times(trace.values, trace.gap_seconds)
-        offset = (config.start_offset_seconds if config.start_offset_seconds is not None
-                  else first_running_offset(trace.values, trace.gap_seconds))
-        trace_now = offset + max(0.0, seconds_since_job_start) * config.time_scale
+        trace_now = _trace_time(config, trace, seconds_since_job_start)
         event = next_trace_preemption(events, trace_now, trace.length_seconds)
         return (event - trace_now) / config.time_scale
     return None
+
+
+def _trace_time(config: PreemptionConfig, trace: Trace, seconds_since_job_start: float) -> float:
+    offset = (config.start_offset_seconds if config.start_offset_seconds is not None
+              else first_running_offset(trace.values, trace.gap_seconds))
+    return offset + max(0.0, seconds_since_job_start) * config.time_scale
+
+
+def spot_capacity_available(config: PreemptionConfig, seconds_since_job_start: float) -> bool:
+    """Whether a spot launch succeeds now: always, except in trace mode with ``capacity`` while the
+    trace is down."""
+    if config.mode != "trace" or not config.capacity:
+        return True
+    trace = load_trace(config.path)
+    tick = int(_trace_time(config, trace, seconds_since_job_start) // trace.gap_seconds) % len(trace.values)
+    return trace.values[tick] == 1
 
 
 # ---------------------------------------------------------------------------------------------- supervisor

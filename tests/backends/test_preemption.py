@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 from local_helpers import OFFER, request, spec, wait_for
 
-from airflow_spot.backends.base import InstanceState, TerminationReason
+from airflow_spot.backends.base import InstanceState, LaunchError, TerminationReason
 from airflow_spot.backends.local_state import group_alive
 from airflow_spot.backends.preemption import (
     PreemptionConfig,
     load_trace,
     next_trace_preemption,
     preemption_delay,
+    spot_capacity_available,
     trace_preemption_times,
 )
 from airflow_spot.policy.offers import Market
@@ -222,3 +223,34 @@ def test_trace_mode_plans_from_the_trace(make_backend, job_uri, tmp_path):
     info = backend.launch(spec(job_uri))
     record = backend.record(info.instance_id)
     assert record.preempt_at - record.running_at == pytest.approx(180 / 30)  # first 1->0 at trace 180 s
+
+
+def test_trace_capacity_follows_the_trace(tmp_path):
+    path = write_trace(tmp_path / "t.json", [1, 1, 0, 0, 1], 60.0)
+    config = PreemptionConfig.from_kwargs({"mode": "trace", "path": path, "time_scale": 60, "capacity": True})
+    assert [spot_capacity_available(config, s) for s in (0, 1.5, 2.0, 3.9, 4.0, 5.5)] == [
+        True, True, False, False, True, True]  # ticks 0, 1, 2, 3, 4, then 5 wraps to tick 0
+    no_capacity_check = PreemptionConfig.from_kwargs({"mode": "trace", "path": path, "time_scale": 60})
+    assert spot_capacity_available(no_capacity_check, 2.5)
+
+
+def test_spot_launch_is_refused_while_the_trace_is_down(make_backend, job_uri, tmp_path):
+    # down from trace 0 s to 120 s, i.e. the first 2 real seconds at 60x
+    path = write_trace(tmp_path / "t.json", [0, 0, 1, 1, 1, 0], 60.0)
+    backend = make_backend(preemption={"mode": "trace", "path": path, "time_scale": 60, "capacity": True,
+                                       "start_offset_seconds": 0})
+    with pytest.raises(LaunchError, match="no spot capacity") as refused:
+        backend.launch(spec(job_uri, token="early"))
+    assert refused.value.capacity is True
+    on_demand = dataclasses.replace(OFFER, market=Market.ON_DEMAND)
+    assert backend.launch(dataclasses.replace(spec(job_uri, token="od"), offer=on_demand)).state is InstanceState.RUNNING
+    later = wait_for(lambda: _try_launch(backend, spec(job_uri, token="later")), 10, "capacity to come back")
+    assert later.state is InstanceState.RUNNING
+    assert backend.record(later.instance_id).spot_launch_index == 0  # the refusal consumed nothing
+
+
+def _try_launch(backend, launch_spec):
+    try:
+        return backend.launch(launch_spec)
+    except LaunchError:
+        return None
