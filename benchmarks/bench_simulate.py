@@ -33,7 +33,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--traces", default=str(default_traces_dir() / PREEMPTION_TRACES_SUBDIR))
     args = ap.parse_args()
-    traces = load_traces(args.traces)
+    # the reference zone first: the one-zone baseline (fixed-one-zone) runs in the first zone given
+    traces = sorted(load_traces(args.traces), key=lambda t: (t.zone != "us-west-2b", t.zone))
     names = controllers.names()
     out: dict = {}
     t0 = time.time()
