@@ -36,11 +36,11 @@ def test_demo_survives_three_preemptions_with_identical_weights(airflow_db, tmp_
         dag_id="spot_training_demo_test",
         root=tmp_path,
         total_steps=total,
-        steps_per_segment=100,
+        steps_per_segment=150,
         step_sleep=0.03,
         # An instance that finishes its segment between its notice and its kill is not preempted and
-        # not reused; at most one per segment boundary (two here) can dodge, so 5 planned give >= 3.
-        preemption_schedule=(3.5, 3.5, 3.5, 3.5, 3.5, None),
+        # not reused; at most one per segment boundary (one here) can dodge, so 4 planned give >= 3.
+        preemption_schedule=(3.5, 3.5, 3.5, 3.5, None),
         max_preemptions=8,
     )
     dr = run_dag(dag)

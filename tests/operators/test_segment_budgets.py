@@ -26,11 +26,11 @@ def test_many_preemptions_need_no_code_retries(airflow_db, tmp_path):  # noqa: F
     dag = build_dag(
         "budget_preemptions",
         tmp_path,
-        # segment 0 alone is 7.2 s of work against instances that each live 1 s: all four preemptions
+        # segment 0 alone is >= 6 s of work against instances that each live 1 s: all four preemptions
         # must hit it (none can be dodged by finishing a segment between a notice and its kill)
         command=protocol_command("--step-seconds", "0.03"),
-        total_steps=480,
-        steps_per_segment=240,
+        total_steps=300,
+        steps_per_segment=200,
         backend_options=backend_options(tmp_path, [1.0, 1.0, 1.0, 1.0, None]),
         max_preemptions=4,
         retries=0,
@@ -39,11 +39,11 @@ def test_many_preemptions_need_no_code_retries(airflow_db, tmp_path):  # noqa: F
     states = ti_states(dr)
     assert str(getattr(dr.state, "value", dr.state)) == "success", states
     s = summary(tmp_path, dr.run_id)
-    assert s["completed"] and s["latest_step"] == 480
+    assert s["completed"] and s["latest_step"] == 300
     assert s["preemptions"] == 4 and s["failures"] == 0
     # every preempted attempt saved on its notice: the next one resumed where it stopped
     assert s["steps_lost"] == 0
-    assert sum(r["steps_done"] for r in s["rows"]) == 480
+    assert sum(r["steps_done"] for r in s["rows"]) == 300
     assert not leftover_processes(tmp_path)
 
 
