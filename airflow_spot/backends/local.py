@@ -57,10 +57,23 @@ from airflow_spot.backends.preemption import (
 log = logging.getLogger(__name__)
 
 
-def _reap_in_background(proc: subprocess.Popen) -> None:
-    """Collect the exit status of a child we started, so it does not linger as a zombie while this
-    process lives (once this process exits, the child is re-parented and no longer ours)."""
-    threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+#: agents and supervisors started by this process that have not exited yet
+_CHILDREN: list[subprocess.Popen] = []
+_CHILDREN_LOCK = threading.Lock()
+
+
+def _adopt(proc: subprocess.Popen) -> None:
+    with _CHILDREN_LOCK:
+        _CHILDREN.append(proc)
+
+
+def _reap_children() -> None:
+    """Collect the exit status of children that have ended, so they do not linger as zombies while
+    this process lives. Polled on every backend call rather than waited on in a thread: a process that
+    launched instances must stay thread-free for callers that fork (and once it exits, its children are
+    re-parented and no longer ours)."""
+    with _CHILDREN_LOCK:
+        _CHILDREN[:] = [p for p in _CHILDREN if p.poll() is None]
 
 
 def _number(name: str, value, *, minimum: float = 0.0, positive: bool = False) -> float:
@@ -120,6 +133,7 @@ class LocalBackend(Backend):
 
     # ------------------------------------------------------------------ launch
     def launch(self, spec: LaunchSpec) -> InstanceInfo:
+        _reap_children()
         if not spec.idempotency_token:
             raise LaunchError("local backend: LaunchSpec.idempotency_token must not be empty", capacity=False)
         if not spec.job_uri:
@@ -180,7 +194,7 @@ class LocalBackend(Backend):
                                          env=env, start_new_session=True)
         except OSError as exc:
             raise LaunchError(f"local backend cannot start the agent ({exc})", capacity=False) from exc
-        _reap_in_background(agent)
+        _adopt(agent)
         info = InstanceInfo(
             instance_id=instance_id,
             state=InstanceState.PENDING if self.boot_seconds > 0 else InstanceState.RUNNING,
@@ -203,12 +217,13 @@ class LocalBackend(Backend):
                                              self.notice_window_seconds),
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 )
-            _reap_in_background(supervisor)
+            _adopt(supervisor)
             record = self.state.update(instance_id, lambda r: setattr(r, "supervisor", ProcessRef.of(supervisor.pid)))
         return record
 
     # ------------------------------------------------------------------ describe / list
     def describe(self, instance_ids: list[str]) -> dict[str, InstanceInfo]:
+        _reap_children()
         out = {}
         for instance_id in dict.fromkeys(instance_ids):
             record = self.state.read(instance_id)
@@ -217,6 +232,7 @@ class LocalBackend(Backend):
         return out
 
     def list_instances(self, tags: dict[str, str] | None = None) -> list[InstanceInfo]:
+        _reap_children()
         wanted = dict(tags or {})
         out = []
         for instance_id in self.state.instance_ids():
@@ -264,6 +280,7 @@ class LocalBackend(Backend):
         """Stop each instance: SIGTERM to its agent (which forwards it to the running command and writes
         the attempt's status), wait up to ``terminate_grace_seconds`` for all of them, SIGKILL whatever
         is left of their process groups. Idempotent: terminated or unknown instances are skipped."""
+        _reap_children()
         targets: list[InstanceRecord] = []
         for instance_id in dict.fromkeys(instance_ids):
             record = self.state.read(instance_id)

@@ -42,22 +42,26 @@ def test_train_tiny_survives_an_injected_preemption(make_backend, job_uri, layou
 
     # launch 0 is preempted once its training loop is surely running; launch 1 is not preempted
     backend = make_backend(preemption={"mode": "schedule", "after_seconds": [1.5 * startup + 1.5]},
-                           notice_window_seconds=2.0)
+                           notice_window_seconds=5.0)
     weights = tmp_path / "final.pt"
     command = train_tiny("--step-sleep", "0.02", "--final-weights", str(weights))
 
     first = backend.launch(spec(job_uri, token="try1"))
     layout.write_request(first.instance_id, SegmentRequest(
         attempt_id="seg0.try1", job_uri=job_uri, segment_index=0, start_step=0, end_step=TOTAL, command=command))
-    preempted = wait_for(lambda: layout.read_status("seg0.try1"), 60, "the first attempt to end")
-    assert preempted.outcome == "preempted" and preempted.exit_code == 75, preempted.error_tail
-    emergency_step = preempted.last_committed_step
-    assert emergency_step is not None and 0 < emergency_step < TOTAL, preempted.error_tail
-    manifests = {m.step: m for m in CheckpointStore(open_store(job_uri).child("checkpoints")).committed()}
-    assert manifests[emergency_step].meta["reason"] == "emergency"
     gone = wait_for(lambda: (i := backend.describe([first.instance_id])[first.instance_id]).state.is_terminal() and i,
-                    30, "the kill after the notice window")
+                    90, "the preemption of the first instance")
     assert gone.reason is TerminationReason.PREEMPTED and gone.notice_at is not None
+    manifests = CheckpointStore(open_store(job_uri).child("checkpoints")).committed()
+    emergency = [m.step for m in manifests if m.meta["reason"] == "emergency"]
+    assert len(emergency) == 1 and 0 < emergency[0] < TOTAL, [(m.step, m.meta["reason"]) for m in manifests]
+    emergency_step = emergency[0]
+    preempted = layout.read_status("seg0.try1")
+    # A loaded machine can take longer than the notice window to tear the process down after its save:
+    # then the kill comes first and there is no status, which the trigger reads as a preemption too.
+    if preempted is not None:
+        assert preempted.outcome == "preempted" and preempted.exit_code == 75, preempted.error_tail
+        assert preempted.last_committed_step == emergency_step
 
     second = backend.launch(spec(job_uri, token="try2"))
     assert backend.record(second.instance_id).preempt_at is None
