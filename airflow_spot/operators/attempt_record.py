@@ -4,7 +4,7 @@ Under a real scheduler the worker process that ran ``execute`` is gone by the ti
 runs (possibly on another worker), and ``dag.test()`` drops ``defer(kwargs=...)``. So everything
 ``execute_complete`` and the final task need is written next to the attempt's other objects::
 
-    control/job.json                          when the job's first segment started (for the deadline)
+    control/job.json                          the job's start and deadline-policy state
     control/attempts/<attempt_id>/launch.json which instance, offer and start time this attempt got
 """
 from __future__ import annotations
@@ -65,10 +65,16 @@ class AttemptLaunch:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
-def job_started_at(store: ObjectStore, now: float) -> float:
-    """The job's start time, recorded by its first attempt (``now`` if this is the first)."""
+def read_job(store: ObjectStore, now: float) -> dict[str, Any]:
+    """The job record: ``started_at`` (set by the job's first attempt) and ``deadline_committed`` (the
+    deadline policy's safety net fired: on-demand to the end). Created on first use."""
     try:
-        return float(json.loads(store.get_bytes(JOB_KEY))["started_at"])
+        return json.loads(store.get_bytes(JOB_KEY))
     except ObjectNotFound:
-        store.put_bytes(JOB_KEY, json.dumps({"started_at": now, "schema": SCHEMA_VERSION}).encode())
-        return now
+        job = {"started_at": now, "deadline_committed": False, "schema": SCHEMA_VERSION}
+        store.put_bytes(JOB_KEY, json.dumps(job, sort_keys=True).encode())
+        return job
+
+
+def write_job(store: ObjectStore, job: dict[str, Any]) -> None:
+    store.put_bytes(JOB_KEY, json.dumps(job, sort_keys=True).encode())

@@ -7,7 +7,7 @@ This module only gathers the inputs (offers, the job's progress and ledger, the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -25,7 +25,8 @@ class Plan:
     market: Market
     reason: str
     mtbf_seconds: float | None = None
-    cost_per_step: dict[str, float] = field(default_factory=dict)
+    #: the deadline policy committed the job to on-demand until the end
+    committed: bool = False
 
     def cost_of(self, offer: Offer) -> float:
         from airflow_spot.policy.offer_ranking import cost_per_step
@@ -45,13 +46,15 @@ def plan(
     ledger_rows: Sequence[Any],
     step_seconds: float | None = None,
     running: Market | None = None,
+    committed: bool = False,
 ) -> Plan:
     """Rank the offers for the next attempt.
 
     :param step_seconds: measured seconds per step (from the job's heartbeats), for the deadline policy.
     :param running: the market of the warm instance the job holds, if any (switching costs a restart).
+    :param committed: the deadline policy's state from the previous plan (safety net fired).
     """
-    from airflow_spot.policy.deadline import choose_market
+    from airflow_spot.policy.deadline import DeadlineState, choose_market
     from airflow_spot.policy.offer_ranking import rank_offers
 
     offers = [o for o in market.offers(gpus) if gpus.matches(o)]
@@ -65,6 +68,7 @@ def plan(
         total_steps=total_steps,
         step_seconds=step_seconds,
         running=running,
+        state=DeadlineState(committed=committed),
     )
     wanted = Market(decision.market)
     candidates = [o for o in offers if Market(o.market) is wanted] or offers
@@ -76,6 +80,7 @@ def plan(
         market=wanted,
         reason=f"{wanted.value} ({decision.reason}); best {best.instance_type} in {best.zone} at ${best.price_per_hour:.4f}/h",
         mtbf_seconds=mtbf,
+        committed=decision.state.committed,
     )
 
 

@@ -31,7 +31,7 @@ from airflow_spot.backends.base import InstanceInfo, InstanceState, LaunchError,
 from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.links.attempt import SpotAttemptLink
 from airflow_spot.operators import accounting, planning
-from airflow_spot.operators.attempt_record import AttemptLaunch, job_started_at
+from airflow_spot.operators.attempt_record import AttemptLaunch, read_job, write_job
 from airflow_spot.operators.validation import validate_gpus
 from airflow_spot.policy.offers import GpuRequest
 from airflow_spot.storage.checkpoint import CheckpointStore
@@ -198,7 +198,7 @@ class SpotSegmentOperator(BaseOperator):
             return {"segment": self.segment_index, "outcome": "skipped", "latest_step": latest}
         self._check_command()
         now = time.time()
-        started = job_started_at(store, now)
+        job = read_job(store, now)
         rows = accounting.read_rows(store)
         alive = self._warm_instances(context)
         try:
@@ -208,15 +208,18 @@ class SpotSegmentOperator(BaseOperator):
                 now=now,
                 done_steps=latest or 0,
                 total_steps=self.total_steps,
-                job_started_at=started,
+                job_started_at=float(job["started_at"]),
                 deadline=self.deadline,
                 ledger_rows=rows,
                 step_seconds=planning.measured_step_seconds(JobLayout(store)),
                 running=alive[0].offer.market if alive else None,
+                committed=bool(job.get("deadline_committed")),
             )
         except planning.NoOfferError as exc:
             raise AirflowFailException(str(exc)) from exc
         self.log.info("offer plan: %s", plan.reason)
+        if plan.committed and not job.get("deadline_committed"):
+            write_job(store, {**job, "deadline_committed": True})
         attempt_id = self.attempt_id(context)
         instance, reused = self._get_instance(context, store, plan, alive)
         self._instance_id = instance.instance_id  # for on_kill while waiting in the worker

@@ -76,3 +76,11 @@ def test_no_matching_offer_is_a_clear_error(market):
     with pytest.raises(NoOfferError, match="relax the GPU request"):
         plan(market, GpuRequest(count=1, min_memory_gib=10_000), now=T0, done_steps=0, total_steps=10,
              job_started_at=T0, deadline=None, ledger_rows=[])
+
+
+def test_the_safety_net_holds_once_fired(market):
+    assert nearly_late(market).committed
+    # later the job is comfortably ahead again, but the policy had committed to on-demand to the end
+    relaxed = dict(now=T0 + 3600, done_steps=500, deadline=timedelta(hours=10), step_seconds=18.0)
+    assert make_plan(market, **relaxed).market is Market.SPOT
+    assert make_plan(market, committed=True, **relaxed).market is Market.ON_DEMAND
