@@ -6,6 +6,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from airflow_spot.market.catalog import DEFAULT_MTBF_HOURS
 from airflow_spot.market.traces import SpotTrace
 from airflow_spot.policy.offers import Market, Offer
 from airflow_spot.simulate.controllers import controllers
@@ -41,7 +42,8 @@ def build_pools(
                     raise ValueError(f"the catalog has no spot price for {itype} in {t.region}; pass --spot-price")
                 price = spots[len(spots) // 2]
         od_price = od if od_price is None else od_price
-        rate = 1.0 / (t.mtbf_seconds() / HOUR) if t.mtbf_seconds() else 0.0
+        # the prior every pool starts from, not the trace's own MTBF (that would look into the future)
+        rate = 1.0 / DEFAULT_MTBF_HOURS
         pools.append(SimPool(t, Offer(itype, t.region, t.zone, Market.SPOT, price, od, REFERENCE_GPU, 1, 16.0,
                                       relative_throughput=1.0, preemption_rate_per_hour=rate)))
     if od_price is None:
