@@ -90,7 +90,9 @@ def summary(root: Path, run_id: str) -> dict:
 
 def ti_states(dag_run) -> dict[str, tuple[str, int]]:
     """task id -> (state, try_number) of the run's task instances."""
-    return {ti.task_id: (str(getattr(ti.state, "value", ti.state)), ti.try_number) for ti in dag_run.get_task_instances()}
+    return {
+        ti.task_id: (str(getattr(ti.state, "value", ti.state)), ti.try_number) for ti in dag_run.get_task_instances()
+    }
 
 
 def leftover_processes(root: Path) -> list[str]:

@@ -55,7 +55,7 @@ class AttemptLaunch:
         store.put_bytes(launch_key(self.attempt_id), json.dumps(asdict(self), sort_keys=True).encode())
 
     @classmethod
-    def read(cls, store: ObjectStore, attempt_id: str) -> "AttemptLaunch | None":
+    def read(cls, store: ObjectStore, attempt_id: str) -> AttemptLaunch | None:
         try:
             data = json.loads(store.get_bytes(launch_key(attempt_id)))
         except ObjectNotFound:

@@ -78,7 +78,10 @@ def plan(
     return Plan(
         ranked=list(ranked),
         market=wanted,
-        reason=f"{wanted.value} ({decision.reason}); best {best.instance_type} in {best.zone} at ${best.price_per_hour:.4f}/h",
+        reason=(
+            f"{wanted.value} ({decision.reason}); "
+            f"best {best.instance_type} in {best.zone} at ${best.price_per_hour:.4f}/h"
+        ),
         mtbf_seconds=mtbf,
         committed=decision.state.committed,
     )

@@ -37,7 +37,6 @@ from airflow_spot.policy.offers import GpuRequest
 from airflow_spot.storage.checkpoint import CheckpointStore
 from airflow_spot.storage.object_store import StoreConfigError
 from airflow_spot.storage.protocol import JobLayout, Outcome, SegmentRequest, safe_id
-from airflow_spot.training import env as E
 from airflow_spot.triggers.segment import EVENT_KEYS, SegmentTrigger
 
 if TYPE_CHECKING:
@@ -353,7 +352,8 @@ class SpotSegmentOperator(BaseOperator):
             outcome = Outcome.FAILED
             event["error_tail"] = (
                 f"the command exited 0 but the job's newest checkpoint is at step {latest}, not >= {self.end_step}: "
-                "does the script train through SpotSession.steps() to SPOT_END_STEP?\n" + (event.get("error_tail") or "")
+                "does the script train through SpotSession.steps() to SPOT_END_STEP?\n"
+                + (event.get("error_tail") or "")
             )
         row = accounting.record_attempt(store, launch, outcome, event, steps_after=latest, now=time.time())
         totals = accounting.job_totals(store)

@@ -65,9 +65,13 @@ def classify(
     hb = obs.heartbeat
     if hb is None:
         if obs.now - requested_at > startup_timeout:
-            return Outcome.LOST, f"no heartbeat within {startup_timeout:.0f}s of the request (agent or command never started)"
+            return Outcome.LOST, (
+                f"no heartbeat within {startup_timeout:.0f}s of the request (agent or command never started)"
+            )
     elif obs.now - max(hb.time, requested_at) > heartbeat_timeout:
-        return Outcome.LOST, f"no heartbeat for {obs.now - hb.time:.0f}s (timeout {heartbeat_timeout:.0f}s) at step {hb.step}"
+        return Outcome.LOST, (
+            f"no heartbeat for {obs.now - hb.time:.0f}s (timeout {heartbeat_timeout:.0f}s) at step {hb.step}"
+        )
     if obs.now - requested_at > max_attempt_seconds:
         return Outcome.LOST, f"attempt ran longer than max_attempt_seconds={max_attempt_seconds:.0f}"
     return None

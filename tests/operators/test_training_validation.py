@@ -33,7 +33,7 @@ def test_good_job_builds_chained_segments_and_final_task():
     assert ids == ["train.finish", "train.segment_000", "train.segment_001", "train.segment_002", "train.segment_003"]
     seg = [dag.task_dict[f"train.segment_{i:03d}"] for i in range(4)]
     assert [(s.start_step, s.end_step) for s in seg] == [(0, 30), (30, 60), (60, 90), (90, 100)]
-    for a, b in zip(seg, seg[1:]):
+    for a, b in zip(seg, seg[1:], strict=False):
         assert b.task_id in a.downstream_task_ids
     finish = dag.task_dict["train.finish"]
     assert finish.trigger_rule == "all_done"

@@ -31,7 +31,8 @@ def job(tmp_path):
     launched = []
 
     def start(command: list[str], attempt: str = "seg.try1", end_step: int = 20):
-        info = backend.launch(LaunchSpec(OFFER, uri, idempotency_token=f"{tmp_path}-{attempt}", idle_timeout_seconds=30))
+        spec = LaunchSpec(OFFER, uri, idempotency_token=f"{tmp_path}-{attempt}", idle_timeout_seconds=30)
+        info = backend.launch(spec)
         launched.append(info.instance_id)
         now = time.time()
         req = SegmentRequest(attempt, uri, 0, 0, end_step, command, created_at=now)
