@@ -17,6 +17,8 @@ the attempt back from the store (see :mod:`airflow_spot.operators.attempt_record
 from __future__ import annotations
 
 import asyncio
+import configparser
+import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -56,6 +58,19 @@ class SegmentCodeFailure(AirflowException):
     """The user's command failed; Airflow retries it while the user-code budget lasts."""
 
 
+def default_deferrable() -> bool:
+    """Defer unless the deployment explicitly sets ``[operators] default_deferrable``.
+
+    Airflow ships that option with the value False, which suits short tasks; a segment waits for hours,
+    so only an explicit setting (in ``airflow.cfg`` or ``AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE``) makes it
+    wait in a worker slot by default.
+    """
+    explicit = "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE" in os.environ or configparser.ConfigParser.has_option(
+        conf, "operators", "default_deferrable"
+    )
+    return conf.getboolean("operators", "default_deferrable", fallback=True) if explicit else True
+
+
 def job_tags(dag_id: str, run_id: str, job_name: str) -> dict[str, str]:
     """Tags that find every instance of one job (warm reuse, final cleanup, ``reap``)."""
     return {TAG_DAG: dag_id, TAG_RUN: run_id, TAG_JOB: job_name}
@@ -85,8 +100,8 @@ class SpotSegmentOperator(BaseOperator):
     :param code_retries: user-code failures each segment may retry.
     :param reuse_tolerance: reuse a warm instance while its cost per step is within this fraction of
         the best offer's.
-    :param deferrable: wait in the triggerer (default from ``[operators] default_deferrable``, True if unset)
-        or in the worker.
+    :param deferrable: wait in the triggerer (True) or in a worker slot (False); ``None`` (default) means
+        True unless ``[operators] default_deferrable`` is set explicitly (see :func:`default_deferrable`).
     """
 
     template_fields: Sequence[str] = ("command", "checkpoint_uri", "env", "cwd", "warm_start_uri")
@@ -125,7 +140,7 @@ class SpotSegmentOperator(BaseOperator):
         keep_checkpoints: int = 3,
         notice_window_seconds: float = 120.0,
         aws_conn_id: str | None = "aws_default",
-        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=True),
+        deferrable: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -157,7 +172,7 @@ class SpotSegmentOperator(BaseOperator):
         self.keep_checkpoints = int(keep_checkpoints)
         self.notice_window_seconds = float(notice_window_seconds)
         self.aws_conn_id = aws_conn_id
-        self.deferrable = deferrable
+        self.deferrable = default_deferrable() if deferrable is None else bool(deferrable)
 
     # ------------------------------------------------------------------ helpers
     @property

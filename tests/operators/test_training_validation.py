@@ -84,3 +84,15 @@ def test_string_command_is_split_and_templates_are_left_to_render_time():
 def test_segment_bounds_cover_the_job_exactly():
     assert segment_bounds(10, 10) == [(0, 10)]
     assert segment_bounds(7, 3) == [(0, 3), (3, 6), (6, 7)]
+
+
+def test_segments_defer_by_default(monkeypatch):
+    monkeypatch.delenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", raising=False)
+    # Airflow's own default for [operators] default_deferrable is False; segments still defer
+    assert build().task_dict["train.segment_000"].deferrable is True
+
+
+def test_an_explicit_deployment_setting_wins(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "False")
+    assert build().task_dict["train.segment_000"].deferrable is False
+    assert build(segment_options={"deferrable": True}).task_dict["train.segment_000"].deferrable is True
