@@ -14,6 +14,12 @@ something changes (a preemption, spot capacity coming back, a segment boundary):
 
 Without a deadline: spot only (wait when no spot is available).
 
+``slack-reserve`` is the same rule measured in slack instead of against the line: keep
+``reserve_per_work`` seconds of slack per second of work left (plus the safety net's restarts) and
+spend the rest waiting for spot. On the measured traces it is cheaper than the line (see
+``benchmarks/results_simulate.md``), so it is the default; without a measured step time the operators'
+entry point falls back to the line, which needs no absolute work figure.
+
 Work is measured in seconds of training at the job's current speed (``steps * step_seconds``). Pure: the
 state, the observation and the time are passed in; the decision carries the next state.
 """
@@ -115,7 +121,7 @@ def _running(obs: Observation) -> Market | None:
     return Market(obs.running) if obs.running else None
 
 
-@deadline_policies.register("uniform-progress", default=True)
+@deadline_policies.register("uniform-progress")
 def uniform_progress(state: DeadlineState, obs: Observation, now: float, params: DeadlineParams) -> Decision:
     running = _running(obs)
     if obs.deadline_at is None:
@@ -149,7 +155,7 @@ def uniform_progress(state: DeadlineState, obs: Observation, now: float, params:
     return Decision(WAIT, f"no spot, {ahead:+.0f}s ahead of the line: wait for spot", state)
 
 
-@deadline_policies.register("slack-reserve")
+@deadline_policies.register("slack-reserve", default=True)
 def slack_reserve(state: DeadlineState, obs: Observation, now: float, params: DeadlineParams) -> Decision:
     """Uniform Progress measured in slack: keep ``reserve_per_work`` seconds of slack per second of work
     left (what preemptions and outages will still cost) plus the safety net's restarts; spend the rest
@@ -200,7 +206,7 @@ def on_demand_only(state: DeadlineState, obs: Observation, now: float, params: D
 def decide(
     state: DeadlineState, obs: Observation, now: float, params: DeadlineParams | None = None, policy: str | None = None
 ) -> Decision:
-    """Run the registered deadline policy ``policy`` (default ``uniform-progress``)."""
+    """Run the registered deadline policy ``policy`` (default ``slack-reserve``)."""
     return deadline_policies.get(policy)(state, obs, now, params or DeadlineParams())
 
 
@@ -236,6 +242,7 @@ def choose_market(
         p = params or DeadlineParams()
         unit = max(deadline_seconds - p.restart_overhead_seconds, 1.0) / total_steps
         params = replace(p, safety_restarts=0.0)
+        policy = policy or "uniform-progress"
     else:
         unit = 1.0
     obs = Observation(

@@ -142,8 +142,8 @@ def simulate(
 ) -> SimResult:
     """Run ``controller`` from tick ``offset_ticks`` of the traces until the job is done or the traces end.
 
-    :param max_hours: stop (unfinished) after this many simulated hours; default: the shortest trace's
-        remaining length, or twice the deadline when that is longer (the traces then read as 0).
+    :param max_hours: stop (unfinished) after this many simulated hours; default: four times the deadline
+        (or the work without one). Past a trace's end its pool reads as down.
     """
     if not pools and controller.name != "on-demand":
         raise ValueError("no spot pool to replay: pass at least one trace")

@@ -65,8 +65,10 @@ def test_directory_needs_one_gap_and_one_trace_per_zone(tmp_path):
     write(tmp_path, "us-east-1f_v100_1.json", {"metadata": {"gap_seconds": 30}, "data": [1, 0]})
     with pytest.raises(TraceError, match="different gap_seconds"):
         load_traces(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
     with pytest.raises(TraceError, match="no \\*.json"):
-        load_traces(tmp_path / "empty") if (tmp_path / "empty").mkdir() is None else None
+        load_traces(empty)
 
 
 @pytest.mark.skipif(not PREEMPTION.is_dir(), reason=f"shared spot traces not found at {PREEMPTION}")
