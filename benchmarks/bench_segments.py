@@ -11,6 +11,13 @@ training process itself (this script's ``train`` mode, a small torch MLP driven 
 (iii) goodput of a demo-like job (600 steps, 4 segments) under an injected Poisson preemption rate:
       useful step time (the steps of the final weights' lineage) / wall time of the DAG run.  target >= 0.9
 
+Under the table the script prints where the time of (i) and (ii) goes, from the attempt records in the
+store (launch request time, the agent's command start/end) and the step stamps: a boundary is the end
+checkpoint and exit of segment k's process, Airflow's hand-off (trigger poll, triggerer -> scheduler ->
+worker for ``execute_complete``, scheduling and starting segment k+1's ``execute``), the agent's pick-up,
+and the start of a new training process (interpreter, torch import, restore): the warm instance keeps the
+agent, not the training process. Figures depend on the machine's load; the load average is printed.
+
 Run: ``python benchmarks/bench_segments.py`` (about 6-8 minutes on 2 cores); the table is printed and
 written to ``benchmarks/results/segments.txt``.
 """
@@ -149,7 +156,13 @@ def bench_recovery(stack) -> dict:
         r.info.terminated_at for r in (state.read(i) for i in state.instance_ids())
         if r is not None and r.info.job_uri.endswith(f"/{RECOVERY['dag_id']}/{run_id}") and r.info.reason == "preempted"
     )
-    recoveries, lost, direct = [], [], []
+    from airflow_spot.operators.attempt_record import AttemptLaunch
+    from airflow_spot.storage.object_store import open_store
+    from airflow_spot.storage.protocol import JobLayout
+
+    store = open_store(f"file://{job}")
+    layout = JobLayout(store)
+    recoveries, lost, direct, parts = [], [], [], []
     for kill in kills:
         after = [s for s in stamps if s[2] > kill]
         before = [s for s in stamps if s[3] <= kill]
@@ -158,7 +171,15 @@ def bench_recovery(stack) -> dict:
             lost.append(before[-1][1] + 1 - after[0][1] if before else 0)
             # False when the next try was itself killed before its first step (then the gap spans two kills)
             direct.append(not any(k2 for k2 in kills if kill < k2 < after[0][2]))
-    return {"recoveries": recoveries, "steps_redone": lost, "preemptions": len(kills), "direct": direct}
+            launch, status = AttemptLaunch.read(store, after[0][0]), layout.read_status(after[0][0])
+            if direct[-1] and launch and status:
+                parts.append({
+                    "kill -> next try's request (incl. 2 s retry delay)": launch.requested_at - kill,
+                    "request -> command start (new agent)": status.started_at - launch.requested_at,
+                    "command start -> first step": after[0][2] - status.started_at,
+                })
+    return {"recoveries": recoveries, "steps_redone": lost, "preemptions": len(kills), "direct": direct,
+            "parts": parts}
 
 
 def bench_goodput(stack, spec: dict) -> dict:
@@ -244,6 +265,10 @@ def report(boundary: dict, recovery: dict, goodput: dict, goodput_1: dict) -> st
         + ("" if all(recovery["direct"]) else f"; {recovery['direct'].count(False)} kill(s) followed by another "
            "kill before any step are left out"),
     ]
+    if recovery["parts"]:
+        lines.append("(ii)  where a recovery's time goes (median over preemptions):")
+        for key in recovery["parts"][0]:
+            lines.append(f"        {key:<50} {statistics.median(p[key] for p in recovery['parts']):6.2f} s")
     if boundary["parts"]:
         lines.append("(i)   where a boundary's time goes (median over boundaries):")
         for key in boundary["parts"][0]:

@@ -203,13 +203,6 @@ def test_task_killed_over_rest_leaves_no_instance(airflow_stack):
     assert stack.task_instance(dag_id, run_id, FINISH)["state"] == "failed"  # ran (ALL_DONE), job incomplete
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="airflow_spot/operators/segment.py: deferrable=conf.getboolean('operators', 'default_deferrable', "
-    "fallback=True) never uses its fallback, because Airflow's config template defines that option with "
-    "default False; so without AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE=True every segment waits in a worker "
-    "slot. Remove this mark when the operator defers by default.",
-)
 def test_segments_defer_by_default(airflow_stack):
     """The issue asks for a deferrable operator by default; under a deployment's config it must defer."""
     stack = airflow_stack
