@@ -351,6 +351,8 @@ class LocalBackend(Backend):
             if InstanceState(info.state).is_terminal() and now - (info.terminated_at or now) >= older_than_seconds:
                 if record.supervisor is not None and record.supervisor.alive():
                     continue
+                with self.state.launch_lock():
+                    self.state.forget_token(record.token, instance_id)
                 with contextlib.suppress(FileNotFoundError):
                     shutil.rmtree(self.state.instance_dir(instance_id))
                 removed.append(instance_id)

@@ -241,6 +241,13 @@ class LocalState:
         data = read_json(self.root / "tokens" / f"{_digest(token)}.json")
         return data["instance_id"] if data else None
 
+    def forget_token(self, token: str, instance_id: str) -> None:
+        path = self.root / "tokens" / f"{_digest(token)}.json"
+        data = read_json(path)
+        if data and data.get("instance_id") == instance_id:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
     def remember_token(self, token: str, instance_id: str) -> None:
         write_json_atomic(self.root / "tokens" / f"{_digest(token)}.json", {"token": token, "instance_id": instance_id})
 

@@ -87,3 +87,4 @@ def test_purge_forgets_old_terminated_instances_only(backend, job_uri, capsys):
     assert "purged 1" in capsys.readouterr().out
     assert [i.instance_id for i in backend.list_instances()] == [live.instance_id]
     assert not backend.instance_dir(ended.instance_id).exists()
+    assert backend.state.token_instance("ended") is None and backend.state.token_instance("live") == live.instance_id
