@@ -113,7 +113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps-per-segment", type=int, default=150)
     parser.add_argument("--step-sleep", type=float, default=0.02, help="seconds per step on top of the compute")
     parser.add_argument(
-        "--preempt-after", default="6,6,6",
+        "--preempt-after", default=[6.0, 6.0, 6.0], type=_seconds_list,
         help="comma-separated seconds after which the 1st, 2nd, ... launched instance is preempted",
     )
     parser.add_argument(
@@ -123,27 +123,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify", action="store_true", help="also train uninterrupted and compare the weights")
 
 
+def _seconds_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated seconds like 6,6,6, got {text!r}") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"seconds must be >= 0, got {text!r}")
+    return values
+
+
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
     home = out / "airflow"
     home.mkdir(parents=True, exist_ok=True)
     _configure_airflow(home)
-    schedule = [float(s) for s in args.preempt_after.split(",") if s.strip()] + [None]
+    schedule = list(args.preempt_after) + [None]
     preemption = {"mode": "rate", "mtbf_seconds": args.mtbf, "seed": 1} if args.mtbf else None
     started = time.monotonic()
     from airflow.utils import db
 
+    from airflow_spot.operators.validation import SpotTrainingConfigError
+
+    try:
+        dag = build_demo_dag(
+            root=out,
+            total_steps=args.total_steps,
+            steps_per_segment=args.steps_per_segment,
+            step_sleep=args.step_sleep,
+            preemption_schedule=schedule,
+            preemption=preemption,
+            max_preemptions=max(len(schedule) + 2, 8) if preemption is None else 100,
+        )
+    except (SpotTrainingConfigError, ValueError) as exc:
+        print(f"airflow-spot demo: {exc}", file=sys.stderr)
+        return 2
     print(f"airflow-spot demo: Airflow home {home}; migrating a fresh metadata DB ...", flush=True)
     db.resetdb()
-    dag = build_demo_dag(
-        root=out,
-        total_steps=args.total_steps,
-        steps_per_segment=args.steps_per_segment,
-        step_sleep=args.step_sleep,
-        preemption_schedule=schedule,
-        preemption=preemption,
-        max_preemptions=max(len(schedule) + 2, 8) if preemption is None else 100,
-    )
     plan = f"random preemptions, MTBF {args.mtbf:g} s" if preemption else f"{len(schedule) - 1} preemptions scheduled"
     print(f"running DAG {dag.dag_id} ({plan}) ...", flush=True)
     run_started = time.monotonic()
@@ -152,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
     summary = read_summary(out, dag.dag_id, dag_run.run_id)
     weights = job_dir(out, dag.dag_id, dag_run.run_id) / FINAL_WEIGHTS
     print(report(dag_run.state, summary, wall, time.monotonic() - started))
+    print(f"  job store           {job_dir(out, dag.dag_id, dag_run.run_id)}")
+    print(f"  instance logs       {out / 'instances' / 'instances'}/<instance>/attempts/<attempt>.log")
     ok = str(dag_run.state) in ("success", "DagRunState.SUCCESS")
     if args.verify and ok:
         ok = verify_weights(weights, args.total_steps, out / "reference") and ok
