@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,20 @@ def test_demo_can_use_a_random_preemption_rate(tmp_path):
     options = dag.task_dict["train.segment_000"].backend_options
     assert options["preemption"] == {"mode": "rate", "mtbf_seconds": 60.0, "seed": 1}
     assert get_backend("local", **options).serialize()["preemption"]["mode"] == "rate"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--total-steps", "0"], "total_steps must be a positive number"),
+        (["--steps-per-segment", "700"], "steps_per_segment=700 is larger than total_steps=600"),
+        (["--preempt-after", "soon"], "expected comma-separated seconds"),
+    ],
+)
+def test_demo_command_rejects_bad_arguments(tmp_path, args, message):
+    out = subprocess.run(
+        [sys.executable, "-m", "airflow_spot.cli", "demo", "--out", str(tmp_path / "out"), *args],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 2 and message in out.stderr
+    assert not (tmp_path / "out" / "airflow" / "airflow.db").exists()  # failed before touching a DB
