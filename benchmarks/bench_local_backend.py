@@ -88,7 +88,8 @@ def bench_notice_to_kill(root: str, repeats: int, window: float) -> list[float]:
     infos = []
     for i in range(repeats):
         info = backend.launch(LaunchSpec(offer=OFFER, job_uri=job, idempotency_token=f"k{i}", idle_timeout_seconds=60))
-        layout.write_request(info.instance_id, request(job, f"k{i}", [sys.executable, "-c", "import time; time.sleep(30)"]))
+        sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
+        layout.write_request(info.instance_id, request(job, f"k{i}", sleeper))
         infos.append(info)
     out = []
     deadline = time.monotonic() + 60
@@ -112,7 +113,8 @@ def main() -> int:
         warm = {}
         for poll in (0.1, 0.2, 0.5):
             warm[poll] = summary(f"warm pickup, agent poll {poll:.1f} s", bench_warm_pickup(root, args.repeats, poll))
-        kill = summary("notice -> kill recorded, beyond a 1 s window", bench_notice_to_kill(root, min(args.repeats, 5), 1.0))
+        kill = summary("notice -> kill recorded, beyond a 1 s window",
+                       bench_notice_to_kill(root, min(args.repeats, 5), 1.0))
     print()
     for poll, med in warm.items():
         print(f"warm pickup / poll interval at {poll:.1f} s: {med / poll:.2f} (0.5 = pure polling delay)")

@@ -248,7 +248,8 @@ class LocalBackend(Backend):
         if InstanceState(info.state).is_terminal():
             return record
         if record.agent.alive():
-            if info.state is InstanceState.PENDING and record.running_at is not None and time.time() >= record.running_at:
+            booted = record.running_at is None or time.time() >= record.running_at
+            if info.state is InstanceState.PENDING and booted:
                 info.state = InstanceState.RUNNING
             return record
         updated = self.state.update(info.instance_id, self._mark_dead)

@@ -90,7 +90,7 @@ class ProcessRef:
     create_time: float
 
     @classmethod
-    def of(cls, pid: int) -> "ProcessRef":
+    def of(cls, pid: int) -> ProcessRef:
         try:
             return cls(pid, psutil.Process(pid).create_time())
         except psutil.NoSuchProcess:
@@ -164,7 +164,7 @@ class InstanceRecord:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "InstanceRecord":
+    def from_dict(cls, d: dict) -> InstanceRecord:
         d = dict(d)
         if int(d.pop("schema", 0)) > RECORD_SCHEMA:
             raise ValueError(f"local instance record has a newer schema than this code understands: {d}")

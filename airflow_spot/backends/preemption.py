@@ -75,7 +75,7 @@ class PreemptionConfig:
     }
 
     @classmethod
-    def from_kwargs(cls, options: dict | None) -> "PreemptionConfig":
+    def from_kwargs(cls, options: dict | None) -> PreemptionConfig:
         """Validate the user's dict; every mistake names the key and how to fix it."""
         if options is None:
             return cls()
@@ -93,7 +93,9 @@ class PreemptionConfig:
         if mode == "schedule":
             after = options.get("after_seconds")
             if not isinstance(after, (list, tuple)) or not after:
-                raise ValueError("preemption mode 'schedule' needs after_seconds: a non-empty list of seconds (or null)")
+                raise ValueError(
+                    "preemption mode 'schedule' needs after_seconds: a non-empty list of seconds (or null)"
+                )
             for value in after:
                 if value is not None and (not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value)):
                     raise ValueError(f"preemption after_seconds must hold seconds >= 0 or null, got {value!r}")
@@ -170,7 +172,9 @@ def load_trace(path: str) -> Trace:
         gap = float(raw["metadata"]["gap_seconds"])
         values = tuple(int(v) for v in raw["data"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path!r} is not a spot trace ({{'metadata': {{'gap_seconds': G}}, 'data': [...]}}): {exc}") from exc
+        raise ValueError(
+            f"{path!r} is not a spot trace ({{'metadata': {{'gap_seconds': G}}, 'data': [...]}}): {exc}"
+        ) from exc
     if gap <= 0 or not values:
         raise ValueError(f"spot trace {path!r} has no ticks or a non-positive gap_seconds")
     return Trace(gap, values)

@@ -275,7 +275,8 @@ class Agent:
         elif not isinstance(request.command, list) or not request.command or not all(
             isinstance(a, str) for a in request.command
         ):
-            outcome, tail = Outcome.FAILED, f"the request's command must be a non-empty list of strings, got {request.command!r}"
+            outcome = Outcome.FAILED
+            tail = f"the request's command must be a non-empty list of strings, got {request.command!r}"
         else:
             exit_code, tail = self._run_command(request, log_path)
             outcome = Outcome.FAILED if exit_code is None else outcome_for_exit(exit_code)

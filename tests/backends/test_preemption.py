@@ -21,7 +21,8 @@ from airflow_spot.backends.preemption import (
 )
 from airflow_spot.policy.offers import Market
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "data" / "spot-traces" / "preemption" / "1-node" / "aws-04-22-2023"
+TRACES = (Path(__file__).resolve().parents[3] / "shared" / "data" / "spot-traces" / "preemption" / "1-node"
+          / "aws-04-22-2023")
 
 
 def write_trace(path: Path, values: list[int], gap: float) -> str:
@@ -243,7 +244,8 @@ def test_spot_launch_is_refused_while_the_trace_is_down(make_backend, job_uri, t
         backend.launch(spec(job_uri, token="early"))
     assert refused.value.capacity is True
     on_demand = dataclasses.replace(OFFER, market=Market.ON_DEMAND)
-    assert backend.launch(dataclasses.replace(spec(job_uri, token="od"), offer=on_demand)).state is InstanceState.RUNNING
+    od = backend.launch(dataclasses.replace(spec(job_uri, token="od"), offer=on_demand))
+    assert od.state is InstanceState.RUNNING
     later = wait_for(lambda: _try_launch(backend, spec(job_uri, token="later")), 10, "capacity to come back")
     assert later.state is InstanceState.RUNNING
     assert backend.record(later.instance_id).spot_launch_index == 0  # the refusal consumed nothing

@@ -41,7 +41,7 @@ class AgentProcess:
         self.log_path = tmp_path / "agent.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "AgentProcess":
+    def start(self) -> AgentProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "airflow_spot.training.agent", "--job-uri", self.job_uri,
@@ -107,7 +107,8 @@ def test_command_gets_the_segment_environment(agent, tmp_path):
     out = tmp_path / "env.json"
     names = [E.JOB_URI, E.ATTEMPT_ID, E.START_STEP, E.END_STEP, E.NOTICE_FILE, E.MTBF_SECONDS,
              E.CKPT_MIN_INTERVAL, E.CKPT_MAX_INTERVAL, E.CKPT_KEEP, E.WARM_START_URI, "MY_VAR"]
-    a.submit("a1", py(f"import json, os; json.dump({{n: os.environ.get(n) for n in {names!r}}}, open({str(out)!r}, 'w'))"),
+    dump = f"import json, os; json.dump({{n: os.environ.get(n) for n in {names!r}}}, open({str(out)!r}, 'w'))"
+    a.submit("a1", py(dump),
              env={"MY_VAR": "mine", E.JOB_URI: "file:///elsewhere"}, mtbf_seconds=120.0, min_interval_seconds=5.0,
              max_interval_seconds=60.0, keep_checkpoints=2, warm_start_uri="file:///previous-run")
     assert a.status("a1").outcome == "completed"
