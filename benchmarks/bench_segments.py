@@ -90,7 +90,8 @@ recovery = spot_dag("{r[dag_id]}", {r[total_steps]}, {r[steps_per_segment]}, 0.0
 goodput = spot_dag("{g[dag_id]}", {g[total_steps]}, {g[steps_per_segment]}, 0.0, command=command({g[total_steps]}),
                    preemption={{"mode": "rate", "mtbf_seconds": {mtbf}, "seed": 3}}, notice_window_seconds=2.0,
                    max_preemptions=20)
-goodput_1 = spot_dag("{g1[dag_id]}", {g1[total_steps]}, {g1[steps_per_segment]}, 0.0, command=command({g1[total_steps]}),
+goodput_1 = spot_dag("{g1[dag_id]}", {g1[total_steps]}, {g1[steps_per_segment]}, 0.0,
+                     command=command({g1[total_steps]}),
                      preemption={{"mode": "rate", "mtbf_seconds": {mtbf}, "seed": 3}}, notice_window_seconds=2.0,
                      max_preemptions=20)
 '''
@@ -237,13 +238,19 @@ def main_bench(args: argparse.Namespace) -> int:
 
 
 def report(boundary: dict, recovery: dict, goodput: dict, goodput_1: dict) -> str:
+    def row(name: str, value: str, target: str, verdict: str) -> str:
+        return f"{name:<58} {value:>8}  {target:>8}  {verdict}"
+
+    def seconds(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.2f} s"
+
     def ok(value: float | None, target: float, higher: bool = False) -> str:
         if value is None:
             return "n/a"
         return "meets" if (value >= target if higher else value <= target) else "MISSES"
 
     b = statistics.median(boundary["gaps"]) if boundary["gaps"] else None
-    direct = [v for v, d in zip(recovery["recoveries"], recovery["direct"]) if d]
+    direct = [v for v, d in zip(recovery["recoveries"], recovery["direct"], strict=True) if d]
     r = statistics.median(direct) if direct else None
     g = goodput["useful"] / goodput["wall"]
     g1 = goodput_1["useful"] / goodput_1["wall"]
@@ -254,12 +261,14 @@ def report(boundary: dict, recovery: dict, goodput: dict, goodput_1: dict) -> st
         f"{os.getloadavg()[0]:.1f} (the machine is shared with other work)",
         "",
         f"{'measure':<58} {'value':>8}  {'target':>8}  verdict",
-        f"{'(i) boundary on a warm instance, last step k -> first k+1':<58} {b if b is None else f'{b:.2f} s':>8}  {'<= 3 s':>8}  {ok(b, 3)}",
-        f"{'(ii) recovery: SIGKILL -> first resumed step':<58} {r if r is None else f'{r:.2f} s':>8}  {'<= 10 s':>8}  {ok(r, 10)}",
-        f"{'(iii) goodput, 600 steps in 4 segments, MTBF %.0f s' % GOODPUT_MTBF_SECONDS:<58} {g:>8.2f}  {'>= 0.9':>8}  {ok(g, 0.9, True)}",
-        f"{'      same job in 1 segment':<58} {g1:>8.2f}  {'':>8}  {ok(g1, 0.9, True)}",
+        row("(i) boundary on a warm instance, last step k -> first k+1", seconds(b), "<= 3 s", ok(b, 3)),
+        row("(ii) recovery: SIGKILL -> first resumed step", seconds(r), "<= 10 s", ok(r, 10)),
+        row(f"(iii) goodput, 600 steps in 4 segments, MTBF {GOODPUT_MTBF_SECONDS:.0f} s", f"{g:.2f}", ">= 0.9",
+            ok(g, 0.9, True)),
+        row("      same job in 1 segment", f"{g1:.2f}", "", ok(g1, 0.9, True)),
         "",
-        f"(i)   {len(boundary['gaps'])} boundaries of a {BOUNDARY['total_steps']}-step job in {boundary['segments']} segments: {fmt(boundary['gaps'])}",
+        f"(i)   {len(boundary['gaps'])} boundaries of a {BOUNDARY['total_steps']}-step job in "
+        f"{boundary['segments']} segments: {fmt(boundary['gaps'])}",
         f"(ii)  {recovery['preemptions']} preemptions (notice window 0, retry delay 2 s): {fmt(direct)}; "
         f"steps redone {recovery['steps_redone']}"
         + ("" if all(recovery["direct"]) else f"; {recovery['direct'].count(False)} kill(s) followed by another "

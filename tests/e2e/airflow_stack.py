@@ -458,7 +458,8 @@ class AirflowStack:
             if r.status_code == 200:
                 return r.json()
             errors = self.api("GET", "/importErrors").get("import_errors", [])
-            mine = [e for e in errors if Path(e.get("filename", "")).name in {p.name for p in self.dags_folder.iterdir()}]
+            ours = {p.name for p in self.dags_folder.iterdir()}
+            mine = [e for e in errors if Path(e.get("filename", "")).name in ours]
             if mine:
                 raise StackError(f"import errors while waiting for DAG {dag_id}: {json.dumps(mine, indent=1)[:4000]}")
             return None
