@@ -62,12 +62,20 @@ def read_rows(store: ObjectStore) -> list[LedgerRow]:
     return LedgerStore(store).rows()
 
 
-def count(store: ObjectStore, outcomes: Iterable[Outcome], segment_index: int | None = None) -> int:
+def count(
+    store: ObjectStore,
+    outcomes: Iterable[Outcome],
+    segment_index: int | None = None,
+    since: float | None = None,
+) -> int:
+    """Rows with one of ``outcomes`` (of one segment, if given) that ended at or after ``since``."""
     wanted = {Outcome(o).value for o in outcomes}
     return sum(
         1
         for r in read_rows(store)
-        if r.outcome in wanted and (segment_index is None or r.segment_index == segment_index)
+        if r.outcome in wanted
+        and (segment_index is None or r.segment_index == segment_index)
+        and (since is None or r.ended_at >= since)
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import configparser
+import json
 import os
 import shutil
 import time
@@ -37,7 +38,7 @@ from airflow_spot.operators.attempt_record import AttemptLaunch, read_job, write
 from airflow_spot.operators.validation import validate_gpus
 from airflow_spot.policy.offers import GpuRequest
 from airflow_spot.storage.checkpoint import CheckpointStore
-from airflow_spot.storage.object_store import StoreConfigError
+from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError
 from airflow_spot.storage.protocol import JobLayout, Outcome, SegmentRequest, safe_id
 from airflow_spot.triggers.segment import EVENT_KEYS, SegmentTrigger
 
@@ -186,8 +187,34 @@ class SpotSegmentOperator(BaseOperator):
             )
         return self._hook
 
-    def attempt_id(self, context: Context) -> str:
-        return safe_id(self.task_id, f"try{context['ti'].try_number}")
+    def attempt_id(self, context: Context, store: ObjectStore, *, create: bool = False) -> str:
+        """This try's attempt id: ``<task_id>.try<n>``, remembered in the store under the try's own id.
+
+        Try numbers restart when a DAG run is deleted and created again with the same run id (and so the
+        same job root); the old run's attempt objects must not be mistaken for this try's, so a taken id
+        gets a suffix from the task instance's unique id. ``execute_complete`` (maybe on another worker)
+        finds the id again through the same key.
+        """
+        ti = context["ti"]
+        base = safe_id(self.task_id, f"try{ti.try_number}")
+        ti_id = getattr(ti, "id", None)
+        if ti_id is None:
+            return base
+        key = f"control/tries/{safe_id(ti_id)}.json"
+        try:
+            return json.loads(store.get_bytes(key))["attempt_id"]
+        except ObjectNotFound:
+            if not create:
+                return base
+        attempt = base
+        if AttemptLaunch.read(store, base) is not None or JobLayout(store).read_status(base) is not None:
+            attempt = safe_id(base, str(ti_id).replace("-", "")[-8:])
+            self.log.warning("attempt id %s was used by an earlier run of this job root; this try is %s", base, attempt)
+            if ti.try_number == 1:  # the run was made again: its budgets start now
+                now = time.time()
+                write_job(store, {**read_job(store, now), "generation_started_at": now})
+        store.put_bytes(key, json.dumps({"attempt_id": attempt, "try_number": ti.try_number}).encode())
+        return attempt
 
     def _tags(self, context: Context) -> dict[str, str]:
         return job_tags(self.dag_id, context["run_id"], self.job_name)
@@ -234,7 +261,7 @@ class SpotSegmentOperator(BaseOperator):
         self.log.info("offer plan: %s", plan.reason)
         if plan.committed and not job.get("deadline_committed"):
             write_job(store, {**job, "deadline_committed": True})
-        attempt_id = self.attempt_id(context)
+        attempt_id = self.attempt_id(context, store, create=True)
         instance, reused = self._get_instance(context, store, plan, alive)
         self._instance_id = instance.instance_id  # for on_kill while waiting in the worker
         requested_at = time.time()
@@ -355,10 +382,10 @@ class SpotSegmentOperator(BaseOperator):
 
     # ------------------------------------------------------------------ completion
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        attempt_id = self.attempt_id(context)
+        store = self._open_store()
+        attempt_id = self.attempt_id(context, store)
         event = self._validate_event(event, attempt_id)
         outcome = Outcome(event["status"])
-        store = self._open_store()
         launch = AttemptLaunch.read(store, attempt_id)
         if launch is None:
             raise AirflowException(f"attempt {attempt_id} has no launch record in {store.uri}; cannot account for it")
@@ -395,7 +422,9 @@ class SpotSegmentOperator(BaseOperator):
             return summary
         if outcome.is_retryable():
             self.hook.get_backend().terminate([launch.instance_id])
-            preemptions = accounting.count(store, outcomes=(Outcome.PREEMPTED, Outcome.LOST))
+            preemptions = accounting.count(
+                store, outcomes=(Outcome.PREEMPTED, Outcome.LOST), since=self._budget_start(context, store)
+            )
             resume = latest if latest is not None else self.start_step
             if preemptions > self.max_preemptions:
                 raise AirflowFailException(
@@ -408,7 +437,10 @@ class SpotSegmentOperator(BaseOperator):
                 f"{event.get('message')}; preemption {preemptions} of {self.max_preemptions}; "
                 f"the next try resumes from step {resume}"
             )
-        failures = accounting.count(store, outcomes=(Outcome.FAILED,), segment_index=self.segment_index)
+        failures = accounting.count(
+            store, outcomes=(Outcome.FAILED,), segment_index=self.segment_index,
+            since=self._budget_start(context, store),
+        )
         tail = (event.get("error_tail") or "").strip()[-4000:]
         message = (
             f"segment {self.segment_index} attempt {attempt_id}: the training command failed "
@@ -418,6 +450,28 @@ class SpotSegmentOperator(BaseOperator):
         if failures > self.code_retries:
             raise AirflowFailException(message + "\nuser-code retry budget exhausted")
         raise SegmentCodeFailure(message)
+
+    def _budget_start(self, context: Context, store) -> float | None:
+        """When the budgets of this try started counting: the DAG run's start, or the first try since the
+        task was last cleared, whichever is later.
+
+        Clearing a failed segment gives it ``retries`` more tries (``max_tries`` grows by ``retries``); the
+        budgets start again with them, so a user who cleared a job that ran out of preemptions gets a
+        fresh budget instead of an immediate failure. Attempts of a deleted run whose run id (and job
+        root) is used again do not count either.
+        """
+        ti = context["ti"]
+        generation = read_job(store, time.time()).get("generation_started_at")
+        starts = [float(generation)] if generation else []
+        dag_run = context.get("dag_run")
+        if getattr(dag_run, "start_date", None) is not None:  # a run created again starts afresh
+            starts.append(dag_run.start_date.timestamp())
+        first_try = max(1, int(ti.max_tries) - int(self.retries) + 1)
+        if first_try > 1:
+            launch = AttemptLaunch.read(store, safe_id(self.task_id, f"try{first_try}"))
+            if launch is not None:
+                starts.append(launch.requested_at)
+        return max(starts, default=None)
 
     @staticmethod
     def _validate_event(event: Any, attempt_id: str) -> dict[str, Any]:

@@ -93,3 +93,36 @@ def test_exhausted_preemption_budget_stops_retrying(airflow_db, tmp_path):  # no
     assert s["preemptions"] == 2 and s["failures"] == 0
     assert 0 < s["latest_step"] < 400  # progress was kept across the preemption
     assert not leftover_processes(tmp_path)
+
+
+def test_a_run_created_again_with_the_same_run_id_starts_afresh(airflow_db, tmp_path):  # noqa: F811
+    from datetime import datetime, timezone
+
+    from airflow_spot.storage.protocol import JobLayout
+
+    dag = build_dag(
+        "budget_recreated",
+        tmp_path,
+        command=protocol_command("--step-seconds", "0.05"),
+        total_steps=400,
+        steps_per_segment=400,
+        backend_options=backend_options(tmp_path, [1.0, 1.0, 1.0, 1.0]),
+        max_preemptions=1,
+        retries=2,
+    )
+    when = datetime.now(timezone.utc).replace(microsecond=0)
+    first = run_dag(dag, logical_date=when, run_after=when)
+    assert ti_states(first)["train.segment_000"] == ("failed", 2)
+    # dag.test on the same dates makes the run again: same run id, same job root, tries from 1
+    again = run_dag(dag, logical_date=when, run_after=when)
+    assert again.run_id == first.run_id
+    # its tries got attempt ids of their own (the old try1's status must not end the new try1) ...
+    layout = JobLayout(job_store(tmp_path, again.run_id))
+    attempts = [k.split("/")[2] for k in layout.store.list("control/attempts/") if k.endswith("/launch.json")]
+    assert len(attempts) == len(set(attempts)) == 4
+    assert {"train.segment_000.try1", "train.segment_000.try2"} < set(attempts)
+    # ... and a fresh budget: one preemption survived (try 1), the second (try 2) ended it; counting the
+    # old run's two preemptions it would have failed at once, at try 1
+    assert ti_states(again)["train.segment_000"] == ("failed", 2), ti_states(again)
+    assert summary(tmp_path, again.run_id)["preemptions"] == 4
+    assert not leftover_processes(tmp_path)
