@@ -38,6 +38,7 @@ from airflow_spot.operators.validation import (
 )
 from airflow_spot.policy.offers import GpuRequest
 from airflow_spot.storage.checkpoint import CheckpointStore
+from airflow_spot.storage.object_store import StoreConfigError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -100,7 +101,11 @@ class SpotJobSummaryOperator(BaseOperator):
             completed=latest is not None and latest >= self.total_steps,
             terminated_at_end=leftover,
         )
-        store.put_bytes(SUMMARY_KEY, json.dumps(summary, sort_keys=True, indent=2).encode())
+        try:
+            store.check_writable()
+            store.put_bytes(SUMMARY_KEY, json.dumps(summary, sort_keys=True, indent=2).encode())
+        except StoreConfigError as exc:  # the segments failed on it already; the summary still goes to XCom
+            self.log.warning("job summary not written to the store: %s", exc)
         self.log.info("job summary:\n%s", format_summary(summary))
         context["ti"].xcom_push(key="summary", value=summary)
         if not summary["completed"]:

@@ -62,6 +62,8 @@ def test_unwritable_checkpoint_uri_fails_before_launching(airflow_db, tmp_path):
     states = ti_states(dr)
     assert states["train.segment_000"] == ("failed", 1), states  # no retry: a config error, not bad luck
     assert instance_count(tmp_path) == 0
+    summary_of_failure = xcom_value(dr, "train.finish", "summary")  # the final task still reports
+    assert summary_of_failure["completed"] is False and summary_of_failure["attempts"] == 0
 
 
 def test_a_done_segment_is_skipped_on_rerun(airflow_db, tmp_path):  # noqa: F811
