@@ -273,7 +273,7 @@ class SpotSegmentOperator(BaseOperator):
             instance_id=instance.instance_id,
             offer=instance.offer.to_dict(),
             requested_at=requested_at,
-            billed_from=requested_at if reused else (instance.launched_at or requested_at),
+            billed_from=self._billed_from(instance, reused, rows, requested_at),
             reused_instance=reused,
             try_number=context["ti"].try_number,
             task_id=self.task_id,
@@ -306,6 +306,15 @@ class SpotSegmentOperator(BaseOperator):
             self.defer(trigger=trigger, method_name="execute_complete")
         event = asyncio.run(_first_event(trigger))
         return self.execute_complete(context, event)
+
+    @staticmethod
+    def _billed_from(instance: InstanceInfo, reused: bool, rows: list, requested_at: float) -> float:
+        """A new instance is billed from its launch; a warm one continues its bill where its last attempt's
+        ledger row ended, so the idle time between segments is paid by the next attempt."""
+        if not reused:
+            return instance.launched_at or requested_at
+        ends = [r.ended_at for r in rows if r.instance_id == instance.instance_id]
+        return min(max(ends), requested_at) if ends else requested_at
 
     def _check_command(self) -> None:
         if not self.command or not all(isinstance(a, str) and a for a in self.command):

@@ -44,6 +44,11 @@ def test_many_preemptions_need_no_code_retries(airflow_db, tmp_path):  # noqa: F
     # every preempted attempt saved on its notice: the next one resumed where it stopped
     assert s["steps_lost"] == 0
     assert sum(r["steps_done"] for r in s["rows"]) == 300
+    # segment 1 ran on segment 0's warm instance, whose bill continues without a gap or a new minimum
+    warm = [r for r in s["rows"] if not r["new_instance"]]
+    assert len(warm) == 1 and warm[0]["segment_index"] == 1
+    before = [r for r in s["rows"] if r["instance_id"] == warm[0]["instance_id"] and r is not warm[0]]
+    assert warm[0]["started_at"] == max(r["ended_at"] for r in before)
     assert not leftover_processes(tmp_path)
 
 
