@@ -29,6 +29,31 @@ def airflow_db():
         shutil.rmtree(home, ignore_errors=True)
 
 
+def release_airflow_threads(timeout: float = 10.0) -> list[str]:
+    """Stop the threads ``dag.test()`` leaves behind (the in-process execution API's event loop, task
+    comms), so later tests that fork (tests/storage) get a thread-free process. Returns what is left."""
+    import gc
+    import threading
+    import time
+
+    from airflow.sdk.execution_time import supervisor
+
+    supervisor.in_process_api_server.cache_clear()  # its transport's finalizer stops the loop thread
+    deadline = time.monotonic() + timeout
+    while threading.active_count() > 1 and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.1)
+    return [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def airflow_threads_released():
+    """Module teardown for modules that run DAGs (import it with ``airflow_db``)."""
+    yield
+    if "airflow.sdk.execution_time.supervisor" in sys.modules:
+        release_airflow_threads()
+
+
 def run_dag(dag, **kwargs):
     """Serialise a DAG built in a test into the DB (NOTES.md) and run it with ``dag.test()``."""
     from airflow.dag_processing.bundles.manager import DagBundlesManager

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_fixtures import airflow_db, run_dag  # noqa: F401
+from airflow_fixtures import airflow_db, airflow_threads_released, run_dag  # noqa: F401
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_fixtures import airflow_db, run_dag  # noqa: F401
+from airflow_fixtures import airflow_db, airflow_threads_released, run_dag  # noqa: F401
 from airflow_fixtures import (
     backend_options,
     build_dag,

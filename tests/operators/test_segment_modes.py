@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_fixtures import (  # noqa: F401
+    airflow_threads_released,
     FAST_SEGMENT_OPTIONS,
     airflow_db,
     backend_options,

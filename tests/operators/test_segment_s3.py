@@ -8,6 +8,7 @@ import json
 import pytest
 
 from airflow_fixtures import (  # noqa: F401
+    airflow_threads_released,
     airflow_db,
     backend_options,
     build_dag,
