@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 DEMO_DAG_ID = "spot_training_demo"
-#: seconds after each launched instance starts running at which the injector preempts it (null: never)
-DEFAULT_SCHEDULE = (6.0, 6.0, 6.0, None)
+#: seconds after each launched instance starts running at which the injector preempts it (null: never).
+#: An instance that finishes its segment between its notice and its kill is not preempted (and not
+#: reused); that can happen at most once per segment boundary, so five planned give at least three.
+DEFAULT_SCHEDULE = (4.0, 4.0, 4.0, 4.0, 4.0, None)
 #: time between the injector's notice and its kill (AWS gives 120 s; the demo is time-compressed)
 NOTICE_WINDOW_SECONDS = 5.0
 #: the demo script writes the final model here, inside the job's directory
@@ -48,8 +50,8 @@ def build_demo_dag(
     dag_id: str = DEMO_DAG_ID,
     root: str | os.PathLike | None = None,
     total_steps: int = 600,
-    steps_per_segment: int = 150,
-    step_sleep: float = 0.02,
+    steps_per_segment: int = 200,
+    step_sleep: float = 0.03,
     preemption_schedule: tuple[float | None, ...] | list[float | None] = DEFAULT_SCHEDULE,
     preemption: dict[str, Any] | None = None,
     max_preemptions: int = 8,
@@ -110,10 +112,10 @@ def build_demo_dag(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="out/demo", help="directory for the Airflow home, checkpoints and logs")
     parser.add_argument("--total-steps", type=int, default=600)
-    parser.add_argument("--steps-per-segment", type=int, default=150)
-    parser.add_argument("--step-sleep", type=float, default=0.02, help="seconds per step on top of the compute")
+    parser.add_argument("--steps-per-segment", type=int, default=200)
+    parser.add_argument("--step-sleep", type=float, default=0.03, help="seconds per step on top of the compute")
     parser.add_argument(
-        "--preempt-after", default=[6.0, 6.0, 6.0], type=_seconds_list,
+        "--preempt-after", default=[4.0] * 5, type=_seconds_list,
         help="comma-separated seconds after which the 1st, 2nd, ... launched instance is preempted",
     )
     parser.add_argument(
@@ -160,7 +162,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"airflow-spot demo: Airflow home {home}; migrating a fresh metadata DB ...", flush=True)
     db.resetdb()
-    plan = f"random preemptions, MTBF {args.mtbf:g} s" if preemption else f"{len(schedule) - 1} preemptions scheduled"
+    plan = (
+        f"random preemptions, MTBF {args.mtbf:g} s" if preemption
+        else f"up to {len(schedule) - 1} preemptions scheduled"
+    )
     print(f"running DAG {dag.dag_id} ({plan}) ...", flush=True)
     run_started = time.monotonic()
     dag_run = run_dag_test(dag)
