@@ -16,9 +16,14 @@ Without a deadline: spot only (wait when no spot is available).
 
 ``slack-reserve`` is the same rule measured in slack instead of against the line: keep
 ``reserve_per_work`` seconds of slack per second of work left (plus the safety net's restarts) and
-spend the rest waiting for spot. On the measured traces it is cheaper than the line (see
-``benchmarks/results_simulate.md``), so it is the default; without a measured step time the operators'
-entry point falls back to the line, which needs no absolute work figure.
+spend the rest waiting for spot.
+
+``slack-budget`` (the default, see :func:`slack_budget`) prices the two uses of slack separately —
+waiting out an outage and paying the restarts of spot runs — stays on on-demand through an outage once
+it has paid to start it, and leaves on-demand only for a pool that has been up long enough to be likely
+to stay up. On the measured traces it is the cheapest of the three (``benchmarks/results_simulate.md``).
+Without a measured step time the operators' entry point falls back to the line, which needs no absolute
+work figure.
 
 Work is measured in seconds of training at the job's current speed (``steps * step_seconds``). Pure: the
 state, the observation and the time are passed in; the decision carries the next state.
@@ -42,12 +47,24 @@ class DeadlineParams:
     :param hysteresis_seconds: how far ahead of the line the job must be to leave on-demand.
     :param safety_restarts: restarts the remaining slack must still absorb before the safety net
         commits the job to on-demand.
-    :param reserve_per_work: ``slack-reserve`` only: seconds of slack kept per second of work left."""
+    :param reserve_per_work: ``slack-reserve`` only: seconds of slack kept per second of work left.
+    :param wait_reserve_per_work: ``slack-budget``: slack kept per second of work left before the job
+        may wait (idle) for spot instead of starting on-demand.
+    :param spot_reserve_per_work: ``slack-budget``: slack kept per second of work left, on top of the
+        floor and the switch's own restart, before leaving on-demand for spot (future preemptions' restarts).
+    :param floor_restarts: ``slack-budget``: the hard floor in restarts; at or below it the job commits
+        to on-demand. Above 1 so a spot instance preempted at the floor can still restart on-demand.
+    :param min_spot_up_seconds: ``slack-budget``: leave on-demand only for a pool that has been up this
+        long (a pool that just came back tends to go again soon)."""
 
     restart_overhead_seconds: float = 600.0
     hysteresis_seconds: float | None = None
     safety_restarts: float = 2.0
     reserve_per_work: float = 0.06
+    wait_reserve_per_work: float = 0.10
+    spot_reserve_per_work: float = 0.03
+    floor_restarts: float = 1.5
+    min_spot_up_seconds: float = 0.75 * 3600.0
 
     def __post_init__(self) -> None:
         if self.restart_overhead_seconds < 0:
@@ -58,6 +75,9 @@ class DeadlineParams:
             raise ValueError(f"reserve_per_work must be >= 0, got {self.reserve_per_work!r}")
         if self.safety_restarts < 0:
             raise ValueError(f"safety_restarts must be >= 0, got {self.safety_restarts!r}")
+        for name in ("wait_reserve_per_work", "spot_reserve_per_work", "floor_restarts", "min_spot_up_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
 
     @property
     def hysteresis(self) -> float:
@@ -78,7 +98,9 @@ class Observation:
     :param work_done: seconds of work done (committed progress).
     :param work_total: seconds of work of the whole job.
     :param spot_available: some suitable spot offer can be launched (or is running) now.
-    :param running: what the job runs on now: ``spot``, ``on-demand`` or None."""
+    :param running: what the job runs on now: ``spot``, ``on-demand`` or None.
+    :param spot_up_seconds: how long the best available spot pool has been up (capacity seen without
+        a loss), or None when unknown (``slack-budget`` then does not wait for a pool to settle)."""
 
     started_at: float
     deadline_at: float | None
@@ -86,6 +108,7 @@ class Observation:
     work_total: float
     spot_available: bool = True
     running: Market | str | None = None
+    spot_up_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.work_total <= 0:
@@ -155,7 +178,7 @@ def uniform_progress(state: DeadlineState, obs: Observation, now: float, params:
     return Decision(WAIT, f"no spot, {ahead:+.0f}s ahead of the line: wait for spot", state)
 
 
-@deadline_policies.register("slack-reserve", default=True)
+@deadline_policies.register("slack-reserve")
 def slack_reserve(state: DeadlineState, obs: Observation, now: float, params: DeadlineParams) -> Decision:
     """Uniform Progress measured in slack: keep ``reserve_per_work`` seconds of slack per second of work
     left (what preemptions and outages will still cost) plus the safety net's restarts; spend the rest
@@ -182,6 +205,55 @@ def slack_reserve(state: DeadlineState, obs: Observation, now: float, params: De
     return Decision(WAIT, f"no spot, {spare:+.0f}s spare slack: wait for spot", state)
 
 
+@deadline_policies.register("slack-budget", default=True)
+def slack_budget(state: DeadlineState, obs: Observation, now: float, params: DeadlineParams) -> Decision:
+    """Slack spent where it buys the most spot time; the rule, with ``S`` the slack, ``W`` the work left,
+    ``r`` one restart and ``F = floor_restarts * r``:
+
+    * ``S <= F``: on-demand to the end (the floor keeps one restart for a preempted spot instance);
+    * on spot and its pool still up: stay (progress at full speed, cheaply);
+    * spot available, job idle: take it if ``S - r >= F`` (the start leaves a restart for a preemption);
+    * spot available, job on on-demand: switch only if ``S - r - F >= spot_reserve_per_work * W`` (the
+      switch's restart plus the restarts of future preemptions are paid for) and the pool has been up
+      ``min_spot_up_seconds`` (``spot_up_seconds``; a fresh pool is likely to go again before the
+      switch's restart pays off);
+    * no spot, on on-demand: stay — stopping to idle would pay a second restart when the outage goes on;
+    * no spot, idle: wait while ``S - F > wait_reserve_per_work * W``, else on-demand.
+
+    Waiting is priced higher than spot's restarts (``wait_reserve`` > ``spot_reserve``): an outage
+    spends slack hour for hour, a preemption only one restart.
+    """
+    running = _running(obs)
+    if obs.deadline_at is None or state.committed:
+        return uniform_progress(state, obs, now, params)
+    r = params.restart_overhead_seconds
+    left = slack(obs, now)
+    work_left = obs.work_total - obs.work_done
+    floor = params.floor_restarts * r
+    if left <= floor:
+        return Decision(Market.ON_DEMAND.value, f"safety net: slack {left:.0f}s <= {floor:.0f}s",
+                        replace(state, committed=True))
+    if running is Market.SPOT and obs.spot_available:
+        return Decision(Market.SPOT.value, f"on spot, slack {left:.0f}s", state)
+    if obs.spot_available and running is Market.ON_DEMAND:
+        spare = left - r - floor - params.spot_reserve_per_work * work_left
+        if spare < 0:
+            return Decision(Market.ON_DEMAND.value, f"on-demand: a switch would leave {spare:+.0f}s spare slack", state)
+        age = obs.spot_up_seconds
+        if age is not None and age < params.min_spot_up_seconds:
+            return Decision(Market.ON_DEMAND.value,
+                            f"on-demand until a pool has been up {params.min_spot_up_seconds:.0f}s (best {age:.0f}s)", state)
+        return Decision(Market.SPOT.value, f"back to spot: {spare:+.0f}s spare slack, pool up {age}s", state)
+    if obs.spot_available and left - r >= floor:
+        return Decision(Market.SPOT.value, f"spot available, slack {left:.0f}s", state)
+    if running is Market.ON_DEMAND:
+        return Decision(Market.ON_DEMAND.value, "no spot: stay on on-demand", state)
+    spare = left - floor - params.wait_reserve_per_work * work_left
+    if spare > 0:
+        return Decision(WAIT, f"no spot, {spare:+.0f}s of waiting budget: wait for spot", state)
+    return Decision(Market.ON_DEMAND.value, f"no spot and no waiting budget ({spare:+.0f}s)", state)
+
+
 @deadline_policies.register("greedy")
 def greedy(state: DeadlineState, obs: Observation, now: float, params: DeadlineParams) -> Decision:
     """Baseline: spot whenever available, wait otherwise, on-demand to the end once the slack is gone."""
@@ -206,7 +278,7 @@ def on_demand_only(state: DeadlineState, obs: Observation, now: float, params: D
 def decide(
     state: DeadlineState, obs: Observation, now: float, params: DeadlineParams | None = None, policy: str | None = None
 ) -> Decision:
-    """Run the registered deadline policy ``policy`` (default ``slack-reserve``)."""
+    """Run the registered deadline policy ``policy`` (default ``slack-budget``)."""
     return deadline_policies.get(policy)(state, obs, now, params or DeadlineParams())
 
 
@@ -220,6 +292,7 @@ def choose_market(
     step_seconds: float | None = None,
     running: Market | str | None = None,
     spot_available: bool = True,
+    spot_up_seconds: float | None = None,
     params: DeadlineParams | None = None,
     state: DeadlineState | None = None,
     policy: str | None = None,
@@ -252,6 +325,7 @@ def choose_market(
         work_total=total_steps * unit,
         spot_available=spot_available,
         running=running,
+        spot_up_seconds=spot_up_seconds,
     )
     d = decide(state or DeadlineState(), obs, now, params, policy)
     if d.market == WAIT:

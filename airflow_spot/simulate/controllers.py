@@ -1,10 +1,14 @@
 """Controllers the simulator replays: our policy and the baselines, all driven by ``airflow_spot.policy``.
 
-* ``ours`` — the product's policies: :func:`airflow_spot.policy.deadline.decide` (``slack-reserve``, Uniform
-  Progress measured in slack; tuned on these traces: 0.06 s of slack kept per second of work left) says
-  spot / on-demand / wait; :func:`airflow_spot.policy.offer_ranking.choose_offer` picks the pool by cost
-  per step with a cool-down of pools that just lost capacity; the checkpoint interval is the lead's
-  Daly policy on the pool's estimated MTBF; emergency saves on a notice.
+* ``ours`` — the product's policies: :func:`airflow_spot.policy.deadline.decide` (``slack-budget``: slack
+  priced separately for waiting and for spot restarts, on-demand kept through an outage, back to spot
+  only for a pool up 0.75 h; constants tuned on these traces, see ``benchmarks/results_simulate.md``) says
+  spot / on-demand / wait, seeing how long the best pool has been up;
+  :func:`airflow_spot.policy.offer_ranking.choose_offer` picks the pool by cost per step, which for equal
+  prices is the pool up the longest; the checkpoint interval is the lead's Daly policy on the pool's
+  estimated MTBF; emergency saves on a notice.
+* ``slack-reserve`` — the previous ``ours``: Uniform Progress measured in slack (0.06 s kept per second
+  of work left), leaving on-demand only for pools up an hour.
 * ``up-any-zone`` — "any zone up, else on-demand when behind the line": the same Uniform Progress
   without ranking (first zone up) and without cool-down.
 * ``greedy`` — spot in any zone up until the deadline forces on-demand.
@@ -14,6 +18,7 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from airflow_spot.policy.checkpoint_interval import IntervalInputs, checkpoint_interval, estimate_mtbf
@@ -26,14 +31,23 @@ from airflow_spot.simulate.engine import HOUR, View
 controllers = PolicyRegistry("simulated controller")
 
 
-def _observation(view: View, spot_available: bool) -> Observation:
+def _observation(view: View, spot_available: bool, spot_up_seconds: float | None = None) -> Observation:
     running = None
     if view.running is not None:
         running = Market.SPOT if view.running[0] == "spot" else Market.ON_DEMAND
     return Observation(
         started_at=0.0, deadline_at=view.deadline_at, work_done=view.work_done, work_total=view.work_total,
-        spot_available=spot_available, running=running,
+        spot_available=spot_available, running=running, spot_up_seconds=spot_up_seconds,
     )
+
+
+def _up_for(view: View, pools: list[int]) -> float | None:
+    """How long the longest-up of ``pools`` has been up (the past only); a pool up since before the
+    traces begin counts as up since their first tick."""
+    if not pools:
+        return None
+    return max(view.now - view.up_since[n] if n in view.up_since else math.inf
+               for n in (view.pools[i].name for i in pools))
 
 
 @dataclass
@@ -58,6 +72,9 @@ class DeadlineController:
     hysteresis_hours: float | None = None
     reserve_per_work: float = 0.06
     prior_mtbf_hours: float = 3.6
+    #: leaving on-demand only for pools out of their cool-down is decided here (True) or by the deadline
+    #: policy from ``spot_up_seconds`` (False)
+    settle_from_on_demand: bool = True
     state: DeadlineState = field(default_factory=DeadlineState)
 
     def reset(self) -> "DeadlineController":
@@ -85,8 +102,12 @@ class DeadlineController:
         settled = [i for i in candidates if not in_cooldown(view.pools[i].offer, view.now, view.up_since, rp.cooldown_seconds)]
         on_spot = view.running is not None and view.running[0] == "spot"
         # leaving on-demand for a pool that just came back is the costliest mistake: wait until it settles
-        usable = settled if (view.running is not None and not on_spot) else candidates
-        d = decide(self.state, _observation(view, bool(usable)), view.now, self._params(view), self.deadline_policy)
+        if self.settle_from_on_demand and view.running is not None and not on_spot:
+            usable = settled
+        else:
+            usable = candidates
+        obs = _observation(view, bool(usable), _up_for(view, usable))
+        d = decide(self.state, obs, view.now, self._params(view), self.deadline_policy)
         self.state = d.state
         if d.market == WAIT:
             return None
@@ -113,8 +134,15 @@ class DeadlineController:
 
 @controllers.register("ours", default=True)
 def ours() -> DeadlineController:
-    return DeadlineController("ours", deadline_policy="slack-reserve", cooldown_hours=1.0, hysteresis_hours=0.0,
-                              reserve_per_work=0.06)
+    # the cool-down only orders the pools (longest up first); leaving on-demand is the policy's call
+    return DeadlineController("ours", deadline_policy="slack-budget", cooldown_hours=1.0,
+                              settle_from_on_demand=False)
+
+
+@controllers.register("slack-reserve")
+def slack_reserve() -> DeadlineController:
+    return DeadlineController("slack-reserve", deadline_policy="slack-reserve", cooldown_hours=1.0,
+                              hysteresis_hours=0.0, reserve_per_work=0.06)
 
 
 @controllers.register("up-any-zone")

@@ -76,10 +76,10 @@ def test_slack_reserve_keeps_slack_per_work_left():
     assert decide(DeadlineState(), obs(12, spot=True, running="on-demand"), 10 * H, params, "slack-reserve").market == "spot"
 
 
-def test_default_is_slack_reserve():
+def test_default_is_slack_budget():
     params = DeadlineParams(restart_overhead_seconds=0.2 * H, reserve_per_work=0.1)
     o = obs(9, spot=False)
-    assert decide(DeadlineState(), o, 10 * H, params) == decide(DeadlineState(), o, 10 * H, params, "slack-reserve")
+    assert decide(DeadlineState(), o, 10 * H, params) == decide(DeadlineState(), o, 10 * H, params, "slack-budget")
 
 
 def test_unknown_policy_lists_valid_names():
@@ -108,6 +108,83 @@ def test_slack_reserve_has_the_same_safety_net():
     params = DeadlineParams(restart_overhead_seconds=0.2 * H, reserve_per_work=0.0)
     now = 30 * H
     ok = obs(48 - 22 + 0.401, spot=False)
-    assert decide(DeadlineState(), ok, now, params).market == WAIT
-    d = decide(DeadlineState(), obs(48 - 22 + 0.4, spot=True), now, params)
+    assert decide(DeadlineState(), ok, now, params, "slack-reserve").market == WAIT
+    d = decide(DeadlineState(), obs(48 - 22 + 0.4, spot=True), now, params, "slack-reserve")
     assert d.market == "on-demand" and d.state.committed
+
+
+# slack-budget: r = 0.2 h, floor 1.5 r = 0.3 h, waiting reserve 0.1 / spot reserve 0.03 per hour of work left
+SB = DeadlineParams(restart_overhead_seconds=0.2 * H)
+
+
+def sb(o, now, state=DeadlineState(), params=SB):
+    return decide(state, o, now, params, "slack-budget")
+
+
+def at_slack(slack_h: float, work_left_h: float, *, now_h: float = 20.0, **kw) -> Observation:
+    """An observation at ``now_h`` whose slack and work left are exactly the given hours (deadline 52 h)."""
+    total = 48.0
+    done = total - work_left_h
+    deadline = now_h + work_left_h + slack_h
+    return Observation(started_at=0.0, deadline_at=deadline * H, work_done=done * H, work_total=total * H, **kw)
+
+
+def test_slack_budget_waits_only_while_the_waiting_budget_lasts():
+    # 20 h of work left: the waiting reserve is 0.3 + 0.1 * 20 = 2.3 h of slack
+    assert sb(at_slack(2.31, 20, spot_available=False), 20 * H).market == WAIT
+    assert sb(at_slack(2.29, 20, spot_available=False), 20 * H).market == "on-demand"
+
+
+def test_slack_budget_stays_on_demand_through_an_outage():
+    # plenty of slack: idle it would wait, but on on-demand it keeps running (stopping pays a second restart)
+    assert sb(at_slack(3.5, 5, spot_available=False), 20 * H).market == WAIT
+    assert sb(at_slack(3.5, 5, spot_available=False, running="on-demand"), 20 * H).market == "on-demand"
+
+
+def test_slack_budget_leaves_on_demand_exactly_when_the_switch_is_paid_for():
+    # 10 h left: a switch needs floor 0.3 + its restart 0.2 + 0.03 * 10 future restarts = 0.8 h of slack
+    ok = at_slack(0.81, 10, running="on-demand", spot_up_seconds=2 * H)
+    assert sb(ok, 20 * H).market == "spot"
+    short = at_slack(0.79, 10, running="on-demand", spot_up_seconds=2 * H)
+    assert sb(short, 20 * H).market == "on-demand"
+
+
+def test_slack_budget_leaves_on_demand_only_for_a_pool_up_long_enough():
+    fresh = at_slack(3.0, 10, running="on-demand", spot_up_seconds=0.74 * H)
+    settled = at_slack(3.0, 10, running="on-demand", spot_up_seconds=0.76 * H)
+    unknown = at_slack(3.0, 10, running="on-demand")
+    assert sb(fresh, 20 * H).market == "on-demand"
+    assert sb(settled, 20 * H).market == "spot"
+    assert sb(unknown, 20 * H).market == "spot"  # the operators cannot tell yet: no settling wait
+    # idle, a fresh pool is taken at once (nothing is running, every start pays the same restart)
+    assert sb(at_slack(3.0, 10, spot_up_seconds=60.0), 20 * H).market == "spot"
+
+
+def test_slack_budget_floor_keeps_a_restart_for_a_preempted_spot_instance():
+    # on spot above the floor: stay, even with no waiting budget at all
+    assert sb(at_slack(0.31, 10, running="spot"), 20 * H).market == "spot"
+    # idle: starting spot needs floor + its own restart (0.5 h); else on-demand
+    assert sb(at_slack(0.51, 10), 20 * H).market == "spot"
+    assert sb(at_slack(0.49, 10), 20 * H).market == "on-demand"
+    # at the floor: on-demand to the end, latched
+    d = sb(at_slack(0.3, 10, running="spot"), 20 * H)
+    assert d.market == "on-demand" and d.state.committed
+    assert sb(at_slack(5.0, 10, running="on-demand", spot_up_seconds=5 * H), 20 * H, d.state).market == "on-demand"
+
+
+def test_slack_budget_without_deadline_is_spot_only():
+    o = Observation(started_at=0.0, deadline_at=None, work_done=0.0, work_total=H, spot_available=False)
+    assert sb(o, 0.0).market == WAIT
+
+
+def test_choose_market_passes_the_pool_age():
+    # 1 h of work (100 steps of 36 s) in 3 h, on on-demand: plenty of slack, so only the pool's age decides
+    kw = dict(now=0.0, started_at=0.0, deadline_seconds=3 * H, done_steps=0, total_steps=100, step_seconds=36.0,
+              running="on-demand")
+    assert choose_market(**kw, spot_up_seconds=600.0).market == "on-demand"
+    assert choose_market(**kw, spot_up_seconds=2 * H).market == "spot"
+
+
+def test_slack_budget_params_are_validated():
+    with pytest.raises(ValueError, match="floor_restarts"):
+        DeadlineParams(floor_restarts=-1.0)
