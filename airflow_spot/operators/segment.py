@@ -101,6 +101,12 @@ class SpotSegmentOperator(BaseOperator):
     :param code_retries: user-code failures each segment may retry.
     :param reuse_tolerance: reuse a warm instance while its cost per step is within this fraction of
         the best offer's.
+    :param warm_process: let the instance keep the training process alive across segment boundaries
+        (default True): the process commits its end checkpoint, the attempt is reported completed at once,
+        and the next segment on the same warm instance continues in it without restarting python, torch
+        or restoring (see :mod:`airflow_spot.training.handoff`). Set False (e.g.
+        ``SpotTraining(segment_options={"warm_process": False})``) for a script that does per-segment work
+        after its ``for step in spot.steps()`` loop: with a warm process that code runs once per process.
     :param deferrable: wait in the triggerer (True) or in a worker slot (False); ``None`` (default) means
         True unless ``[operators] default_deferrable`` is set explicitly (see :func:`default_deferrable`).
     """
@@ -142,6 +148,7 @@ class SpotSegmentOperator(BaseOperator):
         notice_window_seconds: float = 120.0,
         aws_conn_id: str | None = "aws_default",
         deferrable: bool | None = None,
+        warm_process: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -174,6 +181,7 @@ class SpotSegmentOperator(BaseOperator):
         self.notice_window_seconds = float(notice_window_seconds)
         self.aws_conn_id = aws_conn_id
         self.deferrable = default_deferrable() if deferrable is None else bool(deferrable)
+        self.warm_process = bool(warm_process)
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -346,6 +354,8 @@ class SpotSegmentOperator(BaseOperator):
             keep_checkpoints=self.keep_checkpoints,
             notice_window_seconds=self.notice_window_seconds,
             warm_start_uri=self.warm_start_uri or None,
+            total_steps=self.total_steps,
+            warm_process=self.warm_process,
         )
 
     def _warm_instances(self, context: Context) -> list[InstanceInfo]:

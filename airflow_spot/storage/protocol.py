@@ -16,6 +16,9 @@ State diagram of an attempt::
                                           --exit PREEMPTED_EXIT_CODE--> preempted (state saved)
                                           --other exit---------------> failed (user code)
                                           --instance gone / silent---> lost (decided by the trigger)
+                                          --"segment done" marker-----> completed (warm process: the
+                                            process stays alive and may continue with the instance's next
+                                            compatible request; see training/handoff.py)
 """
 from __future__ import annotations
 
@@ -99,6 +102,11 @@ class SegmentRequest(_Record):
     keep_checkpoints: int = 3
     notice_window_seconds: float = 120.0
     warm_start_uri: str | None = None
+    #: length of the whole job (a segment ending there is the last: its process simply exits)
+    total_steps: int | None = None
+    #: let the agent keep the training process alive for the next compatible segment
+    #: (see ``training/handoff.py``); False for scripts that do per-segment work after their loop
+    warm_process: bool = True
 
 
 @dataclass

@@ -10,7 +10,10 @@ of each attempt in ``<work-dir>/attempts/<attempt>.log`` and writes exactly one 
   that cannot be started -> ``failed`` with the tail of its output.
 
 A warm instance runs several segments in a row; an attempt that already has a status is never run
-again. With no request for ``--idle-timeout`` seconds the agent writes ``agent_exit.json`` (reason
+again. Its training process may stay warm too (:mod:`airflow_spot.training.handoff`): a command started
+with ``SPOT_HANDOFF_DIR`` that reports "segment done" gets its ``completed`` status at once, and the next
+compatible request of the instance continues in it instead of a new process; an incompatible request, or
+none within ``--handoff-wait`` seconds, tells it to exit. With no request for ``--idle-timeout`` seconds the agent writes ``agent_exit.json`` (reason
 ``idle``) in its work dir and exits 0. On SIGTERM it forwards the signal to the running command, waits
 up to ``--term-grace`` seconds, writes the status, and exits. It also writes a liveness object
 ``control/instances/<id>/agent.json`` (state, current attempt, time) at a bounded rate.
@@ -41,6 +44,7 @@ from airflow_spot.storage.protocol import (
     safe_id,
 )
 from airflow_spot.training import env as E
+from airflow_spot.training.handoff import ANSWER_GRACE_SECONDS, HandoffDir, WarmAgentMixin, WarmProcess, wants_handoff
 
 log = logging.getLogger("airflow_spot.agent")
 
@@ -79,7 +83,13 @@ def outcome_for_exit(code: int) -> Outcome:
     return Outcome.FAILED
 
 
-def segment_env(request: SegmentRequest, notice_file: str | None, base: dict[str, str] | None = None) -> dict[str, str]:
+def segment_env(
+    request: SegmentRequest,
+    notice_file: str | None,
+    base: dict[str, str] | None = None,
+    handoff_dir: str | None = None,
+    handoff_wait: float | None = None,
+) -> dict[str, str]:
     """Environment of one attempt: the agent's own, the request's extras, then the protocol variables
     (which win, so a request cannot point the session at another job or range)."""
     env = dict(os.environ if base is None else base)
@@ -96,6 +106,9 @@ def segment_env(request: SegmentRequest, notice_file: str | None, base: dict[str
         E.CKPT_MAX_INTERVAL: request.max_interval_seconds,
         E.CKPT_KEEP: request.keep_checkpoints,
         E.WARM_START_URI: request.warm_start_uri,
+        E.TOTAL_STEPS: request.total_steps,
+        E.HANDOFF_DIR: handoff_dir,
+        E.HANDOFF_WAIT: handoff_wait,
     }
     for name, value in optional.items():
         if value is not None and value != "":
@@ -105,12 +118,14 @@ def segment_env(request: SegmentRequest, notice_file: str | None, base: dict[str
     return env
 
 
-def read_tail(path: Path, chars: int = TAIL_CHARS) -> str:
+def read_tail(path: Path, chars: int = TAIL_CHARS, start: int = 0) -> str:
+    """The last ``chars`` characters of a log, not looking before byte ``start`` (where an attempt
+    handed to a warm process began writing into the log of the process)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
-            f.seek(max(0, size - chars * 4))
+            f.seek(max(start, size - chars * 4))
             return f.read().decode("utf-8", errors="replace")[-chars:]
     except FileNotFoundError:
         return ""
@@ -130,7 +145,7 @@ def latest_committed_step(store: ObjectStore) -> int | None:
         return None
 
 
-class Agent:
+class Agent(WarmAgentMixin):
     """Runs the segment requests of one instance. See the module docstring."""
 
     def __init__(
@@ -144,6 +159,7 @@ class Agent:
         poll_interval: float = 0.2,
         term_grace: float = 30.0,
         heartbeat_seconds: float = 5.0,
+        handoff_wait: float | None = None,
     ) -> None:
         if idle_timeout <= 0 or poll_interval <= 0 or term_grace < 0:
             raise ValueError("idle_timeout and poll_interval must be positive, term_grace >= 0")
@@ -162,6 +178,10 @@ class Agent:
         self.stopping = False
         self._sigterm_forwarded = False
         self._last_liveness = 0.0
+        #: seconds a warm process waits for the next request before it is told to exit
+        self.handoff_wait = idle_timeout if handoff_wait is None else max(0.0, float(handoff_wait))
+        self.warm: WarmProcess | None = None
+        self._processes = 0
 
     # ------------------------------------------------------------------ signals
     def install_signal_handlers(self) -> None:
@@ -212,7 +232,9 @@ class Agent:
             if ran:
                 idle_since = time.monotonic()
                 continue
+            self._tend_warm()
             if time.monotonic() - idle_since >= self.idle_timeout:
+                self._end_warm("the agent is going idle")
                 self._write_exit("idle")
                 # A request may have landed while deciding: serve it instead of leaving it stranded.
                 if self._new_requests_or_none():
@@ -224,6 +246,7 @@ class Agent:
                 return "idle"
             self._liveness("idle", None)
             time.sleep(self.poll_interval)
+        self._end_warm("the agent is stopping")  # it got the SIGTERM too: it exits preempted, state committed
         self._write_exit("sigterm")
         self._liveness("exited", None, force=True)
         return "sigterm"
@@ -270,8 +293,17 @@ class Agent:
         self._liveness("running", request.attempt_id, force=True)
         log_path = self.work_dir / "attempts" / f"{safe_id(request.attempt_id)}.log"
         exit_code: int | None = None
-        if self.notice_file and os.path.exists(self.notice_file):
+        warm = self._take_warm(request)
+        if warm is not None:
+            exit_code, tail = self._run_command(request, log_path, warm)
+            outcome = Outcome.FAILED if exit_code is None else outcome_for_exit(exit_code)
+            if self.stopping and exit_code is not None and exit_code < 0:
+                outcome = Outcome.PREEMPTED
+                tail += "\n[agent] the instance was stopping; the attempt counts as preempted"
+        elif self.notice_file and os.path.exists(self.notice_file):
             outcome, tail = Outcome.PREEMPTED, "instance is under a preemption notice; the request was not started"
+        elif self.stopping:
+            outcome, tail = Outcome.PREEMPTED, "the instance is stopping; the request was not started"
         elif not isinstance(request.command, list) or not request.command or not all(
             isinstance(a, str) for a in request.command
         ):
@@ -300,44 +332,81 @@ class Agent:
         self._liveness("idle", None, force=True)
         return status
 
-    def _run_command(self, request: SegmentRequest, log_path: Path) -> tuple[int | None, str]:
-        """Run the command to its end; returns (exit code or None if it never started, output tail)."""
-        with open(log_path, "ab") as out:
-            self._sigterm_forwarded = False
-            try:
-                self.child = subprocess.Popen(
-                    request.command,
-                    cwd=request.cwd or None,
-                    env=segment_env(request, self.notice_file),
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                )
-            except OSError as exc:  # missing program, not executable, bad cwd: the user's to fix
-                where = f" in {request.cwd!r}" if request.cwd else ""
-                message = f"cannot start command {request.command!r}{where}: {exc.strerror or exc}"
-                out.write((message + "\n").encode())
-                return None, message
-            term_deadline: float | None = None
-            while True:
+    def _run_command(
+        self, request: SegmentRequest, log_path: Path, warm: WarmProcess | None = None
+    ) -> tuple[int | None, str]:
+        """Run the command (or continue ``warm``, which took the request) to its end or to its "segment
+        done" marker; returns (exit code, 0 at a done marker, or None if it never started; output tail)."""
+        if warm is not None:
+            self.child = warm.proc
+            channel, out_path = warm.channel, warm.log_path
+            offset = out_path.stat().st_size if out_path.exists() else 0
+            log_path.write_text(f"[agent] attempt {request.attempt_id} continues in the warm training process "
+                                f"{warm.proc.pid}; its output is in {out_path.name} from byte {offset}\n")
+        else:
+            offset, out_path = 0, log_path
+            channel = None
+            if wants_handoff(request):
+                self._processes += 1
+                channel = HandoffDir(self.work_dir / "handoff" / f"{self._processes:05d}")
+                channel.path.mkdir(parents=True, exist_ok=True)
+            env = self._handoff_env(request, channel) if channel else segment_env(request, self.notice_file)
+            with open(log_path, "ab") as out:
+                self._sigterm_forwarded = False
                 try:
-                    code = self.child.wait(timeout=min(0.5, self.heartbeat_seconds))
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                self._liveness("running", request.attempt_id)
-                if self.stopping and term_deadline is None:
-                    self._forward_sigterm()  # SIGTERM may have come before the child existed
-                    term_deadline = time.monotonic() + self.term_grace
-                if term_deadline is not None and time.monotonic() > term_deadline:
-                    log.warning("attempt %s did not exit %.0f s after SIGTERM: killing it",
-                                request.attempt_id, self.term_grace)
-                    self.child.kill()
-            self.child = None
-        tail = read_tail(log_path)
+                    self.child = subprocess.Popen(
+                        request.command,
+                        cwd=request.cwd or None,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                    )
+                except OSError as exc:  # missing program, not executable, bad cwd: the user's to fix
+                    where = f" in {request.cwd!r}" if request.cwd else ""
+                    message = f"cannot start command {request.command!r}{where}: {exc.strerror or exc}"
+                    out.write((message + "\n").encode())
+                    return None, message
+        child = self.child
+        assert child is not None
+        # A process that may report "segment done" is watched closely: that marker ends the attempt.
+        tick = min(0.05 if channel else 0.5, self.heartbeat_seconds)
+        term_deadline: float | None = None
+        while True:
+            try:
+                code = child.wait(timeout=tick)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            done = channel.read_done(request.attempt_id) if channel is not None else None
+            if done is not None and not self.stopping:
+                self.warm = WarmProcess(child, channel, request, int(done["step"]), out_path)
+                tail = read_tail(out_path, start=offset) + (
+                    f"\n[agent] segment done at step {done['step']}; the process (pid {child.pid}) stays warm "
+                    "for the next segment"
+                )
+                return 0, tail
+            self._liveness("running", request.attempt_id)
+            if self.stopping and term_deadline is None:
+                self._forward_sigterm()  # SIGTERM may have come before the child existed
+                term_deadline = time.monotonic() + self.term_grace
+            if term_deadline is not None and time.monotonic() > term_deadline:
+                log.warning("attempt %s did not exit %.0f s after SIGTERM: killing it",
+                            request.attempt_id, self.term_grace)
+                child.kill()
+        self.child = None
+        tail = read_tail(out_path, start=offset)
         if code < 0:
             tail += f"\n[agent] command killed by signal {-code}"
         return code, tail
+
+    # ------------------------------------------------------------------ warm process (see WarmAgentMixin)
+    def _latest_committed_step(self) -> int | None:
+        return latest_committed_step(self.store)
+
+    def _handoff_env(self, request: SegmentRequest, channel: HandoffDir) -> dict[str, str]:
+        return segment_env(request, self.notice_file, handoff_dir=str(channel.path),
+                           handoff_wait=self.handoff_wait + ANSWER_GRACE_SECONDS)
 
     # ------------------------------------------------------------------ reporting
     def _liveness(self, state: str, attempt_id: str | None, force: bool = False) -> None:
@@ -384,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poll-interval", type=float, default=0.2, help="seconds between request polls")
     p.add_argument("--term-grace", type=float, default=30.0, help="seconds a command gets after SIGTERM")
     p.add_argument("--heartbeat-seconds", type=float, default=5.0, help="seconds between liveness writes")
+    p.add_argument("--handoff-wait", type=float, default=None,
+                   help="seconds a warm training process waits for the next request (default: --idle-timeout)")
     p.add_argument("--boot-seconds", type=float, default=0.0, help="simulated boot time before serving")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s", stream=sys.stdout)
@@ -391,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(
         args.job_uri, args.instance_id, idle_timeout=args.idle_timeout, work_dir=work_dir,
         notice_file=args.notice_file, poll_interval=args.poll_interval, term_grace=args.term_grace,
-        heartbeat_seconds=args.heartbeat_seconds,
+        heartbeat_seconds=args.heartbeat_seconds, handoff_wait=args.handoff_wait,
     )
     agent.install_signal_handlers()
     if args.boot_seconds > 0:

@@ -19,3 +19,9 @@ CKPT_KEEP = "SPOT_CKPT_KEEP"
 CKPT_POLICY = "SPOT_CKPT_POLICY"  # name in policy.checkpoint_interval (daly | young | fixed)
 HEARTBEAT_SECONDS = "SPOT_HEARTBEAT_SECONDS"
 WARM_START_URI = "SPOT_WARM_START_URI"  # another job's checkpoint root to start from when this job has none
+TOTAL_STEPS = "SPOT_TOTAL_STEPS"  # length of the whole job: a segment ending there never hands off
+# Warm process (training/handoff.py): the agent's hand-off directory for this process, and how long the
+# process waits there for the next segment after committing its end checkpoint.
+HANDOFF_DIR = "SPOT_HANDOFF_DIR"
+HANDOFF_WAIT = "SPOT_HANDOFF_WAIT"
+WARM_PROCESS = "SPOT_WARM_PROCESS"  # "0" in a request's env opts out of the warm process

@@ -10,6 +10,15 @@ Between steps the session takes periodic saves at the interval the checkpoint po
 host memory, written in the background), an insurance save when risk rises, and on a preemption notice
 an emergency save, after which the process exits with ``PREEMPTED_EXIT_CODE``. At the end of the segment
 it commits a checkpoint at ``end_step`` and the ``with`` block ends normally.
+
+**Warm process.** Under the agent, ``steps()`` does not necessarily end at ``end_step``: after committing
+the end checkpoint it tells the agent "segment done" and waits for the next segment of the job on the
+same instance; when one comes it keeps yielding steps from the in-memory state (no restore) under the new
+attempt id (``spot.attempt_id``, ``spot.end_step`` and the ``SPOT_*`` variables are updated). Only when no
+compatible segment follows (or it was the job's last) does ``steps()`` return, so code after the loop
+runs once per *process*, not once per segment. A script that does per-segment work after its loop opts
+out with ``SpotSession.from_env(..., warm_process=False)`` (or the operator's ``warm_process=False``, or
+``SPOT_WARM_PROCESS=0`` in the request's env). See :mod:`airflow_spot.training.handoff`.
 """
 from __future__ import annotations
 
@@ -28,6 +37,7 @@ from airflow_spot.storage.object_store import open_store
 from airflow_spot.storage.protocol import PREEMPTED_EXIT_CODE, AttemptStatus, Heartbeat, JobLayout, Outcome
 from airflow_spot.training import env as E
 from airflow_spot.training.async_save import AsyncCheckpointer
+from airflow_spot.training.handoff import ANSWER_GRACE_SECONDS, CONTINUE, HandoffDir
 from airflow_spot.training.notices import (
     PREEMPTION,
     REBALANCE,
@@ -71,6 +81,12 @@ class SpotSession:
     :param heartbeat_seconds: at most one heartbeat write per this many seconds.
     :param warm_start_uri: another job's root whose newest checkpoint seeds this job's tracked objects
         (``warm_start_keys``) when this job has no checkpoint yet; steps then count from 0.
+    :param total_steps: length of the whole job; a segment ending there never waits for a next one.
+    :param handoff_dir: the agent's hand-off directory for this process (``SPOT_HANDOFF_DIR``); None
+        means the process ends with its segment.
+    :param handoff_wait: seconds to wait there for the next segment before ending.
+    :param warm_process: False opts out of the warm process: ``steps()`` always returns at ``end_step``
+        (for scripts that do per-segment work after their loop).
     """
 
     def __init__(
@@ -89,6 +105,10 @@ class SpotSession:
         heartbeat_seconds: float = 2.0,
         warm_start_uri: str | None = None,
         warm_start_keys: tuple[str, ...] = ("model",),
+        total_steps: int | None = None,
+        handoff_dir: str | None = None,
+        handoff_wait: float = 300.0 + ANSWER_GRACE_SECONDS,
+        warm_process: bool = True,
     ) -> None:
         if end_step < 1 or start_step < 0 or start_step >= end_step:
             raise ValueError(f"need 0 <= start_step < end_step, got start={start_step}, end={end_step}")
@@ -103,6 +123,10 @@ class SpotSession:
         self.interval_policy = interval_policy
         self.heartbeat_seconds = heartbeat_seconds
         self.warm_start_uri, self.warm_start_keys = warm_start_uri, warm_start_keys
+        self.total_steps = total_steps
+        self.handoff = HandoffDir(handoff_dir) if handoff_dir and warm_process else None
+        self.handoff_wait = float(handoff_wait)
+        self.segments = 1  # segments this process has trained (more than one when kept warm)
 
         self.tracked: dict[str, Any] = {}
         self.stager = Stager()
@@ -154,6 +178,9 @@ class SpotSession:
             interval_policy=e.get(E.CKPT_POLICY) or None,
             heartbeat_seconds=num(E.HEARTBEAT_SECONDS, 2.0),
             warm_start_uri=e.get(E.WARM_START_URI) or None,
+            total_steps=int(e[E.TOTAL_STEPS]) if e.get(E.TOTAL_STEPS) else total_steps,
+            handoff_dir=e.get(E.HANDOFF_DIR) or None,
+            handoff_wait=num(E.HANDOFF_WAIT, 300.0 + ANSWER_GRACE_SECONDS),
         )
         opts.update(kwargs)
         return cls(e.get(E.JOB_URI) or job_uri or os.path.abspath("spot-job"), end, **opts)
@@ -293,9 +320,16 @@ class SpotSession:
 
     # ------------------------------------------------------------------ the loop
     def steps(self) -> Iterator[int]:
-        """Yield this segment's remaining steps; handles saves between them (see module doc)."""
+        """Yield this segment's remaining steps, and those of the segments handed to this warm process
+        after it; handles saves between them (see module doc)."""
         if not self.tracked:
             raise RuntimeError("call spot.track(model=..., optimizer=...) before spot.steps()")
+        while True:
+            yield from self._segment_steps()
+            if not self._next_segment():
+                return
+
+    def _segment_steps(self) -> Iterator[int]:
         last = time.monotonic()
         while self.step < self.end_step:
             if self.notice is not None:
@@ -318,6 +352,68 @@ class SpotSession:
         if self.writer.last_committed_step != self.step and self.restored_step != self.step:
             self._save("final", wait=True)
         self._write_heartbeat()
+
+    # ------------------------------------------------------------------ warm process
+    def _next_segment(self) -> bool:
+        """After the end checkpoint: offer this process to the agent for the job's next segment.
+
+        Returns True when a segment was handed over (the session now is that attempt), False when the
+        process should end. A notice while waiting exits with ``PREEMPTED_EXIT_CODE``: the state is
+        committed, and no attempt is running in this process, so nothing is lost or mis-attributed.
+        """
+        if self.handoff is None or self.notice is not None:
+            return False
+        if self.total_steps is not None and self.step >= self.total_steps:
+            return False
+        done = self.attempt_id
+        try:
+            self.handoff.write_done(done, self.step)
+        except OSError as exc:  # no hand-off, then: the agent sees a plain exit 0, as without it
+            log.warning("cannot offer this process for the next segment (%s); ending", exc)
+            return False
+        log.info("segment done at step %d; waiting up to %.0f s for the next segment", self.step, self.handoff_wait)
+        answer = self.handoff.wait_answer(done, self.handoff_wait, lambda: self.notice is not None)
+        if self.notice is not None:
+            log.warning("preemption notice between segments (%s): state is committed at step %d; exiting with "
+                        "code %d", self.notice, self.step, PREEMPTED_EXIT_CODE)
+            raise SystemExit(PREEMPTED_EXIT_CODE)
+        if answer is None or answer.get("action") != CONTINUE:
+            log.info("no next segment for this process (%s); ending", "timeout" if answer is None else "agent said exit")
+            return False
+        self.handoff.write_ack(str(answer["attempt_id"]))
+        self._adopt(answer)
+        return True
+
+    def _adopt(self, answer: dict) -> None:
+        """Become the attempt the agent handed over: new id, range and SPOT_* values; state stays."""
+        spot_env = {str(k): str(v) for k, v in (answer.get("spot_env") or {}).items()}
+        for name in [k for k in os.environ if k.startswith("SPOT_") and k not in spot_env]:
+            del os.environ[name]
+        os.environ.update(spot_env)  # code that reads SPOT_* sees the current segment
+        self.writer.wait()
+        self.attempt_id = str(answer["attempt_id"])
+        self.start_step, self.end_step = int(answer["start_step"]), int(answer["end_step"])
+        self.checkpoints = CheckpointStore(self.job_store.child("checkpoints"), writer=self.attempt_id)
+        self.writer.checkpoints = self.checkpoints
+        if spot_env.get(E.CKPT_KEEP):
+            self.writer.keep = int(spot_env[E.CKPT_KEEP])
+        if spot_env.get(E.MTBF_SECONDS):
+            self.prior_mtbf = float(spot_env[E.MTBF_SECONDS])
+        if spot_env.get(E.CKPT_MIN_INTERVAL):
+            self.min_interval = float(spot_env[E.CKPT_MIN_INTERVAL])
+        if spot_env.get(E.CKPT_MAX_INTERVAL):
+            self.max_interval = float(spot_env[E.CKPT_MAX_INTERVAL])
+        if spot_env.get(E.TOTAL_STEPS):
+            self.total_steps = int(spot_env[E.TOTAL_STEPS])
+        if spot_env.get(E.HANDOFF_WAIT):
+            self.handoff_wait = float(spot_env[E.HANDOFF_WAIT])
+        self.mtbf = self._observed_mtbf()
+        self._recompute_interval()
+        self._last_save_at = time.monotonic()  # the state is committed at this very step
+        self.segments += 1
+        self._write_heartbeat()  # the new attempt's first heartbeat, without waiting for the tick
+        log.info("continuing in this process as attempt %s: steps [%d, %d) from step %d (no restore)",
+                 self.attempt_id, self.start_step, self.end_step, self.step)
 
     def _emergency_exit(self) -> None:
         started = time.monotonic()

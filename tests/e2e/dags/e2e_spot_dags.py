@@ -42,7 +42,7 @@ def spot_dag(dag_id: str, total_steps: int, steps_per_segment: int, step_sleep: 
              preempt_after: list | None = None, extra_args: tuple[str, ...] = (), retries: int = 1,
              deferrable: bool | None = True, command: list[str] | None = None,
              preemption: dict | None = None, notice_window_seconds: float = 5.0,
-             max_preemptions: int = 4, poll_interval: float = 0.5) -> DAG:
+             max_preemptions: int = 4, poll_interval: float = 0.5, warm_process: bool = True) -> DAG:
     """One SpotTraining job; ``command``/``preemption`` override the train_tiny command and the schedule."""
     choice = {} if deferrable is None else {"deferrable": deferrable}
     if preemption is None:
@@ -70,6 +70,7 @@ def spot_dag(dag_id: str, total_steps: int, steps_per_segment: int, step_sleep: 
                 "checkpoint_min_interval": 1.0,
                 "notice_window_seconds": notice_window_seconds,
                 "idle_timeout_seconds": 60.0,
+                "warm_process": warm_process,
                 **choice,
             },
         )
