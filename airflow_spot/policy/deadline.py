@@ -55,7 +55,9 @@ class DeadlineParams:
     :param floor_restarts: ``slack-budget``: the hard floor in restarts; at or below it the job commits
         to on-demand. Above 1 so a spot instance preempted at the floor can still restart on-demand.
     :param min_spot_up_seconds: ``slack-budget``: leave on-demand only for a pool that has been up this
-        long (a pool that just came back tends to go again soon)."""
+        long (a pool that just came back tends to go again soon).
+    :param outage_grace_seconds: ``slack-budget``: an idle job without waiting budget still waits this
+        long into an outage (``no_spot_seconds``) before paying an on-demand start it would then keep."""
 
     restart_overhead_seconds: float = 600.0
     hysteresis_seconds: float | None = None
@@ -65,6 +67,7 @@ class DeadlineParams:
     spot_reserve_per_work: float = 0.03
     floor_restarts: float = 1.5
     min_spot_up_seconds: float = 0.75 * 3600.0
+    outage_grace_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         if self.restart_overhead_seconds < 0:
@@ -75,7 +78,8 @@ class DeadlineParams:
             raise ValueError(f"reserve_per_work must be >= 0, got {self.reserve_per_work!r}")
         if self.safety_restarts < 0:
             raise ValueError(f"safety_restarts must be >= 0, got {self.safety_restarts!r}")
-        for name in ("wait_reserve_per_work", "spot_reserve_per_work", "floor_restarts", "min_spot_up_seconds"):
+        for name in ("wait_reserve_per_work", "spot_reserve_per_work", "floor_restarts", "min_spot_up_seconds",
+                     "outage_grace_seconds"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
 
@@ -100,7 +104,8 @@ class Observation:
     :param spot_available: some suitable spot offer can be launched (or is running) now.
     :param running: what the job runs on now: ``spot``, ``on-demand`` or None.
     :param spot_up_seconds: how long the best available spot pool has been up (capacity seen without
-        a loss), or None when unknown (``slack-budget`` then does not wait for a pool to settle)."""
+        a loss), or None when unknown (``slack-budget`` then does not wait for a pool to settle).
+    :param no_spot_seconds: how long no spot offer has been available, or None when unknown (no grace)."""
 
     started_at: float
     deadline_at: float | None
@@ -109,6 +114,7 @@ class Observation:
     spot_available: bool = True
     running: Market | str | None = None
     spot_up_seconds: float | None = None
+    no_spot_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.work_total <= 0:
@@ -218,7 +224,9 @@ def slack_budget(state: DeadlineState, obs: Observation, now: float, params: Dea
       ``min_spot_up_seconds`` (``spot_up_seconds``; a fresh pool is likely to go again before the
       switch's restart pays off);
     * no spot, on on-demand: stay — stopping to idle would pay a second restart when the outage goes on;
-    * no spot, idle: wait while ``S - F > wait_reserve_per_work * W``, else on-demand.
+    * no spot, idle: wait while ``S - F > wait_reserve_per_work * W``, else on-demand — after
+      ``outage_grace_seconds`` into the outage (a blip of capacity is not worth an on-demand start that
+      the job would then keep).
 
     Waiting is priced higher than spot's restarts (``wait_reserve`` > ``spot_reserve``): an outage
     spends slack hour for hour, a preemption only one restart.
@@ -251,6 +259,9 @@ def slack_budget(state: DeadlineState, obs: Observation, now: float, params: Dea
     spare = left - floor - params.wait_reserve_per_work * work_left
     if spare > 0:
         return Decision(WAIT, f"no spot, {spare:+.0f}s of waiting budget: wait for spot", state)
+    gone = obs.no_spot_seconds
+    if gone is not None and gone < params.outage_grace_seconds and left - r > floor:
+        return Decision(WAIT, f"no spot for {gone:.0f}s: within the {params.outage_grace_seconds:.0f}s grace", state)
     return Decision(Market.ON_DEMAND.value, f"no spot and no waiting budget ({spare:+.0f}s)", state)
 
 

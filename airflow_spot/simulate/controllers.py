@@ -31,13 +31,16 @@ from airflow_spot.simulate.engine import HOUR, View
 controllers = PolicyRegistry("simulated controller")
 
 
-def _observation(view: View, spot_available: bool, spot_up_seconds: float | None = None) -> Observation:
+def _observation(
+    view: View, spot_available: bool, spot_up_seconds: float | None = None, no_spot_seconds: float | None = None
+) -> Observation:
     running = None
     if view.running is not None:
         running = Market.SPOT if view.running[0] == "spot" else Market.ON_DEMAND
     return Observation(
         started_at=0.0, deadline_at=view.deadline_at, work_done=view.work_done, work_total=view.work_total,
         spot_available=spot_available, running=running, spot_up_seconds=spot_up_seconds,
+        no_spot_seconds=no_spot_seconds,
     )
 
 
@@ -76,9 +79,11 @@ class DeadlineController:
     #: policy from ``spot_up_seconds`` (False)
     settle_from_on_demand: bool = True
     state: DeadlineState = field(default_factory=DeadlineState)
+    #: the last time a usable spot pool was seen (for how long an outage has lasted)
+    spot_seen_at: float | None = None
 
     def reset(self) -> "DeadlineController":
-        return replace(self, state=DeadlineState())
+        return replace(self, state=DeadlineState(), spot_seen_at=None)
 
     def _params(self, view: View) -> DeadlineParams:
         r = view.spec.restart_overhead_hours * HOUR
@@ -106,7 +111,11 @@ class DeadlineController:
             usable = settled
         else:
             usable = candidates
-        obs = _observation(view, bool(usable), _up_for(view, usable))
+        if usable:
+            self.spot_seen_at = view.now
+        # an outage seen from the job's start counts from the start (the past before it is not tracked)
+        gone = None if usable else view.now - (self.spot_seen_at if self.spot_seen_at is not None else 0.0)
+        obs = _observation(view, bool(usable), _up_for(view, usable), gone)
         d = decide(self.state, obs, view.now, self._params(view), self.deadline_policy)
         self.state = d.state
         if d.market == WAIT:

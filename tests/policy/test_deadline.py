@@ -188,3 +188,15 @@ def test_choose_market_passes_the_pool_age():
 def test_slack_budget_params_are_validated():
     with pytest.raises(ValueError, match="floor_restarts"):
         DeadlineParams(floor_restarts=-1.0)
+
+
+def test_slack_budget_confirms_an_outage_before_starting_on_demand():
+    # no waiting budget (0.6 h of slack, 10 h left): on-demand, but only once no spot has been seen for 60 s
+    def o(gone):
+        return at_slack(0.6, 10, spot_available=False, no_spot_seconds=gone)
+
+    assert sb(o(30.0), 20 * H).market == WAIT
+    assert sb(o(60.0), 20 * H).market == "on-demand"
+    assert sb(o(None), 20 * H).market == "on-demand"  # unknown: no grace
+    # the grace never spends the restart an on-demand start needs
+    assert sb(at_slack(0.45, 10, spot_available=False, no_spot_seconds=0.0), 20 * H).market == "on-demand"
