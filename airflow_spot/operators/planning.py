@@ -47,12 +47,16 @@ def plan(
     step_seconds: float | None = None,
     running: Market | None = None,
     committed: bool = False,
+    spot_up_seconds: float | None = None,
 ) -> Plan:
     """Rank the offers for the next attempt.
 
     :param step_seconds: measured seconds per step (from the job's heartbeats), for the deadline policy.
     :param running: the market of the warm instance the job holds, if any (switching costs a restart).
     :param committed: the deadline policy's state from the previous plan (safety net fired).
+    :param spot_up_seconds: how long the best spot pool has been up, if the caller knows (the market does
+        not report it yet; without it the deadline policy leaves on-demand without waiting for a pool to
+        settle).
     """
     from airflow_spot.policy.deadline import DeadlineState, choose_market
     from airflow_spot.policy.offer_ranking import rank_offers
@@ -68,6 +72,7 @@ def plan(
         total_steps=total_steps,
         step_seconds=step_seconds,
         running=running,
+        spot_up_seconds=spot_up_seconds,
         state=DeadlineState(committed=committed),
     )
     wanted = Market(decision.market)
