@@ -90,3 +90,19 @@ def test_bad_job_specs():
         JobSpec(work_hours=10, deadline_hours=5)
     with pytest.raises(ValueError, match="work_hours"):
         JobSpec(work_hours=0)
+
+
+def test_ours_waits_its_budget_then_leaves_on_demand_only_for_a_settled_pool():
+    # 3 h of work, 4 h deadline (60 min of slack), 6 min restarts; the pool is up 0-20 min, down to 80,
+    # flaps up 80-90, then stays up from minute 100
+    spec = JobSpec(work_hours=3, deadline_hours=4, save_cost_seconds=0.0, restart_overhead_hours=0.1)
+    trace = [1] * 20 + [0] * 60 + [1] * 10 + [0] * 10 + [1] * 200
+    r = simulate(spec, [pool("us-west-2b", trace)], ON_DEMAND, controllers.get("ours")(), max_hours=5.0)
+    assert r.deadline_met
+    spot1, od, spot2 = r.rows
+    assert (spot1.market, spot1.outcome, spot1.ended_at) == ("spot", "preempted", 20 * 60)
+    # preempted at 20 with 14 min done: slack 54 min; waiting budget 54 - 9 (floor) - 0.1 * 166 = 28.4 min,
+    # so on-demand starts at the first tick after minute 48.4
+    assert od.market == "on-demand" and od.started_at == 49 * 60
+    # the flap at 80-90 and the pool's first 45 min from minute 100 are not worth leaving on-demand for
+    assert spot2.market == "spot" and spot2.started_at == (100 + 45) * 60
