@@ -55,8 +55,7 @@ def plan(
     :param running: the market of the warm instance the job holds, if any (switching costs a restart).
     :param committed: the deadline policy's state from the previous plan (safety net fired).
     :param spot_up_seconds: how long the best spot pool has been up, if the caller knows (the market does
-        not report it yet; without it the deadline policy leaves on-demand without waiting for a pool to
-        settle).
+        not report it yet); with it the deadline policy is ``slack-budget``, without it ``slack-reserve``.
     """
     from airflow_spot.policy.deadline import DeadlineState, choose_market
     from airflow_spot.policy.offer_ranking import rank_offers

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from airflow_spot.market.catalog import DEFAULT_MTBF_HOURS
@@ -78,9 +78,15 @@ class Distribution:
     deadline_met: int
     mean_lost_gpu_hours: float
     mean_preemptions: float
+    #: per start offset, in the offsets' order (for held-out splits)
+    ratios: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
+
+    def mean_over(self, parity: int) -> float:
+        """Mean ratio over every other offset: ``0`` the even ones, ``1`` the odd ones."""
+        return statistics.mean(self.ratios[parity::2])
 
 
 def run_policies(spec, pools, on_demand, names, offset_ticks=0) -> list[SimResult]:
@@ -89,7 +95,8 @@ def run_policies(spec, pools, on_demand, names, offset_ticks=0) -> list[SimResul
 
 def distribution(spec, pools, on_demand, name, offsets, baseline_cost: float) -> Distribution:
     results = [simulate(spec, pools, on_demand, controllers.get(name)(), offset_ticks=o) for o in offsets]
-    ratios = sorted(r.cost / baseline_cost for r in results)
+    in_order = [r.cost / baseline_cost for r in results]
+    ratios = sorted(in_order)
     return Distribution(
         policy=name,
         runs=len(results),
@@ -99,6 +106,20 @@ def distribution(spec, pools, on_demand, name, offsets, baseline_cost: float) ->
         deadline_met=sum(bool(r.deadline_met) for r in results),
         mean_lost_gpu_hours=statistics.mean(r.lost_gpu_hours for r in results),
         mean_preemptions=statistics.mean(r.preemptions for r in results),
+        ratios=in_order,
+    )
+
+
+def hindsight_distribution(spec, pools, on_demand, offsets, baseline_cost: float) -> Distribution:
+    """The hindsight optimum (:mod:`airflow_spot.simulate.hindsight`, knows the future) over ``offsets``."""
+    from airflow_spot.simulate.hindsight import hindsight_cost
+
+    in_order = [hindsight_cost(spec, pools, on_demand, offset_ticks=o) / baseline_cost for o in offsets]
+    ratios = sorted(in_order)
+    return Distribution(
+        policy="hindsight", runs=len(ratios), mean_ratio=statistics.mean(ratios),
+        p90_ratio=ratios[min(len(ratios) - 1, int(math.ceil(0.9 * len(ratios))) - 1)], worst_ratio=ratios[-1],
+        deadline_met=len(ratios), mean_lost_gpu_hours=math.nan, mean_preemptions=math.nan, ratios=in_order,
     )
 
 

@@ -90,6 +90,6 @@ def test_leaving_on_demand_waits_for_a_settled_pool_when_its_age_is_known(market
     # 10 h deadline, 1 h in, half the 5 h of work done: plenty of slack, running on on-demand
     kw = dict(now=T0 + 3600, done_steps=500, deadline=timedelta(hours=10), step_seconds=18.0,
               running=Market.ON_DEMAND)
-    assert make_plan(market, **kw).market is Market.SPOT  # age unknown: no settling wait
+    assert make_plan(market, **kw).market is Market.SPOT  # age unknown: slack-reserve, far ahead -> spot
     assert make_plan(market, spot_up_seconds=300.0, **kw).market is Market.ON_DEMAND
     assert make_plan(market, spot_up_seconds=2 * 3600.0, **kw).market is Market.SPOT

@@ -185,6 +185,17 @@ def test_choose_market_passes_the_pool_age():
     assert choose_market(**kw, spot_up_seconds=2 * H).market == "spot"
 
 
+def test_choose_market_without_the_pool_age_is_slack_reserve():
+    kw = dict(now=1.5 * H, started_at=0.0, deadline_seconds=3 * H, done_steps=30, total_steps=100, step_seconds=36.0)
+    # on on-demand, 0.7 h of work left in 1.5 h (slack 0.8 h, restarts of 600 s): slack-reserve's spare
+    # 0.8 - 0.33 - 0.06 * 0.7 = 0.43 h clears its 0.33 h hysteresis -> spot; slack-budget can pay the
+    # switch (0.8 - 0.17 - 0.25 - 0.03 * 0.7 = 0.36 h) but a pool up one minute is not settled
+    od = dict(kw, running="on-demand")
+    assert choose_market(**od).market == "spot"
+    assert choose_market(**od, spot_up_seconds=60.0).market == "on-demand"
+    assert choose_market(**od, policy="slack-budget").market == "spot"  # explicit: no age, no settling wait
+
+
 def test_slack_budget_params_are_validated():
     with pytest.raises(ValueError, match="floor_restarts"):
         DeadlineParams(floor_restarts=-1.0)

@@ -1,0 +1,74 @@
+"""The hindsight optimum: the cheapest schedule for a job that knows the whole trace in advance.
+
+Not a policy (it reads the future); a yardstick for how far a causal policy is from the best possible.
+A dynamic programme on a coarse grid (``step_seconds``, default 0.1 h) over (time, slack used, where the
+job runs, restart steps left). Each step the job idles, stays where it runs (a spot pool only while it
+is up for the whole step), or starts anew on on-demand or on a pool up for the whole step, paying the
+restart. Approximations, all named: a pool counts as up in a step only when it is up for all of it
+(a little pessimistic), the restart is rounded to whole steps, and neither save stalls nor the 60 s
+billing minimum are modelled (a little optimistic). Progress survives a preemption (emergency save).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from airflow_spot.policy.offers import Offer
+from airflow_spot.simulate.engine import HOUR, JobSpec, SimPool
+
+
+def _up_by_step(pools: list[SimPool], offset_ticks: int, steps: int, step_seconds: float) -> np.ndarray:
+    gap = pools[0].trace.gap_seconds
+    out = np.zeros((len(pools), steps), dtype=bool)
+    for i, p in enumerate(pools):
+        v = p.trace.values
+        for s in range(steps):
+            a = offset_ticks + int(s * step_seconds // gap)
+            b = offset_ticks + int(math.ceil((s + 1) * step_seconds / gap))
+            out[i, s] = b <= len(v) and all(v[a:b])
+    return out
+
+
+def hindsight_cost(
+    spec: JobSpec, pools: list[SimPool], on_demand: Offer, *, offset_ticks: int = 0, step_seconds: float = 360.0
+) -> float:
+    """The cheapest cost ($) of ``spec`` from tick ``offset_ticks`` meeting its deadline, knowing the future.
+
+    :param step_seconds: the grid; work, deadline and restart are rounded to whole steps.
+    :raises ValueError: without a deadline (the optimum then just waits for spot).
+    """
+    if spec.deadline_hours is None:
+        raise ValueError("the hindsight optimum needs a deadline")
+    work = int(round(spec.work_hours * HOUR / step_seconds))
+    horizon = int(round(spec.deadline_hours * HOUR / step_seconds))
+    restart = max(1, int(round(spec.restart_overhead_hours * HOUR / step_seconds)))
+    spare = horizon - work
+    up = _up_by_step(pools, offset_ticks, horizon, step_seconds)
+    # places: 0 idle, 1 on-demand, 2.. the spot pools; cost[slack used, place, restart steps left]
+    price = [0.0, on_demand.price_per_hour] + [p.offer.price_per_hour for p in pools]
+    price = [x * step_seconds / HOUR for x in price]
+    places = len(price)
+    inf = math.inf
+    cost = np.full((spare + 1, places, restart + 1), inf)
+    cost[0, 0, 0] = 0.0
+    best = inf
+    for t in range(horizon):
+        nxt = np.full_like(cost, inf)
+        anywhere = cost.min(axis=(1, 2))
+        nxt[1:, 0, 0] = anywhere[:-1]  # idle: one step of slack
+        for place in range(1, places):
+            if place >= 2 and not up[place - 2, t]:
+                continue
+            elsewhere = np.delete(cost, place, axis=1).min(axis=(1, 2))
+            # start here: the first restart step is this one
+            nxt[1:, place, restart - 1] = np.minimum(nxt[1:, place, restart - 1], elsewhere[:-1] + price[place])
+            for k in range(1, restart + 1):  # still restarting: no progress
+                nxt[1:, place, k - 1] = np.minimum(nxt[1:, place, k - 1], cost[:-1, place, k] + price[place])
+            nxt[:, place, 0] = np.minimum(nxt[:, place, 0], cost[:, place, 0] + price[place])  # progress
+        cost = nxt
+        done_at = t + 1 - work  # slack used by a job that has just finished
+        if 0 <= done_at <= spare:
+            best = min(best, float(cost[done_at].min()))
+            cost[done_at] = inf  # a finished job costs nothing more
+    return best
