@@ -40,6 +40,7 @@ from airflow_spot.policy.offers import GpuRequest
 from airflow_spot.storage.checkpoint import CheckpointStore
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError
 from airflow_spot.storage.protocol import JobLayout, Outcome, SegmentRequest, safe_id
+from airflow_spot.triggers.completion import summarize
 from airflow_spot.triggers.segment import EVENT_KEYS, SegmentTrigger
 
 if TYPE_CHECKING:
@@ -309,6 +310,10 @@ class SpotSegmentOperator(BaseOperator):
             startup_timeout=self.startup_timeout,
             heartbeat_timeout=self.heartbeat_timeout,
             max_attempt_seconds=self.max_attempt_seconds,
+            # A completed attempt ends the task from the triggerer: no worker round trip per boundary.
+            end_from_trigger=self.deferrable,
+            segment_index=self.segment_index,
+            end_step=self.end_step,
         )
         if self.deferrable:
             self.defer(trigger=trigger, method_name="execute_complete")
@@ -403,6 +408,10 @@ class SpotSegmentOperator(BaseOperator):
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         store = self._open_store()
         attempt_id = self.attempt_id(context, store)
+        if event == "success":
+            # The trigger ended the task (TaskSuccessEvent); only dag.test() still resumes it, with the
+            # state as the payload: do the same accounting from the store (the same ledger row again).
+            event = self._event_from_store(store, attempt_id)
         event = self._validate_event(event, attempt_id)
         outcome = Outcome(event["status"])
         launch = AttemptLaunch.read(store, attempt_id)
@@ -416,25 +425,8 @@ class SpotSegmentOperator(BaseOperator):
                 "does the script train through SpotSession.steps() to SPOT_END_STEP?\n"
                 + (event.get("error_tail") or "")
             )
-        row = accounting.record_attempt(store, launch, outcome, event, steps_after=latest, now=time.time())
-        totals = accounting.job_totals(store)
-        summary = {
-            "segment": self.segment_index,
-            "attempt_id": attempt_id,
-            "outcome": outcome.value,
-            "instance_id": launch.instance_id,
-            "instance_type": launch.offer["instance_type"],
-            "zone": launch.offer["zone"],
-            "market": launch.offer["market"],
-            "price_per_hour": launch.offer["price_per_hour"],
-            "latest_step": latest,
-            "steps_done": row.get("steps_done"),
-            "steps_lost": row.get("steps_lost"),
-            "billed_seconds": row.get("billed_seconds"),
-            "attempt_cost": row.get("cost"),
-            "job_cost_so_far": totals.get("cost"),
-            "job_savings_so_far": totals.get("savings"),
-        }
+        summary = summarize(store, launch, outcome, event, segment_index=self.segment_index, latest=latest,
+                            now=time.time())
         self.log.info("attempt %s ended: %s (%s); %s", attempt_id, outcome.value, event.get("message"), summary)
         context["ti"].xcom_push(key="attempt", value=summary)
         if outcome is Outcome.COMPLETED:
@@ -491,6 +483,22 @@ class SpotSegmentOperator(BaseOperator):
             if launch is not None:
                 starts.append(launch.requested_at)
         return max(starts, default=None)
+
+    @staticmethod
+    def _event_from_store(store: ObjectStore, attempt_id: str) -> dict[str, Any]:
+        """The trigger's event of an attempt it ended itself, rebuilt from its status and heartbeat."""
+        layout = JobLayout(store)
+        status, hb = layout.read_status(attempt_id), layout.read_heartbeat(attempt_id)
+        if status is None:
+            raise AirflowException(f"the trigger ended attempt {attempt_id}, but it has no status in {store.uri}")
+        return {
+            "status": status.outcome, "attempt_id": attempt_id, "instance_id": status.instance_id,
+            "message": f"agent reported {status.outcome} (exit code {status.exit_code})",
+            "exit_code": status.exit_code, "error_tail": status.error_tail,
+            "last_step": hb.step if hb else None, "step_time_ewma": hb.step_time_ewma if hb else None,
+            "last_committed_step": status.last_committed_step, "started_at": status.started_at,
+            "ended_at": status.ended_at,
+        }
 
     @staticmethod
     def _validate_event(event: Any, attempt_id: str) -> dict[str, Any]:

@@ -13,9 +13,10 @@ A warm instance runs several segments in a row; an attempt that already has a st
 again. Its training process may stay warm too (:mod:`airflow_spot.training.handoff`): a command started
 with ``SPOT_HANDOFF_DIR`` that reports "segment done" gets its ``completed`` status at once, and the next
 compatible request of the instance continues in it instead of a new process; an incompatible request, or
-none within ``--handoff-wait`` seconds, tells it to exit. With no request for ``--idle-timeout`` seconds the agent writes ``agent_exit.json`` (reason
-``idle``) in its work dir and exits 0. On SIGTERM it forwards the signal to the running command, waits
-up to ``--term-grace`` seconds, writes the status, and exits. It also writes a liveness object
+none within ``--handoff-wait`` seconds, tells it to exit. With no request for ``--idle-timeout`` seconds
+the agent writes ``agent_exit.json`` (reason ``idle``) in its work dir and exits 0. On SIGTERM it
+forwards the signal to the running command, waits up to ``--term-grace`` seconds, writes the status,
+and exits. It also writes a liveness object
 ``control/instances/<id>/agent.json`` (state, current attempt, time) at a bounded rate.
 
 Never imports Airflow: only ``storage`` and the environment contract of ``training.env``.

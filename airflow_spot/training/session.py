@@ -378,7 +378,8 @@ class SpotSession:
                         "code %d", self.notice, self.step, PREEMPTED_EXIT_CODE)
             raise SystemExit(PREEMPTED_EXIT_CODE)
         if answer is None or answer.get("action") != CONTINUE:
-            log.info("no next segment for this process (%s); ending", "timeout" if answer is None else "agent said exit")
+            log.info("no next segment for this process (%s); ending",
+                     "timeout" if answer is None else "the agent said exit")
             return False
         self.handoff.write_ack(str(answer["attempt_id"]))
         self._adopt(answer)

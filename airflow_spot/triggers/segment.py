@@ -8,6 +8,12 @@ picks the attempt up where it stands. It yields exactly one event, ``status`` be
 * ``preempted``: the instance was reclaimed by the market before the agent could write a status;
 * ``lost``: the instance is gone for another reason, or neither heartbeat nor agent progress was seen
   within the timeout, or the attempt ran past ``max_attempt_seconds``.
+
+With ``end_from_trigger`` (what the operator asks for when it defers), a ``completed`` attempt whose
+checkpoint reached ``end_step`` is accounted for here (:mod:`airflow_spot.triggers.completion`) and the
+task ends from the triggerer with a ``TaskSuccessEvent`` carrying the XComs ``execute_complete`` would
+push: no worker round trip at a segment boundary. Anything else (and any error while accounting) goes
+back to the worker as before.
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from airflow_spot.backends.base import InstanceInfo, InstanceState, TerminationReason
 from airflow_spot.storage.protocol import AttemptStatus, Heartbeat, JobLayout, Outcome
@@ -90,6 +96,9 @@ class SegmentTrigger(BaseTrigger):
     :param startup_timeout: seconds to wait for the first heartbeat (instance boot + command start).
     :param heartbeat_timeout: seconds of heartbeat silence after which the attempt is lost.
     :param max_attempt_seconds: hard bound on the whole attempt.
+    :param end_from_trigger: end the task here when the attempt completed (see the module doc).
+    :param segment_index: the segment's index (for the summary when ending here).
+    :param end_step: the segment's end; ending here needs a checkpoint at or past it.
     """
 
     def __init__(
@@ -106,6 +115,9 @@ class SegmentTrigger(BaseTrigger):
         startup_timeout: float = 900.0,
         heartbeat_timeout: float = 300.0,
         max_attempt_seconds: float = 7 * 24 * 3600.0,
+        end_from_trigger: bool = False,
+        segment_index: int = 0,
+        end_step: int | None = None,
     ) -> None:
         super().__init__()
         self.job_uri = job_uri
@@ -119,6 +131,9 @@ class SegmentTrigger(BaseTrigger):
         self.startup_timeout = float(startup_timeout)
         self.heartbeat_timeout = float(heartbeat_timeout)
         self.max_attempt_seconds = float(max_attempt_seconds)
+        self.end_from_trigger = bool(end_from_trigger)
+        self.segment_index = int(segment_index)
+        self.end_step = None if end_step is None else int(end_step)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -135,6 +150,9 @@ class SegmentTrigger(BaseTrigger):
                 "startup_timeout": self.startup_timeout,
                 "heartbeat_timeout": self.heartbeat_timeout,
                 "max_attempt_seconds": self.max_attempt_seconds,
+                "end_from_trigger": self.end_from_trigger,
+                "segment_index": self.segment_index,
+                "end_step": self.end_step,
             },
         )
 
@@ -178,7 +196,32 @@ class SegmentTrigger(BaseTrigger):
             await asyncio.sleep(self.poll_interval)
         if verdict is None or obs is None:
             verdict = (Outcome.LOST, f"gave up after max_attempt_seconds={self.max_attempt_seconds:.0f}")
-        yield TriggerEvent(self._event(verdict[0], verdict[1], obs))
+        event = self._event(verdict[0], verdict[1], obs)
+        summary = await self._complete_here(store, event)
+        if summary is not None:
+            yield TaskSuccessEvent(xcoms={"attempt": summary, "return_value": summary})
+            return
+        yield TriggerEvent(event)
+
+    async def _complete_here(self, store, event: dict[str, Any]) -> dict[str, Any] | None:
+        """Account for a completed attempt here; None sends the event to the worker instead."""
+        if not self.end_from_trigger or self.end_step is None or event["status"] != Outcome.COMPLETED.value:
+            return None
+        from airflow_spot.triggers.completion import complete_attempt
+
+        try:
+            summary = await asyncio.to_thread(
+                complete_attempt, store, self.attempt_id, event,
+                segment_index=self.segment_index, end_step=self.end_step, now=time.time(),
+            )
+        except Exception as exc:  # noqa: BLE001 - the worker's execute_complete does it again
+            self.log.warning("attempt %s: accounting in the triggerer failed (%s); resuming on a worker",
+                             self.attempt_id, exc)
+            return None
+        if summary is not None:
+            self.log.info("attempt %s ended: completed (%s); ending the task from the trigger; %s",
+                          self.attempt_id, event["message"], summary)
+        return summary
 
     def _classify(self, obs: Observation) -> tuple[Outcome, str] | None:
         verdict = classify(

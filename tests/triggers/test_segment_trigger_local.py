@@ -118,3 +118,46 @@ def test_on_kill_terminates_the_instance(job):
     from airflow_spot.backends.local_state import group_alive
 
     assert not group_alive(backend.record(info.instance_id).pgid)
+
+
+def first_event_object(trigger: SegmentTrigger, timeout: float = 60):
+    async def go():
+        async for event in trigger.run():
+            return event
+
+    return asyncio.run(asyncio.wait_for(go(), timeout))
+
+
+def write_launch(trigger: SegmentTrigger, instance_id: str) -> None:
+    from airflow_spot.operators.attempt_record import AttemptLaunch
+
+    AttemptLaunch(
+        attempt_id=trigger.attempt_id, segment_index=0, start_step=0, end_step=20, instance_id=instance_id,
+        offer=OFFER.to_dict(), requested_at=trigger.requested_at, billed_from=trigger.requested_at,
+        reused_instance=False, try_number=1, task_id="seg", resume_step=0,
+    ).write(open_store(trigger.job_uri))
+
+
+@pytest.mark.parametrize("end_step, ends_here", [(20, True), (25, False)])
+def test_completed_attempt_ends_the_task_from_the_trigger(job, end_step, ends_here):
+    """A completed attempt whose checkpoint reached the end is accounted for in the trigger, which ends the
+    task (TaskSuccessEvent with the XComs execute_complete would push); short of the end, the worker decides."""
+    from airflow.triggers.base import TaskSuccessEvent
+
+    from airflow_spot.storage.ledger_store import LedgerStore
+
+    _, start = job
+    info, trigger = start([sys.executable, SCRIPT, "--step-seconds", "0.01"])
+    trigger.end_from_trigger, trigger.end_step = True, end_step
+    write_launch(trigger, info.instance_id)
+    event = first_event_object(trigger)
+    rows = LedgerStore(open_store(trigger.job_uri)).rows()
+    if ends_here:
+        assert isinstance(event, TaskSuccessEvent)
+        summary = event.xcoms["attempt"]
+        assert event.xcoms["return_value"] == summary
+        assert summary["outcome"] == "completed" and summary["latest_step"] == 20 and summary["steps_done"] == 20
+        assert [r.attempt_id for r in rows] == [trigger.attempt_id]
+    else:
+        assert not isinstance(event, TaskSuccessEvent) and event.payload["status"] == "completed"
+        assert rows == []
