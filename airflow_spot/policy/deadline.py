@@ -218,7 +218,8 @@ def slack_budget(state: DeadlineState, obs: Observation, now: float, params: Dea
 
     * ``S <= F``: on-demand to the end (the floor keeps one restart for a preempted spot instance);
     * on spot and its pool still up: stay (progress at full speed, cheaply);
-    * spot available, job idle: take it if ``S - r >= F`` (the start leaves a restart for a preemption);
+    * spot available, job idle: take it if ``S - r >= F`` (the start leaves a restart for a preemption),
+      else on-demand;
     * spot available, job on on-demand: switch only if ``S - r - F >= spot_reserve_per_work * W`` (the
       switch's restart plus the restarts of future preemptions are paid for) and the pool has been up
       ``min_spot_up_seconds`` (``spot_up_seconds``; a fresh pool is likely to go again before the
@@ -253,8 +254,11 @@ def slack_budget(state: DeadlineState, obs: Observation, now: float, params: Dea
             why = f"on-demand until a pool has been up {wanted:.0f}s (best {age:.0f}s)"
             return Decision(Market.ON_DEMAND.value, why, state)
         return Decision(Market.SPOT.value, f"back to spot: {spare:+.0f}s spare slack, pool up {age}s", state)
-    if obs.spot_available and left - r >= floor:
-        return Decision(Market.SPOT.value, f"spot available, slack {left:.0f}s", state)
+    if obs.spot_available:
+        if left - r >= floor:
+            return Decision(Market.SPOT.value, f"spot available, slack {left:.0f}s", state)
+        # waiting cannot make spot affordable again: slack only shrinks
+        return Decision(Market.ON_DEMAND.value, f"spot unaffordable: slack {left:.0f}s < floor + restart", state)
     if running is Market.ON_DEMAND:
         return Decision(Market.ON_DEMAND.value, "no spot: stay on on-demand", state)
     spare = left - floor - params.wait_reserve_per_work * work_left

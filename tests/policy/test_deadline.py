@@ -166,6 +166,8 @@ def test_slack_budget_floor_keeps_a_restart_for_a_preempted_spot_instance():
     # idle: starting spot needs floor + its own restart (0.5 h); else on-demand
     assert sb(at_slack(0.51, 10), 20 * H).market == "spot"
     assert sb(at_slack(0.49, 10), 20 * H).market == "on-demand"
+    # nearly done, with waiting budget left but spot unaffordable: on-demand now, not a pointless wait
+    assert sb(at_slack(0.45, 0.5), 20 * H).market == "on-demand"
     # at the floor: on-demand to the end, latched
     d = sb(at_slack(0.3, 10, running="spot"), 20 * H)
     assert d.market == "on-demand" and d.state.committed
