@@ -265,3 +265,34 @@ def test_answer_wait_is_bounded_and_stops_on_request(tmp_path):
     ch.answer("a", {"action": "exit"})
     assert ch.wait_answer("a", 30, lambda: False) == {"action": "exit"}
     assert json.loads((tmp_path / "answer-a.json").read_text()) == {"action": "exit"}
+
+
+FAKE_SESSION = """
+import os, sys
+from airflow_spot.training.handoff import HandoffDir
+attempt = os.environ["SPOT_ATTEMPT_ID"]
+open(sys.argv[1], "a").write(f"{attempt} {os.getpid()}\\n")
+if os.environ.get("SPOT_HANDOFF_DIR"):
+    channel = HandoffDir(os.environ["SPOT_HANDOFF_DIR"])
+    channel.write_done(attempt, int(os.environ["SPOT_END_STEP"]))
+    channel.wait_answer(attempt, 30, lambda: False)
+# never acknowledges a hand-over: the process is gone before it takes the next segment
+"""
+
+
+def test_a_process_that_ends_instead_of_taking_the_segment_is_replaced(warm_agent, tmp_path):
+    from airflow_spot.storage.checkpoint import CheckpointStore
+
+    a = warm_agent()
+    CheckpointStore(open_store(a.job_uri).child("checkpoints"), writer="earlier").save(20, lambda f: f.write(b"s"))
+    marks = tmp_path / "marks.txt"
+    command = [sys.executable, "-c", FAKE_SESSION, str(marks)]
+    a.submit("s0", 10, 20, command=command, total_steps=100, env={})
+    assert a.status("s0").outcome == "completed"
+    a.submit("s1", 20, 30, command=command, total_steps=100, env={})  # compatible: handed over, never taken
+    st = a.status("s1")
+    assert st.outcome == "completed", st.error_tail
+    wait_for(lambda: len(marks.read_text().split("\n")) > 2, 10, "the second process's mark")
+    runs = [line.split() for line in marks.read_text().splitlines()]
+    assert [r[0] for r in runs] == ["s0", "s1"] and runs[0][1] != runs[1][1]
+    assert "did not take the segment" in a.agent_log()
