@@ -12,6 +12,7 @@ Measures, side by side in one run on the same state:
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -53,7 +54,7 @@ def bench_two_phase(mb: int, repeats: int) -> dict:
         first_stall = timed(lambda: spot._save("periodic", wait=False))  # cold buffers
         spot.writer.wait()
         sync, stall, bg = [], [], []
-        for i in range(repeats):
+        for _ in range(repeats):
             spot.step += 1
             with torch.no_grad():
                 model.ps[0].add_(1.0)
@@ -94,12 +95,14 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
 
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (the machine may be shared)")
     r = bench_two_phase(args.mb, args.repeats)
     print(f"state {args.mb} MB, file:// on local disk, median of {args.repeats}")
     print(f"  synchronous save (training waits for all of it)  {r['sync']:7.3f} s   1.000")
     print(f"  two-phase: training stall (warm buffers)         {r['stall']:7.3f} s   {r['stall']/r['sync']:.3f}"
           "   target <= 0.10")
-    print(f"  two-phase: first stall (buffers allocated)       {r['stall_first']:7.3f} s   {r['stall_first']/r['sync']:.3f}")
+    print(f"  two-phase: first stall (buffers allocated)       {r['stall_first']:7.3f} s   "
+          f"{r['stall_first']/r['sync']:.3f}")
     print(f"  two-phase: stall + background write              {r['background_total']:7.3f} s   "
           f"{r['background_total']/r['sync']:.3f}")
 
@@ -107,8 +110,6 @@ def main() -> int:
         t_file = bench_emergency(d, args.emergency_mb)
     with moto_server_process() as endpoint:
         create_bucket(endpoint, "bench")
-        import os
-
         os.environ["AWS_ENDPOINT_URL_S3"] = endpoint
         t_s3 = bench_emergency("s3://bench/emergency", args.emergency_mb)
     print(f"emergency save of {args.emergency_mb} MB (notice -> committed)")

@@ -1,6 +1,6 @@
 """Checkpoint store throughput on s3:// (moto's server on 127.0.0.1) against boto3's own transfer manager.
 
-Side by side, same bytes, same endpoint, interleaved repetitions:
+Side by side, same bytes, same endpoint, interleaved repetitions (who goes first alternates, for reads and writes):
   write: CheckpointStore.save (serialise to a spool file with an inline sha256, managed upload, manifest)
          vs boto3 ``upload_file`` of the same bytes already in a file, tuned TransferConfig;
   read:  CheckpointStore.restore_latest (managed download, sha256 verify, read) vs boto3 ``download_file``.
@@ -48,12 +48,12 @@ def main() -> int:
                 f.write(view[off : off + piece])
 
         for i in range(args.repeats):
-            def ours():
+            def ours(i=i):
                 t = time.perf_counter()
                 ckpts.save(i, write_like_torch_save)
                 w_ours.append(time.perf_counter() - t)
 
-            def boto():
+            def boto(i=i):
                 t = time.perf_counter()
                 client.upload_file(src, "bench", f"baseline/{i}.bin", Config=cfg)
                 w_boto.append(time.perf_counter() - t)
@@ -61,25 +61,35 @@ def main() -> int:
             for fn in (ours, boto) if i % 2 else (boto, ours):  # alternate who goes first
                 fn()
 
-            t = time.perf_counter()
-            client.download_file("bench", f"baseline/{i}.bin", dst, Config=cfg)
-            r_boto.append(time.perf_counter() - t)
+            def read_ours():
+                t = time.perf_counter()
+                ckpts.restore_latest(lambda path: os.path.getsize(path))
+                r_ours.append(time.perf_counter() - t)
 
-            t = time.perf_counter()
-            ckpts.restore_latest(lambda path: os.path.getsize(path))
-            r_ours.append(time.perf_counter() - t)
+            def read_boto(i=i):
+                t = time.perf_counter()
+                client.download_file("bench", f"baseline/{i}.bin", dst, Config=cfg)
+                r_boto.append(time.perf_counter() - t)
+
+            for fn in (read_ours, read_boto) if i % 2 else (read_boto, read_ours):
+                fn()
             client.delete_object(Bucket="bench", Key=f"baseline/{i}.bin")
             ckpts.prune(keep=1)
 
-    def mbps(ts):
-        return args.mb / statistics.median(ts)
+    def mbps(ts, pick=statistics.median):
+        return args.mb / pick(ts)
 
-    print(f"{args.mb} MB, moto server on 127.0.0.1, median of {args.repeats}, chunk "
-          f"{cfg.multipart_chunksize >> 20} MB x {cfg.max_concurrency} threads")
-    print(f"  write  boto3 upload_file        {mbps(w_boto):7.1f} MB/s")
-    print(f"  write  CheckpointStore.save     {mbps(w_ours):7.1f} MB/s   ratio {mbps(w_ours)/mbps(w_boto):.2f}  target >= 0.90")
-    print(f"  read   boto3 download_file      {mbps(r_boto):7.1f} MB/s")
-    print(f"  read   restore_latest (+sha256) {mbps(r_ours):7.1f} MB/s   ratio {mbps(r_ours)/mbps(r_boto):.2f}  target >= 0.90")
+    # The median is what a save usually gets; the best run is the least disturbed by other work on a
+    # shared 2-core machine, where moto's server and the client compete for the same CPUs.
+    print(f"load average {os.getloadavg()[0]:.1f} (2 cores: moto's server competes with the client for CPU)")
+    print(f"{args.mb} MB, moto server on 127.0.0.1, {args.repeats} runs each, chunk "
+          f"{cfg.multipart_chunksize >> 20} MB x {cfg.max_concurrency} threads; MB/s median (best)")
+    rows = (("write", "boto3 upload_file       ", w_boto, "CheckpointStore.save    ", w_ours),
+            ("read ", "boto3 download_file     ", r_boto, "restore_latest (+sha256)", r_ours))
+    for kind, base_name, base, ours_name, ours in rows:
+        print(f"  {kind}  {base_name} {mbps(base):7.1f} ({mbps(base, min):6.1f})")
+        print(f"  {kind}  {ours_name} {mbps(ours):7.1f} ({mbps(ours, min):6.1f})   ratio "
+              f"{mbps(ours) / mbps(base):.2f} ({mbps(ours, min) / mbps(base, min):.2f})  target >= 0.90")
     return 0
 
 
