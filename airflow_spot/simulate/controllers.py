@@ -7,6 +7,10 @@
   :func:`airflow_spot.policy.offer_ranking.choose_offer` picks the pool by cost per step, which for equal
   prices is the pool up the longest; the checkpoint interval is the lead's Daly policy on the pool's
   estimated MTBF; emergency saves on a notice.
+* ``ours-observed`` — ``ours`` seeing only what a real job can: each pool's age is
+  :func:`airflow_spot.policy.pool_age.observed_pool_age` from the job's own preemptions (its ledger), not
+  the traces' up-since, and the ranking's cool-down uses the same preemptions. Which pools can be
+  launched now stays the replay's assumption (a real job finds out by trying).
 * ``slack-reserve`` — the previous ``ours``: Uniform Progress measured in slack (0.06 s kept per second
   of work left), leaving on-demand only for pools up an hour.
 * ``up-any-zone`` — "any zone up, else on-demand when behind the line": the same Uniform Progress
@@ -25,6 +29,7 @@ from airflow_spot.policy.checkpoint_interval import IntervalInputs, checkpoint_i
 from airflow_spot.policy.deadline import WAIT, DeadlineParams, DeadlineState, Observation, decide
 from airflow_spot.policy.offer_ranking import RankingParams, choose_offer, in_cooldown
 from airflow_spot.policy.offers import Market
+from airflow_spot.policy.pool_age import observed_spot_up_seconds
 from airflow_spot.policy.registry import PolicyRegistry
 from airflow_spot.simulate.engine import HOUR, View
 
@@ -78,12 +83,20 @@ class DeadlineController:
     #: leaving on-demand only for pools out of their cool-down is decided here (True) or by the deadline
     #: policy from ``spot_up_seconds`` (False)
     settle_from_on_demand: bool = True
+    #: pool ages and the cool-down from the job's own preemptions only (what the operators can know),
+    #: instead of the traces' up-since times
+    observed_ages: bool = False
+    #: with ``observed_ages``: also count capacity errors, modelled as every pool down at a tick when the
+    #: job is idle (a real job without an instance tries to launch in each spot pool and is refused)
+    observe_capacity_errors: bool = False
+    #: pool -> last (modelled) capacity error seen by this job
+    refused: dict[str, float] = field(default_factory=dict)
     state: DeadlineState = field(default_factory=DeadlineState)
     #: the last time a usable spot pool was seen (for how long an outage has lasted)
     spot_seen_at: float | None = None
 
     def reset(self) -> "DeadlineController":
-        return replace(self, state=DeadlineState(), spot_seen_at=None)
+        return replace(self, state=DeadlineState(), spot_seen_at=None, refused={})
 
     def _params(self, view: View) -> DeadlineParams:
         r = view.spec.restart_overhead_hours * HOUR
@@ -104,7 +117,15 @@ class DeadlineController:
     def decide(self, view: View) -> tuple[str, int] | None:
         candidates = self._candidates(view)
         rp = self._ranking(view)
-        settled = [i for i in candidates if not in_cooldown(view.pools[i].offer, view.now, view.up_since, rp.cooldown_seconds)]
+        # pool -> when it was last seen to lose capacity: the traces, or only this job's own preemptions
+        seen = view.our_preemptions if self.observed_ages else view.up_since
+        if self.observed_ages and self.observe_capacity_errors:
+            if view.running is None:
+                for i, p in enumerate(view.pools):
+                    if not view.up[i]:
+                        self.refused[p.name] = view.now
+            seen = {**seen, **{k: max(t, seen.get(k, t)) for k, t in self.refused.items()}}
+        settled = [i for i in candidates if not in_cooldown(view.pools[i].offer, view.now, seen, rp.cooldown_seconds)]
         on_spot = view.running is not None and view.running[0] == "spot"
         # leaving on-demand for a pool that just came back is the costliest mistake: wait until it settles
         if self.settle_from_on_demand and view.running is not None and not on_spot:
@@ -115,7 +136,11 @@ class DeadlineController:
             self.spot_seen_at = view.now
         # an outage seen from the job's start counts from the start (the past before it is not tracked)
         gone = None if usable else view.now - (self.spot_seen_at if self.spot_seen_at is not None else 0.0)
-        obs = _observation(view, bool(usable), _up_for(view, usable), gone)
+        if self.observed_ages:  # the job started at 0 on the simulated clock
+            age = observed_spot_up_seconds((view.pools[i].name for i in usable), seen, view.now, 0.0)
+        else:
+            age = _up_for(view, usable)
+        obs = _observation(view, bool(usable), age, gone)
         d = decide(self.state, obs, view.now, self._params(view), self.deadline_policy)
         self.state = d.state
         if d.market == WAIT:
@@ -127,7 +152,7 @@ class DeadlineController:
         if not self.ranking:
             return ("spot", usable[0])
         best = choose_offer([view.pools[i].offer for i in usable], now=view.now,
-                            recent_preemptions=view.up_since, params=rp)
+                            recent_preemptions=seen, params=rp)
         return ("spot", next(i for i in usable if view.pools[i].offer is best))
 
     def checkpoint_interval(self, view: View) -> float:
@@ -146,6 +171,20 @@ def ours() -> DeadlineController:
     # the cool-down only orders the pools (longest up first); leaving on-demand is the policy's call
     return DeadlineController("ours", deadline_policy="slack-budget", cooldown_hours=1.0,
                               settle_from_on_demand=False)
+
+
+@controllers.register("ours-observed")
+def ours_observed() -> DeadlineController:
+    # the same rule and constants as ours; only the pools' ages come from the job's own ledger
+    return DeadlineController("ours-observed", deadline_policy="slack-budget", cooldown_hours=1.0,
+                              settle_from_on_demand=False, observed_ages=True)
+
+
+@controllers.register("ours-observed-errors")
+def ours_observed_errors() -> DeadlineController:
+    # ours-observed plus the capacity errors an idle job would meet (the operators do not record them yet)
+    return DeadlineController("ours-observed-errors", deadline_policy="slack-budget", cooldown_hours=1.0,
+                              settle_from_on_demand=False, observed_ages=True, observe_capacity_errors=True)
 
 
 @controllers.register("slack-reserve")

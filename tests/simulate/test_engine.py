@@ -106,3 +106,25 @@ def test_ours_waits_its_budget_then_leaves_on_demand_only_for_a_settled_pool():
     assert od.market == "on-demand" and od.started_at == 49 * 60
     # the flap at 80-90 and the pool's first 45 min from minute 100 are not worth leaving on-demand for
     assert spot2.market == "spot" and spot2.started_at == (100 + 45) * 60
+
+
+def test_ours_observed_knows_only_its_own_preemptions():
+    # the trace of the test above; ours-observed sees the pool fail at minute 20 (its preemption) and
+    # nothing while it runs on-demand, so at minute 88 it counts the pool 68 min old and leaves on-demand
+    # into the 80-90 flap, which ours (true age: 8 min) does not
+    spec = JobSpec(work_hours=3, deadline_hours=4, save_cost_seconds=0.0, restart_overhead_hours=0.1)
+    trace = [1] * 20 + [0] * 60 + [1] * 10 + [0] * 10 + [1] * 200
+    r = simulate(spec, [pool("us-west-2b", trace)], ON_DEMAND, controllers.get("ours-observed")(), max_hours=5.0)
+    assert r.deadline_met
+    spot1, od, spot2 = r.rows[:3]
+    assert (spot1.outcome, spot1.ended_at) == ("preempted", 20 * 60)
+    assert od.market == "on-demand" and od.started_at == 49 * 60
+    # on-demand from 49 (6 min restart): at minute t, 221 - t min of work left and 19 min of slack; the
+    # switch needs 19 - 6 - 9 >= 0.03 * (221 - t), first true at t = 88
+    assert (spot2.market, spot2.started_at, spot2.outcome, spot2.ended_at) == ("spot", 88 * 60, "preempted", 90 * 60)
+
+
+def test_observed_controllers_reset_their_capacity_errors():
+    c = controllers.get("ours-observed-errors")()
+    c.refused["x@us-west-2b"] = 5.0
+    assert c.reset().refused == {}
