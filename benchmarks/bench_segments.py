@@ -22,7 +22,7 @@ starting segment k+1's ``execute``), the agent's pick-up and hand-over, and the 
 job with ``warm_process=False`` (a new process per segment, as before) is measured on the same stack for
 comparison. Figures depend on the machine's load; the load average is printed.
 
-Run: ``python benchmarks/bench_segments.py`` (about 6-8 minutes on 2 cores); the table is printed and
+Run: ``python benchmarks/bench_segments.py`` (about 9-10 minutes on 2 cores); the table is printed and
 written to ``benchmarks/results/segments.txt``.
 """
 from __future__ import annotations
@@ -279,7 +279,7 @@ def tuned_boundary(root: Path) -> str:
     settings = ", ".join(f"{k}={v}" for k, v in TUNING.items())
     lines = [f"(i)   with {settings}: {fmt(boundary['gaps'])}"]
     for key in boundary["parts"][0] if boundary["parts"] else ():
-        lines.append(f"        {key:<38} {statistics.median(p[key] for p in boundary['parts']):6.2f} s")
+        lines.append(f"        {key:<52} {statistics.median(p[key] for p in boundary['parts']):6.2f} s")
     return "\n".join(lines)
 
 
@@ -300,7 +300,7 @@ def report(boundary: dict, boundary_cold: dict, recovery: dict, goodput: dict, g
             return []
         out = [title]
         for key in parts[0]:
-            out.append(f"        {key:<38} {statistics.median(p[key] for p in parts):6.2f} s")
+            out.append(f"        {key:<52} {statistics.median(p[key] for p in parts):6.2f} s")
         return out
 
     b = statistics.median(boundary["gaps"]) if boundary["gaps"] else None
@@ -324,10 +324,10 @@ def report(boundary: dict, boundary_cold: dict, recovery: dict, goodput: dict, g
         row("(i) boundary on a warm instance, last step k -> first k+1", seconds(b), "<= 3 s", ok(b, 3)),
         row("      same, warm_process=False (new process per segment)", seconds(bc), "", ok(bc, 3)),
         row("(ii) recovery: SIGKILL -> first resumed step", seconds(r), "<= 10 s", ok(r, 10)),
-        row(f"(iii) goodput / DAG run wall, {demo}", f"{g:.2f}", ">= 0.9", ok(g, 0.9, True)),
-        row("      same job, useful / training span", f"{gt:.2f}", ">= 0.9", ok(gt, 0.9, True)),
-        row(f"      small job ({small}) / DAG run wall", f"{gs:.2f}", "", ok(gs, 0.9, True)),
-        row("      small job, useful / training span", f"{gst:.2f}", "", ok(gst, 0.9, True)),
+        row("(iii) goodput at demo scale, useful / DAG run wall", f"{g:.3f}", ">= 0.9", ok(g, 0.9, True)),
+        row("      same job, useful / training span", f"{gt:.3f}", ">= 0.9", ok(gt, 0.9, True)),
+        row("      small job, useful / DAG run wall", f"{gs:.3f}", "", ok(gs, 0.9, True)),
+        row("      small job, useful / training span", f"{gst:.3f}", "", ok(gst, 0.9, True)),
         "",
         f"(i)   {len(boundary['gaps'])} boundaries of a {BOUNDARY['total_steps']}-step job in "
         f"{boundary['segments']} segments, {boundary['processes']} training process(es): {fmt(boundary['gaps'])}",
@@ -341,7 +341,8 @@ def report(boundary: dict, boundary_cold: dict, recovery: dict, goodput: dict, g
     lines += breakdown("(ii)  where a recovery's time goes (median over preemptions):", recovery["parts"])
     lines += breakdown("(i)   where a warm boundary's time goes (median over boundaries):", boundary["parts"])
     lines += breakdown("(i)   where a warm_process=False boundary's time goes:", boundary_cold["parts"])
-    for name, spec, d in (("demo scale", GOODPUT, goodput), ("small", GOODPUT_SMALL, goodput_small)):
+    for name, spec, d in ((f"demo scale ({demo})", GOODPUT, goodput), (f"small ({small})", GOODPUT_SMALL,
+                                                                         goodput_small)):
         lines.append(
             f"(iii) {name}: useful {d['useful']:.1f} s, executed {d['executed']:.1f} s, training span "
             f"{d['training_wall']:.1f} s, DAG run wall {d['wall']:.1f} s, {d['preemptions']} preemptions in "
