@@ -157,10 +157,10 @@ def load_traces(paths: list[str | Path] | str | Path) -> list[SpotTrace]:
     return traces
 
 
-def default_traces_dir(project_root: Path | None = None) -> Path:
-    """``../shared/data/spot-traces`` next to the project checkout (the data shipped beside this repo)."""
-    root = project_root or Path(__file__).resolve().parents[2]
-    return (root / ".." / "shared" / "data" / "spot-traces").resolve()
+def default_traces_dir() -> Path:
+    """The spot traces bundled with the package (a copy of ``../shared/data/spot-traces``, see
+    ``market/data/README.md``), so ``airflow-spot simulate`` replays real traces wherever it is installed."""
+    return Path(__file__).resolve().parent / "data" / "spot-traces"
 
 
 PREEMPTION_TRACES_SUBDIR = Path("preemption") / "1-node" / "aws-04-22-2023"

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restart-overhead-hours", type=float, default=0.2, help="paid time without progress per new instance")
     p.add_argument("--notice-seconds", type=float, default=120.0, help="preemption notice window")
     p.add_argument("--traces", default=None,
-                   help="trace files or directories (default: ../shared/data/spot-traces/preemption/... of the project)")
+                   help="trace files or directories (default: the bundled AWS V100 preemption traces, 4 zones)")
     p.add_argument("--zones", default=None, help="comma-separated zones to keep (e.g. us-west-2b,us-west-2c)")
     p.add_argument("--spot-price", type=float, default=None, help="$/h of every spot pool (default: the catalog)")
     p.add_argument("--on-demand-price", type=float, default=None, help="$/h on-demand (default: the catalog)")

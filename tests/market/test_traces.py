@@ -79,3 +79,15 @@ def test_real_preemption_traces_match_the_data_readme():
         assert t.gap_seconds == 32 and len(t.values) == 19961
         assert 2.95 * 3600 <= t.mtbf_seconds() <= 4.35 * 3600  # README: 3.0-4.3 h (rounded)
         assert 0.31 <= t.up_fraction() <= 0.80
+
+
+@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason=f"shared spot traces not found at {SHARED_TRACES}")
+def test_bundled_traces_are_the_shared_ones_and_load():
+    from airflow_spot.market.traces import PREEMPTION_TRACES_SUBDIR, default_traces_dir
+
+    bundled = default_traces_dir()
+    shared = sorted(p.relative_to(SHARED_TRACES) for p in SHARED_TRACES.rglob("*.json"))
+    assert sorted(p.relative_to(bundled) for p in bundled.rglob("*.json")) == shared
+    assert all((bundled / rel).read_bytes() == (SHARED_TRACES / rel).read_bytes() for rel in shared)
+    zones = sorted(t.zone for t in load_traces(bundled / PREEMPTION_TRACES_SUBDIR))
+    assert zones == ["us-east-1c", "us-east-1f", "us-west-2b", "us-west-2c"]
