@@ -66,7 +66,8 @@ def main() -> None:
         print(f"\n== four zones, {len(offs)} hourly start offsets, {deadline} h deadline (ratio to on-demand)")
         print(format_distributions(dists))
         for d in dists:
-            if d.policy in ("ours", "ours-observed", "ours-observed-errors", "slack-reserve", "hindsight"):
+            if d.policy in ("ours", "ours-observed", "ours-observed-errors", "ours-observed-probe", "slack-reserve",
+                            "hindsight"):
                 print(f"{d.policy}: mean over the even offsets {d.mean_over(0):.3f}, "
                       f"over the odd offsets {d.mean_over(1):.3f}")
         out[f"four zones offsets {deadline}h"] = {d.policy: d.to_dict() for d in dists}

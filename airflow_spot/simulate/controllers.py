@@ -91,12 +91,45 @@ class DeadlineController:
     observe_capacity_errors: bool = False
     #: pool -> last (modelled) capacity error seen by this job
     refused: dict[str, float] = field(default_factory=dict)
+    #: with capacity errors: on on-demand, decide only at segment boundaries this far apart, and there,
+    #: when the policy would leave for spot, try the spot pools (the down ones refuse: capacity errors)
+    probe_every_seconds: float | None = None
+    #: the last segment boundary on on-demand
+    boundary_at: float | None = None
     state: DeadlineState = field(default_factory=DeadlineState)
     #: the last time a usable spot pool was seen (for how long an outage has lasted)
     spot_seen_at: float | None = None
 
     def reset(self) -> "DeadlineController":
-        return replace(self, state=DeadlineState(), spot_seen_at=None, refused={})
+        return replace(self, state=DeadlineState(), spot_seen_at=None, refused={}, boundary_at=None)
+
+    def _failures(self, view: View) -> dict[str, float]:
+        """Pool -> when it was last seen to lose capacity: the traces, or only this job's own preemptions
+        (and modelled capacity errors)."""
+        if not self.observed_ages:
+            return view.up_since
+        seen = dict(view.our_preemptions)
+        for pool, at in self.refused.items():
+            seen[pool] = max(at, seen.get(pool, at))
+        return seen
+
+    def _probe(self, view: View) -> bool:
+        """On on-demand with ``probe_every_seconds``: False between segment boundaries (keep running);
+        at a boundary, record the capacity errors of trying spot if the policy would leave for it."""
+        if view.running is None or view.running[0] != "on-demand":
+            self.boundary_at = view.now
+            return True
+        if self.boundary_at is not None and view.now - self.boundary_at < self.probe_every_seconds:
+            return False
+        self.boundary_at = view.now
+        # the job cannot tell which pools are up before it tries: ask the policy as if spot were there
+        age = observed_spot_up_seconds((p.name for p in view.pools), self._failures(view), view.now, 0.0)
+        d = decide(self.state, _observation(view, True, age), view.now, self._params(view), self.deadline_policy)
+        if d.market == Market.SPOT.value:
+            for i, p in enumerate(view.pools):
+                if not view.up[i]:
+                    self.refused[p.name] = view.now
+        return True
 
     def _params(self, view: View) -> DeadlineParams:
         r = view.spec.restart_overhead_hours * HOUR
@@ -117,14 +150,14 @@ class DeadlineController:
     def decide(self, view: View) -> tuple[str, int] | None:
         candidates = self._candidates(view)
         rp = self._ranking(view)
-        # pool -> when it was last seen to lose capacity: the traces, or only this job's own preemptions
-        seen = view.our_preemptions if self.observed_ages else view.up_since
         if self.observed_ages and self.observe_capacity_errors:
-            if view.running is None:
+            if self.probe_every_seconds is not None and not self._probe(view):
+                return view.running  # on on-demand between segment boundaries
+            if view.running is None:  # an idle job tries every pool; the down ones refuse
                 for i, p in enumerate(view.pools):
                     if not view.up[i]:
                         self.refused[p.name] = view.now
-            seen = {**seen, **{k: max(t, seen.get(k, t)) for k, t in self.refused.items()}}
+        seen = self._failures(view)
         settled = [i for i in candidates if not in_cooldown(view.pools[i].offer, view.now, seen, rp.cooldown_seconds)]
         on_spot = view.running is not None and view.running[0] == "spot"
         # leaving on-demand for a pool that just came back is the costliest mistake: wait until it settles
@@ -185,6 +218,16 @@ def ours_observed_errors() -> DeadlineController:
     # ours-observed plus the capacity errors an idle job would meet (the operators do not record them yet)
     return DeadlineController("ours-observed-errors", deadline_policy="slack-budget", cooldown_hours=1.0,
                               settle_from_on_demand=False, observed_ages=True, observe_capacity_errors=True)
+
+
+@controllers.register("ours-observed-probe")
+def ours_observed_probe() -> DeadlineController:
+    # ours-observed-errors, and on on-demand an hourly segment boundary (the on-demand checkpoint interval)
+    # at which the job tries spot when the policy would leave: what the operators could do if they kept
+    # the warm on-demand instance while trying spot and recorded the capacity errors
+    return DeadlineController("ours-observed-probe", deadline_policy="slack-budget", cooldown_hours=1.0,
+                              settle_from_on_demand=False, observed_ages=True, observe_capacity_errors=True,
+                              probe_every_seconds=HOUR)
 
 
 @controllers.register("slack-reserve")

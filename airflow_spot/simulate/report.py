@@ -124,24 +124,24 @@ def hindsight_distribution(spec, pools, on_demand, offsets, baseline_cost: float
 
 
 def format_table(results: list[SimResult], baseline_cost: float) -> str:
-    head = f"{'policy':<16}{'cost $':>10}{'x on-demand':>13}{'done (h)':>10}{'deadline':>10}{'preempt.':>10}{'lost GPU h':>12}{'spot h':>9}{'od h':>8}"
+    head = f"{'policy':<22}{'cost $':>10}{'x on-demand':>13}{'done (h)':>10}{'deadline':>10}{'preempt.':>10}{'lost GPU h':>12}{'spot h':>9}{'od h':>8}"
     lines = [head, "-" * len(head)]
     for r in results:
         met = "-" if r.deadline_met is None else ("met" if r.deadline_met else "MISSED")
         done = f"{r.completion_hours:.1f}" if r.completion_hours is not None else "unfinished"
         lines.append(
-            f"{r.policy:<16}{r.cost:>10.2f}{r.cost / baseline_cost:>13.3f}{done:>10}{met:>10}{r.preemptions:>10d}"
+            f"{r.policy:<22}{r.cost:>10.2f}{r.cost / baseline_cost:>13.3f}{done:>10}{met:>10}{r.preemptions:>10d}"
             f"{r.lost_gpu_hours:>12.2f}{r.spot_hours:>9.1f}{r.on_demand_hours:>8.1f}"
         )
     return "\n".join(lines)
 
 
 def format_distributions(dists: list[Distribution]) -> str:
-    head = f"{'policy':<16}{'runs':>6}{'mean x':>9}{'p90 x':>9}{'worst x':>9}{'deadline met':>14}{'lost GPU h':>12}{'preempt.':>10}"
+    head = f"{'policy':<22}{'runs':>6}{'mean x':>9}{'p90 x':>9}{'worst x':>9}{'deadline met':>14}{'lost GPU h':>12}{'preempt.':>10}"
     lines = [head, "-" * len(head)]
     for d in dists:
         lines.append(
-            f"{d.policy:<16}{d.runs:>6d}{d.mean_ratio:>9.3f}{d.p90_ratio:>9.3f}{d.worst_ratio:>9.3f}"
+            f"{d.policy:<22}{d.runs:>6d}{d.mean_ratio:>9.3f}{d.p90_ratio:>9.3f}{d.worst_ratio:>9.3f}"
             f"{f'{d.deadline_met}/{d.runs}':>14}{d.mean_lost_gpu_hours:>12.2f}{d.mean_preemptions:>10.1f}"
         )
     return "\n".join(lines)

@@ -128,3 +128,31 @@ def test_observed_controllers_reset_their_capacity_errors():
     c = controllers.get("ours-observed-errors")()
     c.refused["x@us-west-2b"] = 5.0
     assert c.reset().refused == {}
+
+
+def test_ours_observed_probe_leaves_on_demand_only_at_hourly_boundaries():
+    # the same trace: idle from 20 to 49 it is refused by the down pool (last at minute 49, when it starts
+    # on-demand); on on-demand it decides only at boundaries an hour apart, so it misses the 80-90 flap
+    # and leaves at minute 109 (observed age 60 min >= 45 min; the true age is 9 min)
+    spec = JobSpec(work_hours=3, deadline_hours=4, save_cost_seconds=0.0, restart_overhead_hours=0.1)
+    trace = [1] * 20 + [0] * 60 + [1] * 10 + [0] * 10 + [1] * 200
+    r = simulate(spec, [pool("us-west-2b", trace)], ON_DEMAND, controllers.get("ours-observed-probe")(), max_hours=5.0)
+    assert r.deadline_met
+    spot1, od, spot2 = r.rows
+    assert od.market == "on-demand" and od.started_at == 49 * 60 and od.ended_at == 109 * 60
+    assert (spot2.market, spot2.started_at, spot2.outcome) == ("spot", 109 * 60, "completed")
+
+
+def test_a_probe_at_a_boundary_records_the_refusals_of_down_pools():
+    # two pools, a up from minute 100, b never; 60 min of slack: the job waits its budget, starts
+    # on-demand at 33 (both pools refusing it while idle), and at the boundary at 93 (a 60 min old as far
+    # as it saw) tries spot: both refuse, so a is 0 min old again; at 153 a is 60 min old and up: it leaves
+    spec = JobSpec(work_hours=3, deadline_hours=4, save_cost_seconds=0.0, restart_overhead_hours=0.1)
+    c = controllers.get("ours-observed-probe")()
+    r = simulate(spec, [pool("us-west-2a", [0] * 100 + [1] * 200), pool("us-west-2b", [0] * 300)], ON_DEMAND, c,
+                 max_hours=5.0)
+    assert r.deadline_met
+    od, spot = r.rows
+    assert (od.market, od.started_at, od.ended_at) == ("on-demand", 33 * 60, 153 * 60)
+    assert (spot.zone, spot.started_at, spot.outcome) == ("us-west-2a", 153 * 60, "completed")
+    assert c.refused == {"p3.2xlarge@us-west-2a": 93 * 60, "p3.2xlarge@us-west-2b": 153 * 60}
