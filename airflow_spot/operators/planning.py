@@ -56,6 +56,8 @@ def plan(
     :param committed: the deadline policy's state from the previous plan (safety net fired).
     :param spot_up_seconds: how long the best spot pool has been up, if the caller knows (the market does
         not report it yet); with it the deadline policy is ``slack-budget``, without it ``slack-reserve``.
+        Not estimated from ``ledger_rows``: :mod:`airflow_spot.policy.pool_age` can, but simulated it
+        loses to ``slack-reserve`` (``benchmarks/results_simulate.md``, ``ours-observed``).
     """
     from airflow_spot.policy.deadline import DeadlineState, choose_market
     from airflow_spot.policy.offer_ranking import rank_offers

@@ -11,6 +11,10 @@
   :func:`airflow_spot.policy.pool_age.observed_pool_age` from the job's own preemptions (its ledger), not
   the traces' up-since, and the ranking's cool-down uses the same preemptions. Which pools can be
   launched now stays the replay's assumption (a real job finds out by trying).
+* ``ours-observed-errors`` — plus the capacity errors an idle job meets (every pool down while it has
+  no instance refuses it then).
+* ``ours-observed-probe`` — plus, on on-demand, decisions only at boundaries an hour apart where the job
+  tries spot if the policy would leave (the down pools refuse). The operators record neither yet.
 * ``slack-reserve`` — the previous ``ours``: Uniform Progress measured in slack (0.06 s kept per second
   of work left), leaving on-demand only for pools up an hour.
 * ``up-any-zone`` — "any zone up, else on-demand when behind the line": the same Uniform Progress
