@@ -3,29 +3,18 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
 
-import pytest
 
 from airflow_spot.backends.base import InstanceState, LaunchSpec
 from airflow_spot.backends.local import LocalBackend
 from airflow_spot.backends.local_state import group_alive
 from airflow_spot.policy.offers import Market, Offer
 from airflow_spot.storage.protocol import SegmentRequest
+from airflow_spot.testing.polling import wait_for  # noqa: F401 - re-exported for the backend tests
 
 OFFER = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.40, 1.006, "A10G", 1, 24.0)
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05):
-    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def leftover_processes(backend: LocalBackend, timeout: float = 3.0) -> list[str]:

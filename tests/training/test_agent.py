@@ -14,21 +14,11 @@ import pytest
 from airflow_spot.storage.checkpoint import CheckpointStore
 from airflow_spot.storage.object_store import open_store
 from airflow_spot.storage.protocol import AttemptStatus, JobLayout, SegmentRequest
+from airflow_spot.testing.polling import wait_for
 from airflow_spot.training import env as E
 from airflow_spot.training.agent import AGENT_EXIT_FILE, agent_key
 
 INSTANCE = "local-test0001"
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 class AgentProcess:

@@ -18,22 +18,12 @@ import torch
 
 from airflow_spot.storage.object_store import open_store
 from airflow_spot.storage.protocol import PREEMPTED_EXIT_CODE, JobLayout, SegmentRequest
+from airflow_spot.testing.polling import wait_for
 from airflow_spot.training.handoff import HandoffDir, incompatible, wants_handoff
 
 INSTANCE = "local-warm0001"
 TOTAL = 90
 SEGMENTS = [(0, 30), (30, 60), (60, 90)]
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def pid_gone(pid: int) -> bool:
