@@ -32,6 +32,7 @@ import logging
 import os
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -212,7 +213,7 @@ class WarmProcess:
             return self.proc.wait(timeout=30)
 
 
-class WarmAgentMixin:
+class WarmAgentMixin(ABC):
     """The agent's side of warm processes (mixed into :class:`~airflow_spot.training.agent.Agent`, which
     provides ``warm``, ``child``, ``stopping``, ``notice_file``, ``term_grace``, ``handoff_wait``,
     ``_latest_committed_step()`` and ``_handoff_env()``)."""
@@ -224,11 +225,13 @@ class WarmAgentMixin:
     term_grace: float
     handoff_wait: float
 
+    @abstractmethod
     def _latest_committed_step(self) -> int | None:
-        raise NotImplementedError
+        """The job's newest committed checkpoint step (None if none or unreadable)."""
 
+    @abstractmethod
     def _handoff_env(self, request: SegmentRequest, channel: HandoffDir) -> dict[str, str]:
-        raise NotImplementedError
+        """The ``SPOT_*`` values a continued process takes over for ``request``."""
 
     def _take_warm(self, request: SegmentRequest) -> WarmProcess | None:
         """The warm process, if it took ``request`` (then it runs it); else it is told to exit."""
