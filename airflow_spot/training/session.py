@@ -143,11 +143,12 @@ class SpotSession:
         self._lock = threading.Lock()
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
+        self._between_segments = False
         self._last_save_at = time.monotonic()
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_env(cls, *, total_steps: int | None = None, job_uri: str | None = None, **kwargs) -> "SpotSession":
+    def from_env(cls, *, total_steps: int | None = None, job_uri: str | None = None, **kwargs) -> SpotSession:
         """Build the session from the agent's ``SPOT_*`` variables (see ``training/env.py``).
 
         Run by hand without them, the script trains ``total_steps`` steps with checkpoints in ``job_uri``
@@ -185,7 +186,7 @@ class SpotSession:
         opts.update(kwargs)
         return cls(e.get(E.JOB_URI) or job_uri or os.path.abspath("spot-job"), end, **opts)
 
-    def __enter__(self) -> "SpotSession":
+    def __enter__(self) -> SpotSession:
         for src in self.notice_sources:
             src.start(self._on_notice)
         self.mtbf = self._observed_mtbf()
@@ -372,7 +373,11 @@ class SpotSession:
             log.warning("cannot offer this process for the next segment (%s); ending", exc)
             return False
         log.info("segment done at step %d; waiting up to %.0f s for the next segment", self.step, self.handoff_wait)
-        answer = self.handoff.wait_answer(done, self.handoff_wait, lambda: self.notice is not None)
+        self._between_segments = True  # the finished attempt's heartbeat stops: it is not running any more
+        try:
+            answer = self.handoff.wait_answer(done, self.handoff_wait, lambda: self.notice is not None)
+        finally:
+            self._between_segments = False
         if self.notice is not None:
             log.warning("preemption notice between segments (%s): state is committed at step %d; exiting with "
                         "code %d", self.notice, self.step, PREEMPTED_EXIT_CODE)
@@ -455,4 +460,5 @@ class SpotSession:
         # Written every tick, even when the step has not moved: silence is how the trigger spots a
         # lost instance, so a long step must not look like a dead one.
         while not self._hb_stop.wait(self.heartbeat_seconds):
-            self._write_heartbeat()
+            if not self._between_segments:
+                self._write_heartbeat()

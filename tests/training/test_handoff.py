@@ -189,6 +189,11 @@ def test_notice_while_waiting_exits_preempted_and_keeps_the_completed_status(war
     done = a.status("s0")
     assert done.outcome == "completed"
     first = a.pid("s0")
+    # Waiting between segments, the process no longer heartbeats for the attempt it finished (5 ticks).
+    time.sleep(1.0)
+    settled = a.layout.read_heartbeat("s0")
+    time.sleep(1.0)
+    assert a.layout.read_heartbeat("s0") == settled
     a.notice_file.write_text("preemption in 0 s")
     wait_for(lambda: pid_gone(first), 30, "the warm process to exit on the notice")
     wait_for(lambda: f"exited with {PREEMPTED_EXIT_CODE}" in a.agent_log(), 10, "the agent to see the exit")
