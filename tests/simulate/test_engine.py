@@ -92,11 +92,14 @@ def test_bad_job_specs():
         JobSpec(work_hours=0)
 
 
+#: 3 h of work, 4 h deadline (60 min of slack), 6 min restarts; the pool is up 0-20 min, down to 80,
+#: flaps up 80-90, then stays up from minute 100
+FLAP_SPEC = JobSpec(work_hours=3, deadline_hours=4, save_cost_seconds=0.0, restart_overhead_hours=0.1)
+FLAP_TRACE = [1] * 20 + [0] * 60 + [1] * 10 + [0] * 10 + [1] * 200
+
+
 def test_ours_waits_its_budget_then_leaves_on_demand_only_for_a_settled_pool():
-    # 3 h of work, 4 h deadline (60 min of slack), 6 min restarts; the pool is up 0-20 min, down to 80,
-    # flaps up 80-90, then stays up from minute 100
-    spec = JobSpec(work_hours=3, deadline_hours=4, save_cost_seconds=0.0, restart_overhead_hours=0.1)
-    trace = [1] * 20 + [0] * 60 + [1] * 10 + [0] * 10 + [1] * 200
+    spec, trace = FLAP_SPEC, FLAP_TRACE
     r = simulate(spec, [pool("us-west-2b", trace)], ON_DEMAND, controllers.get("ours")(), max_hours=5.0)
     assert r.deadline_met
     spot1, od, spot2 = r.rows
@@ -112,8 +115,7 @@ def test_ours_observed_knows_only_its_own_preemptions():
     # the trace of the test above; ours-observed sees the pool fail at minute 20 (its preemption) and
     # nothing while it runs on-demand, so at minute 88 it counts the pool 68 min old and leaves on-demand
     # into the 80-90 flap, which ours (true age: 8 min) does not
-    spec = JobSpec(work_hours=3, deadline_hours=4, save_cost_seconds=0.0, restart_overhead_hours=0.1)
-    trace = [1] * 20 + [0] * 60 + [1] * 10 + [0] * 10 + [1] * 200
+    spec, trace = FLAP_SPEC, FLAP_TRACE
     r = simulate(spec, [pool("us-west-2b", trace)], ON_DEMAND, controllers.get("ours-observed")(), max_hours=5.0)
     assert r.deadline_met
     spot1, od, spot2 = r.rows[:3]
@@ -134,8 +136,7 @@ def test_ours_observed_probe_leaves_on_demand_only_at_hourly_boundaries():
     # the same trace: idle from 20 to 49 it is refused by the down pool (last at minute 49, when it starts
     # on-demand); on on-demand it decides only at boundaries an hour apart, so it misses the 80-90 flap
     # and leaves at minute 109 (observed age 60 min >= 45 min; the true age is 9 min)
-    spec = JobSpec(work_hours=3, deadline_hours=4, save_cost_seconds=0.0, restart_overhead_hours=0.1)
-    trace = [1] * 20 + [0] * 60 + [1] * 10 + [0] * 10 + [1] * 200
+    spec, trace = FLAP_SPEC, FLAP_TRACE
     r = simulate(spec, [pool("us-west-2b", trace)], ON_DEMAND, controllers.get("ours-observed-probe")(), max_hours=5.0)
     assert r.deadline_met
     spot1, od, spot2 = r.rows
