@@ -13,7 +13,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("airflow_spot.demo", "train a small torch model through injected preemptions under Airflow"),
     "simulate": ("airflow_spot.simulate.command", "replay a job through the policies on real spot traces"),
     "estimate": ("airflow_spot.simulate.estimate_command", "estimate time and cost of a job per offer"),
-    "reap": ("airflow_spot.backends.reap", "find and terminate leftover instances"),
+    "reap": ("airflow_spot.commands.reap", "find and terminate leftover instances"),
+    "offers": ("airflow_spot.commands.offers", "rank the offers a GPU request gets now ($/h, $/step, risk)"),
+    "checkpoints": ("airflow_spot.storage.checkpoints_command", "list, verify or restore a job's checkpoints"),
 }
 
 

@@ -27,5 +27,5 @@ def get_provider_info() -> dict:
             {"integration-name": "Spot Training", "python-modules": ["airflow_spot.triggers.segment"]}
         ],
         "hooks": [{"integration-name": "Spot Training", "python-modules": ["airflow_spot.hooks.spot"]}],
-        "extra-links": ["airflow_spot.links.attempt.SpotAttemptLink"],
+        "extra-links": ["airflow_spot.links.attempt.SpotAttemptLink", "airflow_spot.links.attempt.SpotJobLink"],
     }

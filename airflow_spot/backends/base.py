@@ -1,17 +1,25 @@
 """The backend interface: launch, describe, terminate and list instances.
 
-A backend is built from plain JSON kwargs (``get_backend(name, **kwargs)``) so the operator, the trigger
-(in another process, after a restart) and ``airflow-spot reap`` all reach the same instances. Calls are
-idempotent where the cloud allows: ``launch`` with the same ``idempotency_token`` returns the instance
-it launched before instead of a second one (EC2: ClientToken; local: a token file).
+A backend is built from plain JSON kwargs plus the cloud clients the Airflow layer hands down
+(``get_backend(name, clients=..., **kwargs)``), so the operator, the trigger (in another process, after a
+restart) and ``airflow-spot reap`` all reach the same instances, and nothing here reads an Airflow
+connection. Calls are idempotent where the cloud allows: ``launch`` with the same ``idempotency_token``
+returns the instance it launched before instead of a second one (EC2: ClientToken; local: a token file);
+:func:`launch_token` builds one that fits EC2's 64-character limit.
+
+Every backend starts the same agent the same way (:mod:`airflow_spot.backends.bootstrap`); each declares
+where its instances get preemption notices (``notice_source``) and how a command can be checked before
+launch (``command_problem``), so the operators never branch on a backend's name.
 """
 from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+import hashlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from airflow_spot.policy.offers import Offer
 
@@ -44,6 +52,41 @@ class LaunchSpec:
     idle_timeout_seconds: float = 300.0
     #: extra environment for the agent (e.g. the store endpoint); never secrets in tags
     env: dict[str, str] = field(default_factory=dict)
+    # What a cloud launch needs; ``None``/empty takes the backend's configured default.
+    #: machine image (EC2: an AMI id); a launch template may give it instead
+    image_id: str | None = None
+    #: EC2 launch template: ``{"LaunchTemplateId"|"LaunchTemplateName": ..., "Version": ...}``
+    launch_template: dict[str, str] | None = None
+    #: subnets to launch into; the one in the offer's zone is used when known
+    subnet_ids: tuple[str, ...] = ()
+    security_group_ids: tuple[str, ...] = ()
+    #: instance profile name or ARN: how the instance gets its store access (never keys in user data)
+    instance_profile: str | None = None
+    #: root volume size in GiB (``None``: the image's default)
+    block_device_gib: int | None = None
+    #: replaces the generated bootstrap script entirely (advanced; it must start the agent itself)
+    user_data: str | None = None
+
+
+def launch_token(*parts: object) -> str:
+    """An idempotency token for one launch: the sha256 of the parts, 64 hex characters (EC2's ClientToken
+    allows 64 ASCII characters; dag/run/task ids together can be far longer)."""
+    return hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()
+
+
+@dataclass
+class Clients:
+    """Cloud clients handed down by the Airflow layer (``SpotHook``), one per region on demand.
+
+    :param ec2: ``region -> boto3 EC2 client`` (the Amazon provider's ``EC2Hook(...).conn``).
+    :param ec2_async: ``region -> awaitable of an aiobotocore client context`` (``EC2Hook.get_async_conn``);
+        ``None``: async describes run the sync client in a thread.
+    :param describe: where the clients point (connection id, endpoint); backends that share it share a poller.
+    """
+
+    ec2: Callable[[str], Any] | None = None
+    ec2_async: Callable[[str], Any] | None = None
+    describe: str = ""
 
 
 @dataclass
@@ -86,6 +129,18 @@ class LaunchError(RuntimeError):
 
 class Backend(ABC):
     name: ClassVar[str]
+    #: where the training process on an instance gets preemption notices: ``file`` (a file the backend
+    #: creates), ``imds`` (the EC2 instance metadata service)
+    notice_source: ClassVar[str] = "file"
+    #: ``reap`` leaves alone instances whose DAG run is still going (cloud instances cost money but a live
+    #: run needs them); local instances are all reaped unless asked otherwise
+    reaps_by_run_state: ClassVar[bool] = False
+
+    @classmethod
+    def command_problem(cls, command: list[str]) -> str | None:
+        """What is wrong with ``command`` as far as this backend can tell before launching, or ``None``.
+        Remote backends cannot see the instance's image, so they check nothing by default."""
+        return None
 
     @abstractmethod
     def launch(self, spec: LaunchSpec) -> InstanceInfo: ...
@@ -112,6 +167,7 @@ class Backend(ABC):
 
 _REGISTRY: dict[str, str] = {
     "local": "airflow_spot.backends.local:LocalBackend",
+    "ec2": "airflow_spot.backends.ec2:Ec2Backend",
 }
 
 
@@ -123,8 +179,8 @@ def register_backend(name: str, dotted: str) -> None:
     _REGISTRY[name] = dotted
 
 
-def get_backend(name: str, **kwargs) -> Backend:
-    """Build a backend by name; an unknown name fails with the list of valid ones."""
+def backend_class(name: str) -> type[Backend]:
+    """The class registered under ``name``; an unknown name fails with the list of valid ones."""
     try:
         dotted = _REGISTRY[name]
     except KeyError:
@@ -132,4 +188,15 @@ def get_backend(name: str, **kwargs) -> Backend:
     import importlib
 
     module, _, cls = dotted.partition(":")
-    return getattr(importlib.import_module(module), cls)(**kwargs)
+    return getattr(importlib.import_module(module), cls)
+
+
+def get_backend(name: str, clients: Clients | None = None, **kwargs) -> Backend:
+    """Build a backend by name from its JSON kwargs and, for cloud backends, the clients to use.
+
+    :param clients: cloud clients from the Airflow layer; backends that need none ignore them.
+    """
+    cls = backend_class(name)
+    if getattr(cls, "uses_clients", False):
+        return cls(clients=clients, **kwargs)
+    return cls(**kwargs)

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from airflow_spot.backends.base import (
     LaunchSpec,
     TerminationReason,
 )
+from airflow_spot.backends.bootstrap import agent_argv
 from airflow_spot.backends.local_state import (
     InstanceRecord,
     LocalState,
@@ -99,6 +101,15 @@ class LocalBackend(Backend):
     """
 
     name = "local"
+    notice_source = "file"
+
+    @classmethod
+    def command_problem(cls, command: list[str]) -> str | None:
+        # Instances are processes of this machine: a missing program is knowable before any launch.
+        if command and "{{" not in command[0] and shutil.which(command[0]) is None:
+            return (f"command {command[0]!r} was not found on PATH of this machine; "
+                    "give the full path of the program or install it")
+        return None
 
     def __init__(
         self,
@@ -175,18 +186,14 @@ class LocalBackend(Backend):
             delay = preemption_delay(self.preemption, launch_index=spot_index,
                                      seconds_since_job_start=running_at - job_t0,
                                      preemption_rate_per_hour=spec.offer.preemption_rate_per_hour)
-        command = [
-            self.python, "-m", "airflow_spot.training.agent",
-            "--job-uri", spec.job_uri,
-            "--instance-id", instance_id,
-            "--idle-timeout", repr(float(spec.idle_timeout_seconds)),
-            "--work-dir", str(instance_dir),
-            "--notice-file", str(self.state.notice_path(instance_id)),
-            "--poll-interval", repr(self.poll_interval_seconds),
+        command = agent_argv(spec, python=self.python, instance_id=instance_id, options={
+            "work-dir": str(instance_dir),
+            "notice-file": str(self.state.notice_path(instance_id)),
+            "poll-interval": self.poll_interval_seconds,
             # the agent must give up on its command before we give up on the agent, to write a status
-            "--term-grace", repr(max(0.5 * self.terminate_grace_seconds, self.terminate_grace_seconds - 1.0)),
-            "--boot-seconds", repr(self.boot_seconds),
-        ]
+            "term-grace": max(0.5 * self.terminate_grace_seconds, self.terminate_grace_seconds - 1.0),
+            "boot-seconds": self.boot_seconds,
+        })
         env = {**os.environ, **{str(k): str(v) for k, v in spec.env.items()}}
         try:
             with open(instance_dir / "agent.log", "ab") as out:

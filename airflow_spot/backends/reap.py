@@ -6,6 +6,10 @@ Examples::
     airflow-spot reap --older-than 3600 --tag airflow-spot:dag=spot_training_demo
     airflow-spot reap --backend local --backend-options '{"state_dir": "/tmp/spot-state"}'
     airflow-spot reap --purge-older-than 86400                    # also forget day-old terminated instances
+    airflow-spot reap --backend ec2 --dry-run                     # EC2 instances whose DAG run is over or gone
+
+This module holds the part that needs no Airflow; :mod:`airflow_spot.commands.reap` adds the AWS connection
+and the DAG-run states from Airflow's metadata database.
 """
 from __future__ import annotations
 
@@ -14,7 +18,18 @@ import json
 import sys
 import time
 
-from airflow_spot.backends.base import InstanceInfo, InstanceState, backend_names, get_backend
+from collections.abc import Callable
+
+from airflow_spot.backends.base import Backend, InstanceInfo, InstanceState, backend_names, get_backend
+
+#: instance tags naming the DAG run that launched an instance (set by the operators)
+TAG_DAG = "airflow-spot:dag"
+TAG_RUN = "airflow-spot:run"
+#: DAG-run states after which no instance of the run is needed
+FINISHED_RUN_STATES = frozenset({"success", "failed"})
+
+#: ``[(dag_id, run_id)] -> {(dag_id, run_id): state or None when the run does not exist}``
+RunStates = Callable[[list[tuple[str, str]]], dict[tuple[str, str], "str | None"]]
 
 
 def _tag(text: str) -> tuple[str, str]:
@@ -34,26 +49,55 @@ def _options(text: str) -> dict:
     return value
 
 
-def _seconds(text: str) -> float:
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _duration(flag: str) -> Callable[[str], float]:
+    """An argparse type for ``flag``: seconds, or a number with a unit (``90s``, ``30m``, ``2h``, ``1d``)."""
+
+    def parse(text: str) -> float:
+        number, unit = (text[:-1], text[-1].lower()) if text[-1:].lower() in _UNITS else (text, "s")
+        try:
+            value = float(number) * _UNITS[unit]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{flag} wants a duration in seconds or with a unit (e.g. 3600, 90s, 30m, 2h, 1d), got {text!r}"
+            ) from None
+        if value < 0 or value != value:
+            raise argparse.ArgumentTypeError(f"{flag} must be >= 0 (a duration), got {text!r}")
+        return value
+
+    return parse
+
+
+def backend_options_problem(name: str, options: dict, exc: Exception) -> str:
+    """What is wrong with ``--backend``/``--backend-options``, naming the options the backend takes."""
+    import inspect
+
+    from airflow_spot.backends.base import backend_class
+
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--older-than wants seconds, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"--older-than must be >= 0, got {text!r}")
-    return value
+        params = inspect.signature(backend_class(name).__init__).parameters
+    except Exception:  # noqa: BLE001 - the plain error is still useful
+        return str(exc)
+    named = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    valid = sorted(p for p, v in params.items() if p not in ("self", "clients") and v.kind in named)
+    unknown = sorted(set(options) - set(params))
+    if unknown:
+        return f"backend {name!r} takes no option(s) {unknown}; its options are: {', '.join(valid)}"
+    return f"--backend-options for {name!r}: {exc} (its options are: {', '.join(valid)})"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="local", help=f"backend to search ({', '.join(backend_names())})")
     parser.add_argument("--backend-options", type=_options, default={}, metavar="JSON",
                         help="the backend's kwargs as a JSON object, e.g. '{\"state_dir\": \"/tmp/x\"}'")
-    parser.add_argument("--older-than", type=_seconds, default=0.0, metavar="SECONDS",
+    parser.add_argument("--older-than", type=_duration("--older-than"), default=0.0, metavar="SECONDS",
                         help="only instances launched at least this long ago")
     parser.add_argument("--tag", type=_tag, action="append", default=[], metavar="KEY=VALUE",
                         help="only instances carrying this tag (repeatable; all must match)")
     parser.add_argument("--dry-run", action="store_true", help="list what would be terminated, terminate nothing")
-    parser.add_argument("--purge-older-than", type=_seconds, default=None, metavar="SECONDS",
+    parser.add_argument("--purge-older-than", type=_duration("--purge-older-than"), default=None, metavar="SECONDS",
                         help="also delete the records and logs of instances terminated this long ago "
                              "(backends that keep local records, e.g. local)")
 
@@ -66,14 +110,39 @@ def leftovers(instances: list[InstanceInfo], older_than: float, now: float) -> l
     ]
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        backend = get_backend(args.backend, **args.backend_options)
-    except (ValueError, TypeError) as exc:
-        print(f"airflow-spot reap: {exc}", file=sys.stderr)
-        return 2
+def of_finished_runs(instances: list[InstanceInfo], run_states: RunStates) -> list[InstanceInfo]:
+    """The instances whose DAG run is finished or no longer exists; instances without run tags are not ours
+    to judge and are left alone."""
+    keys = sorted({(i.tags[TAG_DAG], i.tags[TAG_RUN]) for i in instances if TAG_DAG in i.tags and TAG_RUN in i.tags})
+    states = run_states(keys) if keys else {}
+    out = []
+    for info in instances:
+        key = (info.tags.get(TAG_DAG), info.tags.get(TAG_RUN))
+        if None in key:
+            continue
+        state = states.get(key)
+        if state is None or str(state) in FINISHED_RUN_STATES:
+            out.append(info)
+    return out
+
+
+def run(args: argparse.Namespace, backend: Backend | None = None, run_states: RunStates | None = None) -> int:
+    """Reap. ``backend`` (built from the arguments when absent) and ``run_states`` (given: only instances
+    of finished or deleted DAG runs are reaped) come from :mod:`airflow_spot.commands.reap` under Airflow."""
+    if backend is None:
+        try:
+            backend = get_backend(args.backend, **args.backend_options)
+        except ValueError as exc:
+            print(f"airflow-spot reap: {exc}", file=sys.stderr)
+            return 2
+        except TypeError as exc:
+            problem = backend_options_problem(args.backend, args.backend_options, exc)
+            print(f"airflow-spot reap: {problem}", file=sys.stderr)
+            return 2
     now = time.time()
     found = leftovers(backend.list_instances(dict(args.tag)), args.older_than, now)
+    if run_states is not None:
+        found = of_finished_runs(found, run_states)
     if args.purge_older_than is not None and not args.dry_run:
         purge = getattr(backend, "purge", None)
         if purge is None:

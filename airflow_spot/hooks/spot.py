@@ -2,8 +2,11 @@
 
 Following the Amazon provider, operators and triggers never build cloud clients themselves: for an
 ``s3://`` checkpoint URI the hook asks the Amazon provider's :class:`S3Hook` (an Airflow AWS connection:
-credentials, region, ``endpoint_url``) for a client and hands it to :class:`S3Store`. Everything the hook
-is built from is plain JSON, so a trigger recreated after a triggerer restart gets an equivalent hook.
+credentials, region, ``endpoint_url``) for a client and hands it to :class:`S3Store`; the ``ec2`` backend and
+market get the Amazon provider's ``EC2Hook`` clients, one per region, sync for the worker and async
+(``get_async_conn``) for the trigger, with botocore's adaptive retry mode (:attr:`SpotHook.clients`).
+Everything the hook is built from is plain JSON, so a trigger recreated after a triggerer restart gets an
+equivalent hook.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from urllib.parse import urlparse
 
 from airflow.sdk import BaseHook
 
-from airflow_spot.backends.base import Backend, get_backend
+from airflow_spot.backends.base import Backend, Clients, get_backend
 from airflow_spot.storage.object_store import ObjectStore, open_store
 
 
@@ -23,7 +26,10 @@ class SpotHook(BaseHook):
     :param backend: backend name (see :func:`airflow_spot.backends.base.backend_names`).
     :param backend_options: plain JSON kwargs of the backend.
     :param market_options: plain JSON kwargs of the market (see :mod:`airflow_spot.market`).
-    :param aws_conn_id: Airflow AWS connection for ``s3://`` stores; ``None`` uses boto3's default chain.
+    :param aws_conn_id: Airflow AWS connection for ``s3://`` stores and the ``ec2`` backend and market;
+        ``None`` uses boto3's default chain.
+    :param botocore_config: extra botocore ``Config`` kwargs for the EC2 clients; retries default to
+        botocore's ``adaptive`` mode (client-side rate limiting when EC2 throttles).
     """
 
     conn_name_attr = "aws_conn_id"
@@ -37,8 +43,10 @@ class SpotHook(BaseHook):
         backend_options: dict[str, Any] | None = None,
         market_options: dict[str, Any] | None = None,
         aws_conn_id: str | None = "aws_default",
+        botocore_config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        self.botocore_config = {"retries": {"mode": "adaptive", "max_attempts": 10}, **(botocore_config or {})}
         self.backend_name = backend
         self.backend_options = dict(backend_options or {})
         self.market_options = dict(market_options or {})
@@ -66,9 +74,48 @@ class SpotHook(BaseHook):
         return {"AWS_ENDPOINT_URL_S3": endpoint} if endpoint else {}
 
     # ---------------------------------------------------------------- backend and market
+    def ec2_hook(self, region: str):
+        """The Amazon provider's ``EC2Hook`` for ``region`` on this hook's connection (one per region)."""
+        hooks = self.__dict__.setdefault("_ec2_hooks", {})
+        if region not in hooks:
+            from airflow.providers.amazon.aws.hooks.ec2 import EC2Hook
+
+            self._check_connection()
+
+            hooks[region] = EC2Hook(api_type="client_type", aws_conn_id=self.aws_conn_id, region_name=region,
+                                    config=self.botocore_config)
+        return hooks[region]
+
+    def _check_connection(self) -> None:
+        """A named AWS connection must exist: say which one and how to create it, rather than let boto3
+        fall back to whatever credentials this machine happens to have."""
+        if self.aws_conn_id is None or self.__dict__.get("_connection_checked"):
+            return
+        from airflow.exceptions import AirflowNotFoundException
+        from airflow.sdk.exceptions import AirflowNotFoundException as SdkNotFound
+
+        try:
+            self.get_connection(self.aws_conn_id)
+        except (AirflowNotFoundException, SdkNotFound):
+            raise ValueError(
+                f"the AWS connection {self.aws_conn_id!r} is not defined; create it (airflow connections add "
+                f"{self.aws_conn_id} --conn-type aws ..., or AIRFLOW_CONN_{self.aws_conn_id.upper()}) or pass "
+                "aws_conn_id=None to use boto3's default credential chain"
+            ) from None
+        self.__dict__["_connection_checked"] = True
+
+    @cached_property
+    def clients(self) -> Clients:
+        """Cloud clients for backends and markets: the sync client and the async one (for triggers)."""
+        return Clients(
+            ec2=lambda region: self.ec2_hook(region).conn,
+            ec2_async=lambda region: self.ec2_hook(region).get_async_conn(),
+            describe=f"conn:{self.aws_conn_id}",
+        )
+
     @cached_property
     def backend(self) -> Backend:
-        return get_backend(self.backend_name, **self.backend_options)
+        return get_backend(self.backend_name, clients=self.clients, **self.backend_options)
 
     def get_backend(self) -> Backend:
         return self.backend
@@ -78,7 +125,7 @@ class SpotHook(BaseHook):
         """The offer source for this backend (bundled catalog for ``local``; see ``airflow_spot.market``)."""
         from airflow_spot.market import get_market
 
-        return get_market(self.backend_name, **self.market_options)
+        return get_market(self.backend_name, clients=self.clients, **self.market_options)
 
     def get_market(self):
         return self.market

@@ -33,22 +33,48 @@ class MarketSource(ABC):
     def preemption_rate_per_hour(self, instance_type: str, region: str, zone: str = "") -> float:
         """Expected spot preemptions per hour of running in the pool (a prior; jobs refine it)."""
 
+    #: the deployment's availability log (:class:`airflow_spot.storage.availability.AvailabilityLog`),
+    #: attached by the caller that knows the deployment's store; None: the market reports no history
+    availability_log = None
 
-_MARKETS = ("catalog",)
+    def with_availability_log(self, log) -> MarketSource:
+        """Attach the deployment's availability log (returns ``self``)."""
+        self.availability_log = log
+        return self
+
+    def observations(self, now: float, since: float | None = None) -> list:
+        """What the deployment observed of each spot pool and when: launch outcomes, capacity refusals and
+        preemptions (:class:`airflow_spot.policy.observations.PoolEvent`) at or before ``now`` (and from
+        ``since``). The default reads the attached availability log; a live market may add its own
+        observations (e.g. probes) by overriding this."""
+        if self.availability_log is None:
+            return []
+        return self.availability_log.read(since=since, until=now)
 
 
-def get_market(backend_name: str = "local", kind: str | None = None, **options) -> MarketSource:
+_MARKETS = ("catalog", "ec2")
+
+
+def get_market(backend_name: str = "local", kind: str | None = None, clients=None, **options) -> MarketSource:
     """The market for a backend.
 
     :param backend_name: the backend that will launch the offers (``local`` or ``ec2``).
-    :param kind: ``catalog`` (default: the bundled price snapshot; also used for ``ec2`` until a live
-        EC2 price market exists).
+    :param kind: ``catalog`` (the bundled price snapshot; default for ``local``) or ``ec2`` (live spot prices
+        and instance types from the EC2 API; default for the ``ec2`` backend).
+    :param clients: cloud clients from the Airflow layer (:class:`airflow_spot.backends.base.Clients`);
+        the ``ec2`` market needs them (or falls back to boto3's default chain).
     :param options: keyword arguments of the market class (e.g. ``regions``, ``catalog_path``,
-        ``throughput_overrides``).
+        ``throughput_overrides``; see :class:`~airflow_spot.market.ec2.Ec2Market` for the live market's).
     """
+    chosen = kind or ("ec2" if backend_name == "ec2" else "catalog")
+    if chosen not in _MARKETS:
+        raise ValueError(
+            f"unknown market {chosen!r} for backend {backend_name!r}; valid markets: {', '.join(_MARKETS)}"
+        )
+    if chosen == "ec2":
+        from airflow_spot.market.ec2 import Ec2Market
+
+        return Ec2Market(clients=clients, **options)
     from airflow_spot.market.catalog import CatalogMarket
 
-    chosen = kind or "catalog"
-    if chosen not in _MARKETS:
-        raise ValueError(f"unknown market {chosen!r} for backend {backend_name!r}; valid markets: {', '.join(_MARKETS)}")
     return CatalogMarket(**options)

@@ -4,7 +4,9 @@ Format (skypilot-org/spot-traces, data of the NSDI'24 paper "Can't Be Late"):
 ``{"metadata": {"gap_seconds": G}, "data": [v0, v1, ...]}``, one value per tick of ``G`` seconds, ``1`` = a
 spot instance of the pool is running (preemption traces) or could be launched (availability traces),
 ``0`` = preempted / not available. A preemption is a ``1 -> 0`` step. Note that the paper authors'
-own simulator uses the opposite encoding; these files use 1 = up.
+own simulator uses the opposite encoding; these files use 1 = up. Multi-node availability traces
+(``availability/4-node``, ``16-node``) hold counts ``0..N``: how many instances of the pool could be
+launched; a gang job of ``n`` instances is up when the count is ``>= n`` (:meth:`SpotTrace.up_for`).
 
 The file name carries the pool: ``<zone>_<gpu>_<count>.json`` (e.g. ``us-west-2b_v100_1.json``).
 """
@@ -57,12 +59,23 @@ class SpotTrace:
     def duration_seconds(self) -> float:
         return len(self.values) * self.gap_seconds
 
+    @property
+    def max_count(self) -> int:
+        """The largest count in the trace (1 for a one-node trace)."""
+        return max(self.values)
+
+    def up_for(self, nodes: int = 1) -> tuple[bool, ...]:
+        """Per tick: whether ``nodes`` instances could run (the count is at least ``nodes``)."""
+        if nodes < 1:
+            raise ValueError(f"nodes must be >= 1, got {nodes!r}")
+        return tuple(v >= nodes for v in self.values)
+
     def preemptions(self) -> int:
         v = self.values
-        return sum(1 for a, b in zip(v, v[1:]) if a == 1 and b == 0)
+        return sum(1 for a, b in zip(v, v[1:], strict=False) if a >= 1 and b == 0)
 
     def up_fraction(self) -> float:
-        return sum(self.values) / len(self.values)
+        return sum(1 for v in self.values if v >= 1) / len(self.values)
 
     def mtbf_seconds(self) -> float | None:
         """Mean time between preemptions over the whole trace (what the data README quotes), or None
@@ -73,8 +86,8 @@ class SpotTrace:
     def mean_up_seconds(self) -> float | None:
         """Mean length of an up period that ended in a preemption (how long an instance survives)."""
         runs, run = [], 0
-        for a, b in zip(self.values, self.values[1:]):
-            if a == 1:
+        for a, b in zip(self.values, self.values[1:], strict=False):
+            if a >= 1:
                 run += 1
                 if b == 0:
                     runs.append(run)
@@ -84,7 +97,7 @@ class SpotTrace:
     def up_at(self, seconds: float) -> bool:
         """Whether the pool is up at ``seconds`` from the trace's start (False past its end)."""
         i = int(seconds // self.gap_seconds)
-        return 0 <= i < len(self.values) and self.values[i] == 1
+        return 0 <= i < len(self.values) and self.values[i] >= 1
 
 
 def zone_region(zone: str) -> str:
@@ -94,8 +107,23 @@ def zone_region(zone: str) -> str:
     return zone[:-1]
 
 
-def parse_trace(raw: object, name: str = "<trace>", zone: str | None = None) -> SpotTrace:
-    """Validate a decoded trace document; raise :class:`TraceError` saying what is wrong."""
+def trace_node_count(path: str | Path) -> int:
+    """How many instances a trace file counts: ``N`` when it sits under an ``N-node`` folder (the layout of
+    skypilot-org/spot-traces), else 1. A one-node trace holds 0/1 only, so a stray ``2`` there is an error,
+    not an "up"."""
+    for part in reversed(Path(path).parts[:-1]):
+        m = re.fullmatch(r"(\d+)-node", part)
+        if m:
+            return max(1, int(m.group(1)))
+    return 1
+
+
+def parse_trace(raw: object, name: str = "<trace>", zone: str | None = None,
+                max_count: int | None = None) -> SpotTrace:
+    """Validate a decoded trace document; raise :class:`TraceError` saying what is wrong. Values are 0/1, or
+    whole counts up to ``max_count`` (default: the ``N`` of an ``N-node`` folder in ``name``, else 1)."""
+    if max_count is None:
+        max_count = trace_node_count(name)
     if not isinstance(raw, dict):
         raise TraceError(f"{name}: expected a JSON object with 'metadata' and 'data', got {type(raw).__name__}")
     meta, data = raw.get("metadata"), raw.get("data")
@@ -105,12 +133,20 @@ def parse_trace(raw: object, name: str = "<trace>", zone: str | None = None) -> 
     if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not gap > 0:
         raise TraceError(f"{name}: metadata.gap_seconds must be a positive number, got {gap!r}")
     if not isinstance(data, list):
-        raise TraceError(f"{name}: 'data' must be a list of 0/1 values, got {type(data).__name__}")
+        raise TraceError(f"{name}: 'data' must be a list of 0/1 values (or instance counts), got {type(data).__name__}")
     if len(data) < MIN_TICKS:
         raise TraceError(f"{name}: 'data' holds {len(data)} values; a trace needs at least {MIN_TICKS}")
     for i, v in enumerate(data):
-        if isinstance(v, bool) or v not in (0, 1):
-            raise TraceError(f"{name}: data[{i}] is {v!r}; values must be 0 (down) or 1 (up)")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or not 0 <= v <= max_count:
+            if max_count == 1:
+                raise TraceError(
+                    f"{name}: data[{i}] is {v!r}; values must be 0 (down) or 1 (up) (a multi-node availability "
+                    "trace of instance counts goes under an 'N-node' folder, e.g. availability/4-node/)"
+                )
+            raise TraceError(
+                f"{name}: data[{i}] is {v!r}; values of a {max_count}-node trace must be a whole count of "
+                f"instances from 0 to {max_count}"
+            )
     m = _NAME.match(Path(name).stem)
     gpu, count = (m.group("gpu"), int(m.group("count"))) if m else ("", 0)
     z = zone or (m.group("zone") if m else "")

@@ -2,8 +2,9 @@
 
 Rows are written by ``execute_complete`` (every outcome) and read back to count the job's preemptions and
 a segment's user-code failures (the retry budgets) and to sum the job (the final task). The billing and
-totals maths live in :mod:`airflow_spot.policy.ledger`, the storage in
-:mod:`airflow_spot.storage.ledger_store`; this module only builds rows from what the attempt left behind.
+totals maths live in :mod:`airflow_spot.policy.ledger`, the reading and the job's totals in
+:mod:`airflow_spot.storage.job_view` (the UI reads them there too); this module only builds rows from what
+the attempt left behind.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from airflow_spot.operators.attempt_record import AttemptLaunch
 from airflow_spot.policy.ledger import LedgerRow, totals
+from airflow_spot.storage.job_view import JobView
 from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import ObjectStore
 from airflow_spot.storage.protocol import Outcome
@@ -59,7 +61,7 @@ def record_attempt(
 
 
 def read_rows(store: ObjectStore) -> list[LedgerRow]:
-    return LedgerStore(store).rows()
+    return JobView(store).ledger_rows()
 
 
 def count(
@@ -69,14 +71,7 @@ def count(
     since: float | None = None,
 ) -> int:
     """Rows with one of ``outcomes`` (of one segment, if given) that ended at or after ``since``."""
-    wanted = {Outcome(o).value for o in outcomes}
-    return sum(
-        1
-        for r in read_rows(store)
-        if r.outcome in wanted
-        and (segment_index is None or r.segment_index == segment_index)
-        and (since is None or r.ended_at >= since)
-    )
+    return JobView(store).count(outcomes, segment_index=segment_index, since=since)
 
 
 def job_totals(store: ObjectStore) -> dict[str, Any]:
@@ -84,16 +79,5 @@ def job_totals(store: ObjectStore) -> dict[str, Any]:
 
 
 def summarize(store: ObjectStore, now: float) -> dict[str, Any]:
-    """Ledger totals plus the counts and times the final task and the demo print."""
-    rows = read_rows(store)
-    out = totals(rows).to_dict()
-    started = min((r.started_at for r in rows), default=now)
-    out.update(
-        lost=sum(r.outcome == Outcome.LOST.value for r in rows),
-        failures=sum(r.outcome == Outcome.FAILED.value for r in rows),
-        # time spent on steps that were kept (the goodput numerator)
-        useful_step_seconds=round(sum(r.steps_done * (r.step_seconds or 0.0) for r in rows), 3),
-        wall_seconds=round(max(0.0, max((r.ended_at for r in rows), default=now) - started), 3),
-        rows=[r.to_dict() for r in rows],
-    )
-    return out
+    """Ledger totals plus the counts and times the final task and the demo print (see ``JobView.totals``)."""
+    return JobView(store).totals(now)

@@ -15,13 +15,13 @@ from typing import Any
 
 from airflow_spot.policy.offers import Offer
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
-from airflow_spot.storage.protocol import SCHEMA_VERSION, SchemaError
+from airflow_spot.storage.protocol import SCHEMA_VERSION, JobLayout, SchemaError
 
-JOB_KEY = "control/job.json"
+JOB_KEY = JobLayout.JOB_KEY
 
 
 def launch_key(attempt_id: str) -> str:
-    return f"control/attempts/{attempt_id}/launch.json"
+    return JobLayout.launch_key(attempt_id)
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """Where the next attempt runs: offers from the market, ranked and filtered by the pure policies.
 
-This module only gathers the inputs (offers, the job's progress and ledger, the clock) and calls
-:mod:`airflow_spot.policy.deadline` (spot or on-demand now?) and :mod:`airflow_spot.policy.offer_ranking`
-(cheapest per training step, pools that just preempted us cooling down); the decisions are theirs.
+This module only gathers the inputs (offers, the job's progress, its ledger and pool events, the
+deployment's availability log through the market, the clock) into one
+:class:`~airflow_spot.policy.observations.JobObservation` and calls
+:func:`airflow_spot.policy.decision.decide_attempt` — the same function the simulator's ``ours`` replays;
+the decisions are its.
 """
 from __future__ import annotations
 
@@ -27,11 +29,33 @@ class Plan:
     mtbf_seconds: float | None = None
     #: the deadline policy committed the job to on-demand until the end
     committed: bool = False
+    #: the policy would rather wait than pay on-demand: when every spot offer refuses, retry later
+    wait: bool = False
+    #: on on-demand, the spot pools' state is stale: probe them if the backend can
+    probe: bool = False
 
     def cost_of(self, offer: Offer) -> float:
         from airflow_spot.policy.offer_ranking import cost_per_step
 
         return cost_per_step(offer)
+
+
+def ledger_events(rows: Sequence[Any]) -> list:
+    """Pool events of the job's own ledger rows: a new spot instance held capacity when it started, one
+    that completed held it until it ended, a preempted or lost one lost it when it ended."""
+    from airflow_spot.policy.observations import PoolEvent
+
+    out = []
+    for r in rows:
+        if Market(r.market) is not Market.SPOT:
+            continue
+        pool = f"{r.instance_type}@{r.zone}"
+        out.append(PoolEvent(pool, "launched", float(r.started_at)))
+        if r.outcome in ("preempted", "lost"):
+            out.append(PoolEvent(pool, "preempted", float(r.ended_at)))
+        else:
+            out.append(PoolEvent(pool, "running", float(r.ended_at)))
+    return out
 
 
 def plan(
@@ -46,50 +70,69 @@ def plan(
     ledger_rows: Sequence[Any],
     step_seconds: float | None = None,
     running: Market | None = None,
+    running_pool: str | None = None,
     committed: bool = False,
-    spot_up_seconds: float | None = None,
+    job_events: Sequence[Any] = (),
 ) -> Plan:
-    """Rank the offers for the next attempt.
+    """Rank the offers for the next attempt with :func:`airflow_spot.policy.decision.decide_attempt`, the
+    function the simulator's ``ours`` replays, fed by one
+    :class:`~airflow_spot.policy.observations.JobObservation`: the job's ledger rows and own pool events
+    (``job_events``: launches and capacity refusals it recorded) plus the deployment's events that the
+    market reports (:meth:`MarketSource.observations`).
 
-    :param step_seconds: measured seconds per step (from the job's heartbeats), for the deadline policy.
+    :param step_seconds: measured seconds per step (from the job's heartbeats), for the deadline policy;
+        without it the job is assumed to need the whole window at its current rate and only the
+        Uniform Progress line decides.
     :param running: the market of the warm instance the job holds, if any (switching costs a restart).
+    :param running_pool: that instance's pool (it is up: the job sees it running).
     :param committed: the deadline policy's state from the previous plan (safety net fired).
-    :param spot_up_seconds: how long the best spot pool has been up, if the caller knows (the market does
-        not report it yet); with it the deadline policy is ``slack-budget``, without it ``slack-reserve``.
-        Not estimated from ``ledger_rows``: :mod:`airflow_spot.policy.pool_age` can, but simulated it
-        loses to ``slack-reserve`` (``benchmarks/results_simulate.md``, ``ours-observed``).
     """
-    from airflow_spot.policy.deadline import DeadlineState, choose_market
-    from airflow_spot.policy.offer_ranking import rank_offers
+    from airflow_spot.policy.deadline import WAIT, DeadlineState
+    from airflow_spot.policy import decision as policy_decision
+    from airflow_spot.policy.decision import DecisionParams, observed_deadline_params
+    from airflow_spot.policy.observations import JobObservation
 
+    if total_steps <= 0:
+        raise ValueError(f"total_steps must be positive, got {total_steps!r}")
     offers = [o for o in market.offers(gpus) if gpus.matches(o)]
     if not offers:
         raise NoOfferError(f"no offer of the market matches {gpus}; relax the GPU request")
-    decision = choose_market(
-        now=now,
-        started_at=job_started_at,
-        deadline_seconds=deadline.total_seconds() if deadline else None,
-        done_steps=done_steps,
-        total_steps=total_steps,
-        step_seconds=step_seconds,
-        running=running,
-        spot_up_seconds=spot_up_seconds,
-        state=DeadlineState(committed=committed),
+    deadline_seconds = deadline.total_seconds() if deadline else None
+    params = DecisionParams()
+    if step_seconds is not None and step_seconds > 0:
+        unit = step_seconds
+    elif deadline_seconds:
+        # unknown speed: scale steps so that the whole job fills the window before the last restart; the
+        # absolute slack is then meaningless, so only the line decides (no safety-net restarts)
+        unit = max(deadline_seconds - params.deadline.restart_overhead_seconds, 1.0) / total_steps
+        params = DecisionParams(deadline=observed_deadline_params(safety_restarts=0.0), policy="uniform-progress")
+    else:
+        unit = 1.0
+    observed = getattr(market, "observations", None)
+    deployment = list(observed(now)) if callable(observed) else []
+    obs = JobObservation(
+        now=now, started_at=job_started_at,
+        deadline_at=job_started_at + deadline_seconds if deadline_seconds else None,
+        work_done=min(done_steps, total_steps) * unit, work_total=total_steps * unit, offers=offers,
+        events=ledger_events(ledger_rows) + list(job_events) + deployment,
+        running=Market(running).value if running else None, running_pool=running_pool,
     )
-    wanted = Market(decision.market)
-    candidates = [o for o in offers if Market(o.market) is wanted] or offers
-    ranked = rank_offers(candidates, now=now, recent_preemptions=_recent_preemptions(ledger_rows))
+    decision = policy_decision.decide_attempt(obs, DeadlineState(committed=committed), params)
+    wanted = Market.SPOT if decision.market == WAIT else Market(decision.market)
+    ranked = [o for o in decision.ranked if Market(o.market) is wanted] or list(decision.ranked)
     best = ranked[0]
     mtbf = 3600.0 / best.preemption_rate_per_hour if best.is_spot and best.preemption_rate_per_hour > 0 else None
     return Plan(
-        ranked=list(ranked),
+        ranked=ranked,
         market=wanted,
         reason=(
-            f"{wanted.value} ({decision.reason}); "
+            f"{decision.market} ({decision.reason}); "
             f"best {best.instance_type} in {best.zone} at ${best.price_per_hour:.4f}/h"
         ),
         mtbf_seconds=mtbf,
         committed=decision.state.committed,
+        wait=decision.market == WAIT,
+        probe=decision.probe,
     )
 
 
@@ -98,9 +141,7 @@ def measured_step_seconds(layout: Any) -> float | None:
     from airflow_spot.storage.protocol import Heartbeat, SchemaError
 
     newest = None
-    for key in layout.store.list("control/attempts/"):
-        if not key.endswith("/heartbeat.json"):
-            continue
+    for key in layout.attempt_keys(layout.store, layout.HEARTBEAT_NAME):
         try:
             hb = Heartbeat.from_json(layout.store.get_bytes(key))
         except (KeyError, SchemaError):
@@ -108,16 +149,6 @@ def measured_step_seconds(layout: Any) -> float | None:
         if hb.step_time_ewma and (newest is None or hb.time > newest.time):
             newest = hb
     return newest.step_time_ewma if newest else None
-
-
-def _recent_preemptions(rows: Sequence[Any]) -> dict[str, float]:
-    """Pool -> time of its last preemption of this job (for the ranking's cool-down)."""
-    out: dict[str, float] = {}
-    for r in rows:
-        if r.outcome in ("preempted", "lost"):
-            pool = f"{r.instance_type}@{r.zone}"
-            out[pool] = max(out.get(pool, 0.0), r.ended_at)
-    return out
 
 
 def pick_warm(alive: Sequence[InstanceInfo], plan_: Plan, tolerance: float) -> InstanceInfo | None:
@@ -131,3 +162,66 @@ def pick_warm(alive: Sequence[InstanceInfo], plan_: Plan, tolerance: float) -> I
         if Market(i.offer.market) is plan_.market and plan_.cost_of(i.offer) <= best * (1.0 + tolerance)
     ]
     return min(good, key=lambda i: plan_.cost_of(i.offer), default=None)
+
+
+class AvailabilityRecorder:
+    """Writes the job's pool events to its own log (``control/availability/`` in the job's store) and to
+    the deployment's availability log (:mod:`airflow_spot.storage.availability`).
+
+    The deployment log is a hint shared with other jobs: a failure to write it is logged, never fatal;
+    the job's own log is part of its state (its capacity refusals) and must be written.
+    """
+
+    def __init__(self, job_store: Any, deployment_store: Any | None, job: str, log: Any = None) -> None:
+        from airflow_spot.storage.availability import AvailabilityLog, job_availability_log
+
+        self.job_log = job_availability_log(job_store)
+        self.deployment_log = AvailabilityLog(deployment_store) if deployment_store is not None else None
+        self.job = job
+        self._log = log
+
+    def job_events(self) -> list:
+        return self.job_log.read()
+
+    def record(self, pool: str, kind: str, at: float) -> None:
+        from airflow_spot.policy.observations import PoolEvent
+
+        event = PoolEvent(pool, kind, at, self.job)
+        self.job_log.append(event)
+        if self.deployment_log is None:
+            return
+        try:
+            self.deployment_log.append(event)
+        except Exception as exc:  # noqa: BLE001 - the shared log is a hint; the job goes on without it
+            if self._log is not None:
+                self._log.warning("could not write the deployment's availability log (%s: %s)",
+                                  type(exc).__name__, exc)
+
+
+def probe_spot(backend: Any, offers: Sequence[Offer], make_spec: Any, recorder: AvailabilityRecorder,
+               now: float, log: Any = None) -> int:
+    """Probe the spot pools of ``offers``: place a launch in each and terminate it at once; record
+    ``probe-up`` (it launched: the pool has capacity) or ``probe-down`` (a capacity refusal). A probe that
+    launched is billed its minimum (the simulator charges the same). Returns how many pools answered.
+
+    :param make_spec: ``offer -> LaunchSpec`` (tags and idempotency token of this probe).
+    """
+    from airflow_spot.backends.base import LaunchError
+
+    answered = 0
+    for offer in offers:
+        if not offer.is_spot:
+            continue
+        try:
+            info = backend.launch(make_spec(offer))
+        except LaunchError as exc:
+            if exc.capacity:
+                recorder.record(offer.pool, "probe-down", now)
+                answered += 1
+            elif log is not None:
+                log.warning("probe of %s failed (%s); skipped", offer.pool, exc)
+            continue
+        backend.terminate([info.instance_id])
+        recorder.record(offer.pool, "probe-up", now)
+        answered += 1
+    return answered

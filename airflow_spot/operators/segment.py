@@ -20,7 +20,6 @@ import asyncio
 import configparser
 import json
 import os
-import shutil
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -30,14 +29,21 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_spot.backends.base import InstanceInfo, InstanceState, LaunchError, LaunchSpec
+from airflow_spot.backends.base import (
+    InstanceInfo,
+    InstanceState,
+    LaunchError,
+    LaunchSpec,
+    backend_class,
+    launch_token,
+)
 from airflow_spot.hooks.spot import SpotHook
-from airflow_spot.links.attempt import SpotAttemptLink
+from airflow_spot.links.attempt import SpotAttemptLink, SpotJobLink
 from airflow_spot.operators import accounting, planning
 from airflow_spot.operators.attempt_record import AttemptLaunch, read_job, write_job
+from airflow_spot.operators.retry import segment_retry_policy
 from airflow_spot.operators.validation import validate_gpus
-from airflow_spot.policy.offers import GpuRequest
-from airflow_spot.storage.checkpoint import CheckpointStore
+from airflow_spot.policy.offers import GpuRequest, Market
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError
 from airflow_spot.storage.protocol import JobLayout, Outcome, SegmentRequest, safe_id
 from airflow_spot.triggers.completion import summarize
@@ -108,6 +114,11 @@ class SpotSegmentOperator(BaseOperator):
         or restoring (see :mod:`airflow_spot.training.handoff`). Set False (e.g.
         ``SpotTraining(segment_options={"warm_process": False})``) for a script that does per-segment work
         after its ``for step in spot.steps()`` loop: with a warm process that code runs once per process.
+    :param availability_uri: the deployment's availability log (launch outcomes, capacity refusals and
+        preemptions of every job, read by the offer plan); default: ``AIRFLOW_SPOT_AVAILABILITY_URI``, else
+        ``_availability`` beside the job's root (:mod:`airflow_spot.storage.availability`).
+    :param probe_spot: while the job runs on on-demand and its knowledge of the spot pools is stale, probe
+        them (launch and terminate at once, billed the minimum) so it can tell when a pool has settled.
     :param deferrable: wait in the triggerer (True) or in a worker slot (False); ``None`` (default) means
         True unless ``[operators] default_deferrable`` is set explicitly (see :func:`default_deferrable`).
     """
@@ -115,7 +126,7 @@ class SpotSegmentOperator(BaseOperator):
     template_fields: Sequence[str] = ("command", "checkpoint_uri", "env", "cwd", "warm_start_uri")
     template_fields_renderers = {"command": "json", "env": "json"}
     ui_color = "#fde8c8"
-    operator_extra_links = (SpotAttemptLink(),)
+    operator_extra_links = (SpotAttemptLink(), SpotJobLink())
 
     def __init__(
         self,
@@ -150,8 +161,13 @@ class SpotSegmentOperator(BaseOperator):
         aws_conn_id: str | None = "aws_default",
         deferrable: bool | None = None,
         warm_process: bool = True,
+        availability_uri: str | None = None,
+        probe_spot: bool = True,
         **kwargs: Any,
     ) -> None:
+        # Airflow's own retry policy decides how each failure is retried (operators/retry.py); a policy
+        # the user gives is asked first, never replaced.
+        kwargs["retry_policy"] = segment_retry_policy(kwargs.get("retry_policy"), SegmentPreempted, SegmentCodeFailure)
         super().__init__(**kwargs)
         self.command = command
         self.checkpoint_uri = checkpoint_uri
@@ -183,6 +199,8 @@ class SpotSegmentOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
         self.deferrable = default_deferrable() if deferrable is None else bool(deferrable)
         self.warm_process = bool(warm_process)
+        self.availability_uri = availability_uri
+        self.probe_spot = bool(probe_spot)
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -209,7 +227,7 @@ class SpotSegmentOperator(BaseOperator):
         ti_id = getattr(ti, "id", None)
         if ti_id is None:
             return base
-        key = f"control/tries/{safe_id(ti_id)}.json"
+        key = JobLayout.try_key(ti_id)
         try:
             return json.loads(store.get_bytes(key))["attempt_id"]
         except ObjectNotFound:
@@ -239,7 +257,10 @@ class SpotSegmentOperator(BaseOperator):
     # ------------------------------------------------------------------ execute
     def execute(self, context: Context) -> dict[str, Any] | None:
         store = self._open_store()
-        latest = CheckpointStore(store.child("checkpoints")).latest_step()
+        resumed = self._reattach(context, store)
+        if resumed is not None:
+            return self._wait(context, resumed)
+        latest = JobLayout(store).latest_step()
         if latest is not None and latest >= self.end_step:
             self.log.info(
                 "segment %d [%d, %d) is already done: the job's newest checkpoint is at step %d; nothing to run",
@@ -249,29 +270,43 @@ class SpotSegmentOperator(BaseOperator):
         self._check_command()
         now = time.time()
         job = read_job(store, now)
+        if "gpus" not in job:  # what the job asks for, for the UI's "cheapest offers now" (storage/job_view.py)
+            job = {**job, "gpus": self.gpus.to_dict(), "total_steps": self.total_steps, "backend": self.backend}
+            write_job(store, job)
         rows = accounting.read_rows(store)
         alive = self._warm_instances(context)
+        recorder = self._availability(store)
+        market = self.hook.get_market().with_availability_log(recorder.deployment_log)
+        plan_inputs = dict(
+            done_steps=latest or 0,
+            total_steps=self.total_steps,
+            job_started_at=float(job["started_at"]),
+            deadline=self.deadline,
+            ledger_rows=rows,
+            step_seconds=planning.measured_step_seconds(JobLayout(store)),
+            running=alive[0].offer.market if alive else None,
+            running_pool=alive[0].offer.pool if alive else None,
+            committed=bool(job.get("deadline_committed")),
+        )
+
+        def replan() -> planning.Plan:  # after capacity refusals: the same decision, with them observed
+            return planning.plan(market, self.gpus, now=time.time(), job_events=recorder.job_events(), **plan_inputs)
+
         try:
-            plan = planning.plan(
-                self.hook.get_market(),
-                self.gpus,
-                now=now,
-                done_steps=latest or 0,
-                total_steps=self.total_steps,
-                job_started_at=float(job["started_at"]),
-                deadline=self.deadline,
-                ledger_rows=rows,
-                step_seconds=planning.measured_step_seconds(JobLayout(store)),
-                running=alive[0].offer.market if alive else None,
-                committed=bool(job.get("deadline_committed")),
-            )
+            plan = planning.plan(market, self.gpus, now=now, job_events=recorder.job_events(), **plan_inputs)
         except planning.NoOfferError as exc:
             raise AirflowFailException(str(exc)) from exc
+        if plan.probe and self.probe_spot and alive:
+            spot_offers = [o for o in market.offers(self.gpus) if o.is_spot and self.gpus.matches(o)]
+            answered = planning.probe_spot(self.hook.get_backend(), spot_offers,
+                                           lambda o: self._probe_spec(context, store, o, now), recorder, now, self.log)
+            self.log.info("probed %d spot pools while on on-demand", answered)
+            plan = replan()
         self.log.info("offer plan: %s", plan.reason)
         if plan.committed and not job.get("deadline_committed"):
             write_job(store, {**job, "deadline_committed": True})
         attempt_id = self.attempt_id(context, store, create=True)
-        instance, reused = self._get_instance(context, store, plan, alive)
+        instance, reused = self._get_instance(context, store, plan, alive, recorder=recorder, replan=replan)
         self._instance_id = instance.instance_id  # for on_kill while waiting in the worker
         requested_at = time.time()
         launch = AttemptLaunch(
@@ -297,12 +332,19 @@ class SpotSegmentOperator(BaseOperator):
             "warm" if reused else "new", instance.instance_id, offer.instance_type, offer.zone,
             offer.market.value if hasattr(offer.market, "value") else offer.market, offer.price_per_hour,
         )
-        SpotAttemptLink.persist(context, store.uri, attempt_id)
+        self._remember_attempt(context, launch)
+        SpotAttemptLink.persist(context, store.uri, attempt_id, self.aws_conn_id)
+        return self._wait(context, launch, store_uri=store.uri)
+
+    def _wait(self, context: Context, launch: AttemptLaunch, store_uri: str | None = None) -> dict[str, Any] | None:
+        """Wait for the attempt to end: defer to the triggerer, or poll in this worker."""
+        store_uri = store_uri or self.hook.get_store(self.checkpoint_uri).uri
+        self._instance_id = launch.instance_id  # for on_kill while waiting in the worker
         trigger = SegmentTrigger(
-            job_uri=store.uri,
-            attempt_id=attempt_id,
-            instance_id=instance.instance_id,
-            requested_at=requested_at,
+            job_uri=store_uri,
+            attempt_id=launch.attempt_id,
+            instance_id=launch.instance_id,
+            requested_at=launch.requested_at,
             backend=self.backend,
             backend_options=self.backend_options,
             aws_conn_id=self.aws_conn_id,
@@ -320,6 +362,67 @@ class SpotSegmentOperator(BaseOperator):
         event = asyncio.run(_first_event(trigger))
         return self.execute_complete(context, event)
 
+    # ------------------------------------------------------------------ reattach after a worker crash
+    #: task_state_store key of the attempt this task instance launched last
+    ATTEMPT_STATE_KEY = "airflow_spot_attempt"
+
+    def _remember_attempt(self, context: Context, launch: AttemptLaunch) -> None:
+        """Record the launched attempt in Airflow's task state store (kept across tries of this task).
+
+        Written after the segment request, so a recorded attempt is one its instance was asked to run.
+        """
+        state = context.get("task_state_store")
+        if state is None:  # Airflow without a task state store: the next try launches afresh
+            return
+        state.set(self.ATTEMPT_STATE_KEY, {"attempt_id": launch.attempt_id, "instance_id": launch.instance_id,
+                                           "try_number": launch.try_number})
+
+    def _reattach(self, context: Context, store: ObjectStore) -> AttemptLaunch | None:
+        """The attempt a crashed worker left running (or ended unaccounted), to wait for instead of launching.
+
+        A worker killed between launch and defer (or while waiting in the worker) leaves an instance that
+        runs the attempt on; the scheduler fails that try, and the next try would launch a second instance
+        training the same job into the same store. Two mechanisms keep it to one:
+
+        * the backend's launch is idempotent by a token from dag/run/task/try: a re-run of the *same* try
+          (a redelivered Celery message) gets the same instance back, even when the crash came before
+          anything was recorded here;
+        * this record, in Airflow's task state store, covers a *new* try (whose token differs): while the
+          recorded attempt has no ledger row (nobody accounted for it) and its instance still runs or it
+          left a status, this try waits for that attempt, and the trigger classifies it as usual.
+        """
+        state = context.get("task_state_store")
+        if state is None:
+            return None
+        recorded = state.get(self.ATTEMPT_STATE_KEY)
+        if not isinstance(recorded, dict) or not recorded.get("attempt_id"):
+            return None
+        launch = AttemptLaunch.read(store, recorded["attempt_id"])
+        if launch is None or launch.instance_id != recorded.get("instance_id"):
+            return None  # the store was replaced or the job root reused: nothing of ours to reattach to
+        if any(r.attempt_id == launch.attempt_id for r in accounting.read_rows(store)):
+            return None  # accounted for: it ended and was handled, a new attempt is due
+        ended = JobLayout(store).read_status(launch.attempt_id) is not None
+        info = self.hook.get_backend().describe([launch.instance_id]).get(launch.instance_id)
+        if not ended and (info is None or InstanceState(info.state).is_terminal()):
+            self.log.info("attempt %s of an earlier try left no status and its instance %s is gone; launching anew",
+                          launch.attempt_id, launch.instance_id)
+            return None
+        ti = context["ti"]
+        ti_id = getattr(ti, "id", None)
+        if ti_id is None:
+            return None
+        # execute_complete (maybe on another worker) finds the attempt of this try through this key
+        store.put_bytes(f"control/tries/{safe_id(ti_id)}.json",
+                        json.dumps({"attempt_id": launch.attempt_id, "try_number": ti.try_number,
+                                    "reattached": True}).encode())
+        self.log.warning(
+            "try %d reattaches to attempt %s on instance %s, launched by try %s whose worker went away; "
+            "no second instance is launched", ti.try_number, launch.attempt_id, launch.instance_id,
+            recorded.get("try_number"),
+        )
+        return launch
+
     @staticmethod
     def _billed_from(instance: InstanceInfo, reused: bool, rows: list, requested_at: float) -> float:
         """A new instance is billed from its launch; a warm one continues its bill where its last attempt's
@@ -332,13 +435,10 @@ class SpotSegmentOperator(BaseOperator):
     def _check_command(self) -> None:
         if not self.command or not all(isinstance(a, str) and a for a in self.command):
             raise AirflowFailException(f"command must be a non-empty list of strings, got {self.command!r}")
-        # Instances of the local backend are processes of this machine: a missing program is a
-        # configuration error, found before any instance is started.
-        if self.backend == "local" and shutil.which(self.command[0]) is None:
-            raise AirflowFailException(
-                f"command {self.command[0]!r} was not found on PATH of this worker; "
-                "give the full path of the program or install it"
-            )
+        # What the backend can check before an instance starts (local: the program is on PATH here).
+        problem = backend_class(self.backend).command_problem(self.command)
+        if problem:
+            raise AirflowFailException(problem)
 
     def _request(self, attempt_id: str, requested_at: float, plan: planning.Plan) -> SegmentRequest:
         env = {str(k): str(v) for k, v in self.env.items()}
@@ -370,8 +470,29 @@ class SpotSegmentOperator(BaseOperator):
             if not InstanceState(i.state).is_terminal() and i.notice_at is None
         ]
 
+    def _probe_spec(self, context: Context, store, offer, now: float) -> LaunchSpec:
+        token = launch_token(self.dag_id, context["run_id"], self.task_id, "probe", offer.pool, int(now))
+        return LaunchSpec(
+            offer=offer, job_uri=store.uri, idempotency_token=token,
+            tags={**self._tags(context), TAG_TASK: self.task_id}, idle_timeout_seconds=60.0,
+            env=self.hook.instance_env(self.checkpoint_uri),
+        )
+
+    def _availability(self, store) -> planning.AvailabilityRecorder:
+        """The job's and the deployment's availability logs (``storage/availability.py``)."""
+        from airflow_spot.storage.availability import deployment_availability_uri
+
+        uri = deployment_availability_uri(store.uri, self.availability_uri)
+        try:
+            deployment = self.hook.get_store(uri)
+        except StoreConfigError as exc:
+            self.log.warning("no deployment availability log at %s (%s); deciding from this job alone", uri, exc)
+            deployment = None
+        return planning.AvailabilityRecorder(store, deployment, safe_id(self.dag_id, self.job_name), self.log)
+
     def _get_instance(
-        self, context: Context, store, plan: planning.Plan, alive: list[InstanceInfo]
+        self, context: Context, store, plan: planning.Plan, alive: list[InstanceInfo],
+        recorder: planning.AvailabilityRecorder | None = None, replan=None,
     ) -> tuple[InstanceInfo, bool]:
         backend = self.hook.get_backend()
         tags = self._tags(context)
@@ -385,7 +506,8 @@ class SpotSegmentOperator(BaseOperator):
         ti = context["ti"]
         errors = []
         for offer in plan.ranked:
-            token = safe_id(self.dag_id, context["run_id"], self.task_id, f"try{ti.try_number}", offer.pool)
+            # hashed: EC2's ClientToken holds 64 characters, dag/run/task ids can be far longer
+            token = launch_token(self.dag_id, context["run_id"], self.task_id, f"try{ti.try_number}", offer.pool)
             spec = LaunchSpec(
                 offer=offer,
                 job_uri=store.uri,
@@ -395,12 +517,24 @@ class SpotSegmentOperator(BaseOperator):
                 env=self.hook.instance_env(self.checkpoint_uri),
             )
             try:
-                return backend.launch(spec), False
+                launched = backend.launch(spec)
             except LaunchError as exc:
                 if not exc.capacity:
                     raise AirflowFailException(f"cannot launch {offer.instance_type} in {offer.zone}: {exc}") from exc
                 self.log.warning("no capacity for %s (%s): %s; trying the next offer", offer.pool, offer.market, exc)
                 errors.append(f"{offer.pool} {offer.market}: {exc}")
+                if recorder is not None and offer.is_spot:  # a capacity refusal is an observation
+                    recorder.record(offer.pool, "refused", time.time())
+                continue
+            if recorder is not None and offer.is_spot:
+                recorder.record(offer.pool, "launched", time.time())
+            return launched, False
+        if replan is not None and plan.market is Market.SPOT and errors:
+            # every spot offer refused: decide again with those refusals (on-demand, or wait = retry later)
+            again = replan()
+            self.log.info("every spot offer refused; plan with the refusals: %s", again.reason)
+            if again.market is Market.ON_DEMAND:
+                return self._get_instance(context, store, again, [], recorder=recorder)
         # No capacity anywhere right now: a retry later may find some, like a preemption.
         raise SegmentPreempted("no offer could be launched now; tried: " + "; ".join(errors or ["no offers"]))
 
@@ -417,7 +551,7 @@ class SpotSegmentOperator(BaseOperator):
         launch = AttemptLaunch.read(store, attempt_id)
         if launch is None:
             raise AirflowException(f"attempt {attempt_id} has no launch record in {store.uri}; cannot account for it")
-        latest = CheckpointStore(store.child("checkpoints")).latest_step()
+        latest = JobLayout(store).latest_step()
         if outcome is Outcome.COMPLETED and (latest is None or latest < self.end_step):
             outcome = Outcome.FAILED
             event["error_tail"] = (
@@ -433,6 +567,20 @@ class SpotSegmentOperator(BaseOperator):
             return summary
         if outcome.is_retryable():
             self.hook.get_backend().terminate([launch.instance_id])
+            offer = launch.offer_obj
+            if offer.is_spot:  # the deployment learns of the loss (the job's own ledger row has it already)
+                recorder = self._availability(store)
+                if recorder.deployment_log is not None:
+                    try:
+                        from airflow_spot.policy.observations import PoolEvent
+
+                        ended = float(event.get("ended_at") or time.time())
+                        recorder.deployment_log.append(PoolEvent(offer.pool, "preempted", ended, recorder.job))
+                    except Exception as exc:  # noqa: BLE001 - a hint for other jobs, never fatal here
+                        self.log.warning("could not log the preemption for the deployment: %s", exc)
+            # The budgets stay ours: Airflow's retries count the tries of one task instance, while
+            # max_preemptions is the whole job's (all segments), and preemptions must not use up the
+            # code-failure budget. Exhausted budgets raise AirflowFailException (never a retry policy's).
             preemptions = accounting.count(
                 store, outcomes=(Outcome.PREEMPTED, Outcome.LOST), since=self._budget_start(context, store)
             )

@@ -27,23 +27,30 @@ from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.operators import accounting
 from airflow_spot.operators.segment import SpotSegmentOperator, job_tags
 from airflow_spot.operators.validation import (
+    SpotTrainingConfigError,
     normalize_command,
     segment_bounds,
     validate_backend,
     validate_budget,
     validate_checkpoint_uri,
     validate_deadline,
+    validate_env,
     validate_gpus,
+    validate_gpus_offered,
+    validate_json_options,
+    validate_optional_str,
+    validate_retry_delay,
     validate_steps,
+    validate_task_id,
 )
 from airflow_spot.policy.offers import GpuRequest
-from airflow_spot.storage.checkpoint import CheckpointStore
 from airflow_spot.storage.object_store import StoreConfigError
+from airflow_spot.storage.protocol import JobLayout
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-SUMMARY_KEY = "control/summary.json"
+SUMMARY_KEY = JobLayout.SUMMARY_KEY
 
 
 class SpotJobSummaryOperator(BaseOperator):
@@ -91,9 +98,13 @@ class SpotJobSummaryOperator(BaseOperator):
             self.log.info("terminating the job's instances: %s", leftover)
             backend.terminate(leftover)
         store = hook.get_store(self.checkpoint_uri)
-        latest = CheckpointStore(store.child("checkpoints")).latest_step()
+        latest = JobLayout(store).latest_step()
         summary = accounting.summarize(store, now=time.time())
         summary.update(
+            # the UI finds a job through this field of the XCom summary (see airflow_spot/ui/jobs.py)
+            job_uri=store.uri,
+            dag_id=self.dag_id,
+            run_id=context["run_id"],
             job=self.job_name,
             segments=self.segments,
             total_steps=self.total_steps,
@@ -130,6 +141,81 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  savings             ${s.get('savings', 0.0):.4f} ({100 * s.get('savings_fraction', 0.0):.1f} %)",
     ]
     return "\n".join(lines)
+
+
+#: SpotSegmentOperator arguments SpotTraining sets itself (from its own arguments)
+_SET_BY_SPOT_TRAINING = frozenset({
+    "task_id", "command", "checkpoint_uri", "start_step", "end_step", "total_steps", "segment_index", "job_name",
+    "gpus", "backend", "backend_options", "market_options", "env", "cwd", "warm_start_uri", "deadline",
+    "max_preemptions", "code_retries", "retries", "retry_delay", "aws_conn_id",
+})
+
+
+#: segment_options that are seconds (> 0), and the smallest heartbeat window: the agent heartbeats every
+#: ~2 s at most, a slow step or a big save can hold one back much longer, and a window of a few polls would
+#: declare a healthy attempt lost (a false recovery restarts a healthy job)
+_SECONDS_OPTIONS = ("poll_interval", "startup_timeout", "heartbeat_timeout", "max_attempt_seconds",
+                    "idle_timeout_seconds", "notice_window_seconds", "checkpoint_min_interval",
+                    "checkpoint_max_interval")
+MIN_HEARTBEAT_TIMEOUT = 10.0
+
+
+def _check_segment_numbers(options: dict[str, Any]) -> None:
+    for name in _SECONDS_OPTIONS:
+        value = options.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise SpotTrainingConfigError(f"segment_options[{name!r}] must be a number of seconds > 0, got {value!r}")
+    poll = float(options.get("poll_interval", 5.0))
+    window = float(options.get("heartbeat_timeout", 300.0))
+    if window < max(MIN_HEARTBEAT_TIMEOUT, 3 * poll):
+        raise SpotTrainingConfigError(
+            f"segment_options['heartbeat_timeout']={window:g} s would call an attempt lost after a few missed "
+            f"heartbeats; use at least {max(MIN_HEARTBEAT_TIMEOUT, 3 * poll):g} s (10 s and 3 x poll_interval)"
+        )
+    low, high = options.get("checkpoint_min_interval"), options.get("checkpoint_max_interval")
+    if low is not None and high is not None and low > high:
+        raise SpotTrainingConfigError(
+            f"segment_options: checkpoint_min_interval={low:g} is above checkpoint_max_interval={high:g}"
+        )
+    keep = options.get("keep_checkpoints")
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise SpotTrainingConfigError(f"segment_options['keep_checkpoints'] must be an integer >= 1, got {keep!r}")
+    tolerance = options.get("reuse_tolerance")
+    if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float))
+                                  or not tolerance >= 0):
+        raise SpotTrainingConfigError(f"segment_options['reuse_tolerance'] must be a fraction >= 0, got {tolerance!r}")
+
+
+def _check_segment_options(options: dict[str, Any], task_kwargs: dict[str, Any]) -> None:
+    """Unknown or doubled ``segment_options`` and a wrong ``retry_policy`` fail now, naming the fix."""
+    import inspect
+
+    from airflow.sdk import BaseOperator as SdkBaseOperator
+    from airflow.sdk import RetryPolicy
+
+    own = set(inspect.signature(SpotSegmentOperator.__init__).parameters) - {"self", "kwargs"}
+    valid = sorted(own - _SET_BY_SPOT_TRAINING)
+    doubled = sorted(set(options) & _SET_BY_SPOT_TRAINING)
+    if doubled:
+        raise SpotTrainingConfigError(
+            f"segment_options {doubled} are arguments of SpotTraining itself; pass them to SpotTraining directly"
+        )
+    base = set(inspect.signature(SdkBaseOperator.__init__).parameters)
+    unknown = sorted(set(options) - own - base)
+    if unknown:
+        raise SpotTrainingConfigError(f"unknown segment_options {unknown}; valid: {', '.join(valid)}")
+    both = sorted(set(options) & set(task_kwargs))
+    if both:
+        raise SpotTrainingConfigError(f"{both} given both in segment_options and as SpotTraining arguments; keep one")
+    _check_segment_numbers(options)
+    policy = options.get("retry_policy", task_kwargs.get("retry_policy"))
+    if policy is not None and not isinstance(policy, RetryPolicy):
+        raise SpotTrainingConfigError(
+            f"retry_policy must be an airflow.sdk RetryPolicy, e.g. ExceptionRetryPolicy(rules=[RetryRule(...)]), "
+            f"got {policy!r}; it is asked before the segment's own policy (preemptions retry at once)"
+        )
 
 
 def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup does
@@ -173,6 +259,7 @@ def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup
         checkpoint interval bounds, ``deferrable``...).
     :param task_kwargs: further BaseOperator arguments for every task (pool, queue, ...).
     """
+    validate_task_id(task_id)
     validate_steps(total_steps, steps_per_segment)
     validate_backend(backend)
     argv = normalize_command(command, backend)
@@ -183,7 +270,16 @@ def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup
     validate_budget("max_preemptions", max_preemptions)
     validate_budget("retries", retries)
     gpu_request = validate_gpus(gpus)
+    validate_json_options("backend_options", backend_options)
+    validate_json_options("market_options", market_options)
+    validate_json_options("segment_options", segment_options)
+    validate_gpus_offered(gpu_request, market_options)
+    validate_env(env)
+    validate_optional_str("cwd", cwd, "/home/ubuntu/project")
+    validate_optional_str("aws_conn_id", aws_conn_id, "aws_default")
+    validate_retry_delay(retry_delay)
     options = dict(segment_options or {})
+    _check_segment_options(options, task_kwargs)
     bounds = segment_bounds(total_steps, steps_per_segment)
     group_kwargs = {"dag": task_kwargs["dag"]} if task_kwargs.get("dag") is not None else {}
     with TaskGroup(group_id=task_id, **group_kwargs) as group:

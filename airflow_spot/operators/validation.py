@@ -5,14 +5,16 @@ the fix, so a typo shows up as a DAG import error instead of an expensive failed
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import shlex
-import shutil
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
 
-from airflow_spot.backends.base import backend_names
-from airflow_spot.policy.offers import GpuRequest
+from airflow_spot.backends.base import backend_class, backend_names
+from airflow_spot.policy.offers import GpuRequest, Market
+from airflow_spot.storage.object_store import uri_problem
 
 SUPPORTED_SCHEMES = ("file", "s3")
 
@@ -55,11 +57,10 @@ def normalize_command(command: Any, backend: str) -> list[str]:
     if not all(isinstance(a, str) and a for a in command):
         raise SpotTrainingConfigError(f"every argument of command must be a non-empty string, got {command!r}")
     program = command[0]
-    # The local backend runs the command on this machine, so a missing program is knowable now.
-    if backend == "local" and not _templated(program) and shutil.which(program) is None:
-        raise SpotTrainingConfigError(
-            f"command {program!r} was not found on PATH; give the full path of the program or install it"
-        )
+    # Each backend says what it can check now (local: the program is on PATH of this machine).
+    problem = None if _templated(program) else backend_class(backend).command_problem(list(command))
+    if problem:
+        raise SpotTrainingConfigError(problem)
     return list(command)
 
 
@@ -71,6 +72,8 @@ def validate_checkpoint_uri(uri: Any) -> None:
     if "://" not in head:
         if _templated(uri) and not head:
             return  # the scheme itself comes from a template; checked at run time
+        if parsed.scheme and head.startswith(parsed.scheme + ":"):  # "s3:/bad": a scheme, but no "//"
+            raise SpotTrainingConfigError(f"checkpoint_uri: {uri_problem(head)}")
         raise SpotTrainingConfigError(
             f"checkpoint_uri {uri!r} has no scheme; use file:///absolute/path or s3://bucket/prefix"
         )
@@ -101,6 +104,51 @@ def validate_budget(name: str, value: Any) -> None:
         raise SpotTrainingConfigError(f"{name} must be an integer >= 0, got {value!r}")
 
 
+def validate_task_id(task_id: Any) -> None:
+    if not isinstance(task_id, str) or not task_id.strip():
+        raise SpotTrainingConfigError(f"task_id must be a non-empty string naming the job, e.g. 'train', "
+                                      f"got {task_id!r}")
+
+
+def validate_json_options(name: str, value: Any) -> None:
+    """``backend_options``/``market_options``/``segment_options``: a dict that survives JSON (trigger kwargs)."""
+    if value is None:
+        return
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise SpotTrainingConfigError(f"{name} must be a dict with string keys (or None), got {value!r}")
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        if name == "segment_options":  # timedelta etc. are fine here: they are operator arguments
+            return
+        raise SpotTrainingConfigError(f"{name} must hold plain JSON values (str, number, list, dict): {exc}") from None
+
+
+def validate_env(env: Any) -> None:
+    if env is None:
+        return
+    if not isinstance(env, dict) or not all(isinstance(k, str) and k and "=" not in k for k in env):
+        raise SpotTrainingConfigError(
+            f"env must be a dict of variable names to values, e.g. {{'WANDB_MODE': 'offline'}}, got {env!r}"
+        )
+    bad = {k: v for k, v in env.items() if not isinstance(v, (str, int, float)) or isinstance(v, bool)}
+    if bad:
+        raise SpotTrainingConfigError(f"env values must be strings (or numbers), got {bad!r}")
+
+
+def validate_optional_str(name: str, value: Any, example: str) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise SpotTrainingConfigError(f"{name} must be a non-empty string (or None), e.g. {example!r}, got {value!r}")
+
+
+def validate_retry_delay(retry_delay: Any) -> None:
+    if not isinstance(retry_delay, timedelta) or retry_delay < timedelta(0):
+        raise SpotTrainingConfigError(
+            f"retry_delay (wait before retrying a failed training command) must be a datetime.timedelta >= 0, "
+            f"e.g. timedelta(seconds=30), got {retry_delay!r}"
+        )
+
+
 def validate_gpus(gpus: Any) -> GpuRequest:
     if gpus is None:
         return GpuRequest()
@@ -112,6 +160,42 @@ def validate_gpus(gpus: Any) -> GpuRequest:
         except (TypeError, ValueError) as exc:
             raise SpotTrainingConfigError(f"gpus: {exc}") from exc
     raise SpotTrainingConfigError(f"gpus must be a GpuRequest or a dict of its fields, got {gpus!r}")
+
+
+def validate_gpus_offered(request: GpuRequest, market_options: dict[str, Any] | None = None) -> None:
+    """Fail at parse time when no GPU instance type at all can satisfy ``request``.
+
+    The check uses the bundled catalog (local data, no cloud call while a DAG file is parsed), which lists
+    the NVIDIA training instance types of AWS: a request nobody sells (e.g. 64 GPUs of 500 GiB) would
+    otherwise wait in every segment for an offer that never comes. Only the hardware is checked here
+    (count, memory, names); prices, regions, zones and markets move, and are checked when a segment plans.
+
+    :param request: what each instance needs.
+    :param market_options: the job's market options; a ``catalog_path`` there replaces the bundled catalog.
+    """
+    from airflow_spot.market.catalog import CatalogMarket
+
+    catalog_path = (market_options or {}).get("catalog_path")
+    try:
+        market = CatalogMarket(catalog_path=catalog_path)
+        offers = [o for n in sorted({r.gpu_count for r in market.rows}) for o in market.offers(GpuRequest(count=n))]
+    except (OSError, ValueError) as exc:
+        raise SpotTrainingConfigError(f"market_options: cannot read the catalog {catalog_path!r}: {exc}") from exc
+    loose = {"max_price_per_hour": None, "regions": (), "markets": tuple(Market)}
+    loose.update({"zones": ()} if hasattr(request, "zones") else {})
+    hardware = dataclasses.replace(request, **loose)
+    if any(hardware.matches(o) for o in offers):
+        return
+    shapes = sorted({(o.gpu_count, o.gpu_memory_gib, o.gpu_name) for o in offers})
+    biggest = max(shapes, key=lambda s: (s[0], s[1]))
+    counts = sorted({s[0] for s in shapes})
+    raise SpotTrainingConfigError(
+        f"gpus: no instance type offers {request.count} GPU(s) with >= {request.min_memory_gib:g} GiB each"
+        + (f" named {list(request.names)}" if request.names else "")
+        + (f" ({hardware.describe_mismatch(offers)})" if hasattr(hardware, "describe_mismatch") else "")
+        + f"; instance types come with {counts} GPUs, the largest is "
+        f"{biggest[0]} x {biggest[2]} with {biggest[1]:g} GiB each: lower gpus count or min_memory_gib"
+    )
 
 
 def segment_bounds(total_steps: int, steps_per_segment: int) -> list[tuple[int, int]]:

@@ -105,7 +105,10 @@ class Observation:
     :param running: what the job runs on now: ``spot``, ``on-demand`` or None.
     :param spot_up_seconds: how long the best available spot pool has been up (capacity seen without
         a loss), or None when unknown (``slack-budget`` then does not wait for a pool to settle).
-    :param no_spot_seconds: how long no spot offer has been available, or None when unknown (no grace)."""
+    :param no_spot_seconds: how long no spot offer has been available, or None when unknown (no grace).
+    :param expected_outage_seconds: ``slack-budget``: how long an outage is expected to last (observed,
+        :func:`airflow_spot.policy.observations.expected_outage_seconds`), or None (then only the
+        fixed waiting reserve decides)."""
 
     started_at: float
     deadline_at: float | None
@@ -115,6 +118,7 @@ class Observation:
     running: Market | str | None = None
     spot_up_seconds: float | None = None
     no_spot_seconds: float | None = None
+    expected_outage_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.work_total <= 0:
@@ -225,9 +229,11 @@ def slack_budget(state: DeadlineState, obs: Observation, now: float, params: Dea
       ``min_spot_up_seconds`` (``spot_up_seconds``; a fresh pool is likely to go again before the
       switch's restart pays off);
     * no spot, on on-demand: stay — stopping to idle would pay a second restart when the outage goes on;
-    * no spot, idle: wait while ``S - F > wait_reserve_per_work * W``, else on-demand — after
-      ``outage_grace_seconds`` into the outage (a blip of capacity is not worth an on-demand start that
-      the job would then keep).
+    * no spot, idle: wait while ``S - F > wait_reserve_per_work * W``; or, given the expected outage
+      length ``E`` (observed) and ``w`` waited so far, while ``w < E`` and
+      ``S - F - r - spot_reserve_per_work * W >= E - w`` (waiting out one typical outage leaves enough
+      slack to come back and pay future preemptions); else on-demand — after ``outage_grace_seconds``
+      into the outage (a blip of capacity is not worth an on-demand start that the job would then keep).
 
     Waiting is priced higher than spot's restarts (``wait_reserve`` > ``spot_reserve``): an outage
     spends slack hour for hour, a preemption only one restart.
@@ -265,6 +271,15 @@ def slack_budget(state: DeadlineState, obs: Observation, now: float, params: Dea
     if spare > 0:
         return Decision(WAIT, f"no spot, {spare:+.0f}s of waiting budget: wait for spot", state)
     gone = obs.no_spot_seconds
+    expected = obs.expected_outage_seconds
+    if expected is not None:
+        # a typical outage is worth waiting out while the slack left after it still pays the restart
+        # back and the reserve for future preemptions: an early short outage must not buy on-demand
+        waited = gone or 0.0
+        budget = left - floor - r - params.spot_reserve_per_work * work_left
+        if waited < expected and budget >= expected - waited:
+            return Decision(WAIT, f"no spot for {waited:.0f}s of an expected {expected:.0f}s outage; "
+                                  f"{budget:.0f}s of slack can wait it out", state)
     if gone is not None and gone < params.outage_grace_seconds and left - r > floor:
         return Decision(WAIT, f"no spot for {gone:.0f}s: within the {params.outage_grace_seconds:.0f}s grace", state)
     return Decision(Market.ON_DEMAND.value, f"no spot and no waiting budget ({spare:+.0f}s)", state)

@@ -53,6 +53,9 @@ class Offer:
         return cls(**d)
 
 
+_EXAMPLES = {"names": ["A10G", "L4"], "exclude_names": ["K80"], "regions": ["us-east-1"], "zones": ["us-east-1a"]}
+
+
 @dataclass(frozen=True)
 class GpuRequest:
     """What a segment needs. Validated on construction so a DAG fails at parse time, not at launch.
@@ -60,9 +63,12 @@ class GpuRequest:
     :param count: GPUs per instance (exact).
     :param min_memory_gib: minimum memory per GPU.
     :param names: allowed GPU names (e.g. ``("A10G", "L4")``); empty means any.
-    :param max_price_per_hour: do not take offers above this price.
+    :param max_price_per_hour: do not take offers above this price ($/h of the whole instance).
     :param regions: allowed regions; empty means any.
     :param markets: allowed markets; on-demand is allowed by default so a deadline can fall back to it.
+    :param exclude_names: GPU names never to take (applied after ``names``).
+    :param zones: allowed availability zones (names like ``us-east-1a`` or ids like ``use1-az1``); empty
+        means any. On-demand offers are regional and pass when their region has an allowed zone.
     """
 
     count: int = 1
@@ -71,8 +77,15 @@ class GpuRequest:
     max_price_per_hour: float | None = None
     regions: tuple[str, ...] = ()
     markets: tuple[Market, ...] = field(default=(Market.SPOT, Market.ON_DEMAND))
+    exclude_names: tuple[str, ...] = ()
+    zones: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for name in ("names", "exclude_names", "regions", "zones"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
+                raise ValueError(f"GpuRequest.{name} must be a list of non-empty strings, e.g. "
+                                 f"{_EXAMPLES[name]!r}, got {value!r}")
         if not isinstance(self.count, int) or self.count < 1:
             raise ValueError(f"GpuRequest.count must be a positive integer, got {self.count!r}")
         if self.min_memory_gib < 0:
@@ -83,24 +96,74 @@ class GpuRequest:
             )
         object.__setattr__(self, "names", tuple(self.names))
         object.__setattr__(self, "regions", tuple(self.regions))
+        object.__setattr__(self, "exclude_names", tuple(self.exclude_names))
+        object.__setattr__(self, "zones", tuple(self.zones))
         object.__setattr__(self, "markets", tuple(Market(m) for m in self.markets))
         if not self.markets:
             raise ValueError("GpuRequest.markets must allow at least one of 'spot', 'on-demand'")
+        both = sorted(set(self.names) & set(self.exclude_names))
+        if both:
+            raise ValueError(f"GpuRequest: GPU names {both} are both allowed (names) and excluded (exclude_names)")
+        if self.regions and self.zones:
+            stray = [z for z in self.zones if not any(z.startswith(r) for r in self.regions) and "-az" not in z]
+            if stray:
+                raise ValueError(f"GpuRequest: zones {stray} are in none of the allowed regions {list(self.regions)}")
 
     def matches(self, offer: Offer) -> bool:
         return (
             offer.gpu_count == self.count
             and offer.gpu_memory_gib >= self.min_memory_gib
             and (not self.names or offer.gpu_name in self.names)
+            and offer.gpu_name not in self.exclude_names
             and (self.max_price_per_hour is None or offer.price_per_hour <= self.max_price_per_hour)
             and (not self.regions or offer.region in self.regions)
+            and self._zone_allowed(offer)
             and Market(offer.market) in self.markets
         )
+
+    def _zone_allowed(self, offer: Offer) -> bool:
+        if not self.zones:
+            return True
+        if offer.zone in self.zones:
+            return True
+        # on-demand offers name their region, not a zone: allowed when the request allows a zone there
+        return offer.zone == offer.region and any(z.startswith(offer.region) for z in self.zones)
+
+    def describe_mismatch(self, offers: list[Offer]) -> str:
+        """Why none of ``offers`` matches: the first filter that removed the last candidates, for an error
+        message that says which constraint to relax."""
+        checks = [
+            ("gpu count", lambda o: o.gpu_count == self.count, f"count={self.count}"),
+            ("gpu memory", lambda o: o.gpu_memory_gib >= self.min_memory_gib, f"min_memory_gib={self.min_memory_gib}"),
+            ("gpu names", lambda o: not self.names or o.gpu_name in self.names, f"names={list(self.names)}"),
+            ("excluded gpus", lambda o: o.gpu_name not in self.exclude_names,
+             f"exclude_names={list(self.exclude_names)}"),
+            ("regions", lambda o: not self.regions or o.region in self.regions, f"regions={list(self.regions)}"),
+            ("zones", self._zone_allowed, f"zones={list(self.zones)}"),
+            ("markets", lambda o: Market(o.market) in self.markets, f"markets={[m.value for m in self.markets]}"),
+            ("price cap", lambda o: self.max_price_per_hour is None or o.price_per_hour <= self.max_price_per_hour,
+             f"max_price_per_hour={self.max_price_per_hour}"),
+        ]
+        left = list(offers)
+        if not left:
+            return "the market has no offers at all"
+        for label, keep, setting in checks:
+            kept = [o for o in left if keep(o)]
+            if not kept:
+                hint = ""
+                if label == "price cap":
+                    cheapest = min(o.price_per_hour for o in left)
+                    hint = f"; the cheapest otherwise matching offer costs ${cheapest:.4f}/h"
+                return f"no offer is left after the {label} filter ({setting}) out of {len(left)} candidates{hint}"
+            left = kept
+        return f"{len(left)} offers match"
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["names"] = list(self.names)
         d["regions"] = list(self.regions)
+        d["exclude_names"] = list(self.exclude_names)
+        d["zones"] = list(self.zones)
         d["markets"] = [Market(m).value for m in self.markets]
         return d
 
@@ -109,5 +172,7 @@ class GpuRequest:
         d = dict(d)
         d["names"] = tuple(d.get("names", ()))
         d["regions"] = tuple(d.get("regions", ()))
+        d["exclude_names"] = tuple(d.get("exclude_names", ()))
+        d["zones"] = tuple(d.get("zones", ()))
         d["markets"] = tuple(Market(m) for m in d.get("markets", ("spot", "on-demand")))
         return cls(**d)

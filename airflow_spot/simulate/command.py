@@ -4,6 +4,11 @@ Example (the issue's reference job, all four measured zones)::
 
     airflow-spot simulate --work-hours 48 --deadline-hours 52 --restart-overhead-hours 0.2 \\
         --spot-price 0.9731 --on-demand-price 3.06 --offsets --png sim.png
+
+Multi-region: ``--prices FILE`` (CSV ``zone,spot,on_demand``) prices each zone; ``--transfer-seconds`` and
+``--transfer-dollars`` charge moving the checkpoint to another region. Multi-node availability traces
+(counts 0..N) with ``--nodes N``: the gang needs N up in one zone. ``hindsight`` in ``--policies`` adds
+the hindsight optimum; with a deadline every result is also given as ``cost / hindsight``.
 """
 from __future__ import annotations
 
@@ -16,7 +21,8 @@ from airflow_spot.market.traces import PREEMPTION_TRACES_SUBDIR, TraceError, def
 from airflow_spot.simulate.controllers import controllers
 from airflow_spot.simulate.engine import JobSpec
 from airflow_spot.simulate.report import (
-    build_pools, distribution, format_distributions, format_table, offsets_for, plot, run_policies,
+    HINDSIGHT, build_pools, distribution, format_distributions, format_table, hindsight_distribution, offsets_for,
+    plot, policy_names, read_prices, run_one, run_policies,
 )
 
 
@@ -32,7 +38,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spot-price", type=float, default=None, help="$/h of every spot pool (default: the catalog)")
     p.add_argument("--on-demand-price", type=float, default=None, help="$/h on-demand (default: the catalog)")
     p.add_argument("--policies", default=",".join(controllers.names()),
-                   help=f"comma-separated, from: {', '.join(controllers.names())}")
+                   help=f"comma-separated, from: {', '.join(policy_names())}")
+    p.add_argument("--prices", default=None,
+                   help="CSV file of per-zone prices, lines zone,spot,on_demand ($/h; overrides --spot-price)")
+    p.add_argument("--transfer-seconds", type=float, default=0.0,
+                   help="extra restart time to move the checkpoint to another region")
+    p.add_argument("--transfer-dollars", type=float, default=0.0, help="$ per checkpoint moved across regions")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="instances per job (gang); a multi-node availability trace must show this many up")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="jobs of one deployment replayed on the same window; each sees the others' pool events")
     p.add_argument("--start-hour", type=float, default=0.0, help="replay from this hour of the traces")
     p.add_argument("--offsets", action="store_true", help="also run every hourly start offset and print the distribution")
     p.add_argument("--offset-step-hours", type=float, default=1.0)
@@ -46,11 +61,37 @@ def _trace_paths(arg: str | None) -> list[Path]:
     return [Path(x) for x in arg.split(",")]
 
 
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Argument checks JobSpec does not make (it validates the job itself); ``ValueError`` says the fix."""
+    for flag, value in (("--spot-price", args.spot_price), ("--on-demand-price", args.on_demand_price)):
+        if value is not None and not value > 0:  # also NaN
+            raise ValueError(f"{flag} is $/h of an instance and must be > 0, got {value}")
+    if not args.start_hour >= 0:
+        raise ValueError(f"--start-hour must be >= 0 (hours into the traces), got {args.start_hour}")
+    if not args.offset_step_hours > 0:
+        raise ValueError(f"--offset-step-hours must be > 0, got {args.offset_step_hours}")
+
+
+def _check_window(args: argparse.Namespace, traces: list, start: int) -> None:
+    """The replay must start inside every trace, or every policy would report 'unfinished' for no reason."""
+    if not traces:
+        raise ValueError("no trace to replay; give --traces FILE_OR_DIR[,...]")
+    shortest = min(len(t.values) for t in traces)
+    if start >= shortest:
+        hours = shortest * traces[0].gap_seconds / 3600
+        raise ValueError(f"--start-hour {args.start_hour:g} is past the end of the traces ({hours:.1f} h); "
+                         f"use a start hour below {hours:.1f}")
+
+
 def run(args: argparse.Namespace) -> int:
     try:
+        _check_arguments(args)
+        if args.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
         spec = JobSpec(work_hours=args.work_hours, deadline_hours=args.deadline_hours,
                        save_cost_seconds=args.save_cost_seconds, restart_overhead_hours=args.restart_overhead_hours,
-                       notice_seconds=args.notice_seconds)
+                       notice_seconds=args.notice_seconds, nodes=args.nodes, transfer_seconds=args.transfer_seconds,
+                       transfer_dollars=args.transfer_dollars)
         traces = []
         for path in _trace_paths(args.traces):
             traces.extend(load_traces(path))
@@ -62,23 +103,40 @@ def run(args: argparse.Namespace) -> int:
             traces = [t for z in wanted for t in traces if t.zone == z]
         names = [n.strip() for n in args.policies.split(",") if n.strip()]
         for n in names:
-            controllers.get(n)
+            if n != HINDSIGHT:
+                controllers.get(n)
+        if HINDSIGHT in names and args.deadline_hours is None:
+            raise ValueError("the hindsight optimum needs a deadline: pass --deadline-hours")
+        short = [t.zone for t in traces if t.max_count < args.nodes]
+        if short:
+            raise ValueError(f"--nodes {args.nodes}: the traces of {short} never show that many instances up "
+                             "(a 1-node trace holds 0/1); use multi-node availability traces or fewer nodes")
+        prices = read_prices(args.prices) if args.prices else None
         market = None
-        if args.spot_price is None or args.on_demand_price is None:
+        if prices is None and (args.spot_price is None or args.on_demand_price is None):
             from airflow_spot.market import get_market
 
             market = get_market("local")
         pools, on_demand = build_pools(traces, spot_price=args.spot_price, on_demand_price=args.on_demand_price,
-                                       market=market)
+                                       market=market, prices=prices, nodes=args.nodes)
         start = int(args.start_hour * 3600 // traces[0].gap_seconds)
+        _check_window(args, traces, start)
     except (TraceError, ValueError, KeyError) as exc:
         print(f"airflow-spot simulate: {exc}", file=sys.stderr)
         return 2
     baseline = run_policies(spec, pools, on_demand, ["on-demand"], offset_ticks=start)[0].cost
-    results = run_policies(spec, pools, on_demand, names, offset_ticks=start)
-    print(f"job: {spec.work_hours:g} GPU h, deadline {spec.deadline_hours} h, restart {spec.restart_overhead_hours:g} h, "
-          f"zones {', '.join(t.zone for t in traces)}, start hour {args.start_hour:g}; on-demand only = ${baseline:.2f}")
-    print(format_table(results, baseline))
+    results = run_policies(spec, pools, on_demand, names, offset_ticks=start, jobs=args.jobs)
+    best = None
+    if spec.deadline_hours is not None:
+        best = next((r.cost for r in results if r.policy == HINDSIGHT), None)
+        if best is None:
+            best = run_one(spec, pools, on_demand, HINDSIGHT, start).cost
+    print(f"job: {spec.work_hours:g} GPU h x {spec.nodes} node(s), deadline {spec.deadline_hours} h, restart "
+          f"{spec.restart_overhead_hours:g} h, zones {', '.join(t.zone for t in traces)}, "
+          f"start hour {args.start_hour:g}, "
+          f"{args.jobs} job(s); on-demand only = ${baseline:.2f}"
+          + (f"; hindsight optimum = ${best:.2f}" if best else ""))
+    print(format_table(results, baseline, best))
     out: dict = {"spec": spec.__dict__, "zones": [t.zone for t in traces], "on_demand_cost": baseline,
                  "runs": [r.to_dict() for r in results]}
     if args.offsets:
@@ -87,9 +145,14 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"airflow-spot simulate: {exc}", file=sys.stderr)
             return 2
-        dists = [distribution(spec, pools, on_demand, n, offs, baseline) for n in names]
-        print(f"\nover {len(offs)} start offsets every {args.offset_step_hours:g} h (cost as a multiple of on-demand):")
-        print(format_distributions(dists))
+        dists = [distribution(spec, pools, on_demand, n, offs, baseline, jobs=args.jobs) for n in names]
+        hs = None
+        if spec.deadline_hours is not None:
+            hs = next((d for d in dists if d.policy == HINDSIGHT), None) or hindsight_distribution(
+                spec, pools, on_demand, offs, baseline)
+        print(f"\nover {len(offs)} start offsets every {args.offset_step_hours:g} h (cost as a multiple of on-demand"
+              + (", and / hindsight" if hs else "") + "):")
+        print(format_distributions(dists, hs))
         out["distributions"] = [d.to_dict() for d in dists]
     if args.png:
         print(f"\nwrote {plot(results, args.png, spec)}")

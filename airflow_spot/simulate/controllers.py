@@ -1,28 +1,25 @@
 """Controllers the simulator replays: our policy and the baselines, all driven by ``airflow_spot.policy``.
 
-* ``ours`` — the product's policies: :func:`airflow_spot.policy.deadline.decide` (``slack-budget``: slack
-  priced separately for waiting and for spot restarts, on-demand kept through an outage, back to spot
-  only for a pool up 0.75 h; constants tuned on these traces, see ``benchmarks/results_simulate.md``) says
-  spot / on-demand / wait, seeing how long the best pool has been up;
-  :func:`airflow_spot.policy.offer_ranking.choose_offer` picks the pool by cost per step, which for equal
-  prices is the pool up the longest; the checkpoint interval is the lead's Daly policy on the pool's
-  estimated MTBF; emergency saves on a notice.
-* ``ours-observed`` — ``ours`` seeing only what a real job can: each pool's age is
-  :func:`airflow_spot.policy.pool_age.observed_pool_age` from the job's own preemptions (its ledger), not
-  the traces' up-since, and the ranking's cool-down uses the same preemptions. Which pools can be
-  launched now stays the replay's assumption (a real job finds out by trying).
-* ``ours-observed-errors`` — plus the capacity errors an idle job meets (every pool down while it has
-  no instance refuses it then).
-* ``ours-observed-probe`` — plus, on on-demand, decisions only at boundaries an hour apart where the job
-  tries spot if the policy would leave (the down pools refuse). The operators record neither yet.
-* ``slack-reserve`` — the previous ``ours``: Uniform Progress measured in slack (0.06 s kept per second
-  of work left), leaving on-demand only for pools up an hour.
-* ``up-any-zone`` — "any zone up, else on-demand when behind the line": the same Uniform Progress
-  without ranking (first zone up) and without cool-down.
-* ``greedy`` — spot in any zone up until the deadline forces on-demand.
-* ``fixed-one-zone`` — the first zone given, checkpoints every ``fixed_interval`` and no emergency save, greedy
-  fallback to on-demand when the deadline forces it.
+Which observations each uses:
+
+* ``ours`` — what ``SpotSegmentOperator`` runs (:mod:`airflow_spot.simulate.observed`):
+  :func:`airflow_spot.policy.decision.decide_attempt` on observed pool events only — its own launches,
+  refusals and preemptions, probes while on on-demand (charged), and with ``--jobs N`` the other jobs'
+  events; it learns which pools are up only by trying them.
+* ``ours-no-probe`` — ``ours`` on a backend that cannot probe.
+* ``oracle-age`` — yardstick, not a policy: ``slack-budget`` seeing every pool's true up-since time and
+  which pools are up now (the previous headline ``ours``).
+* ``slack-reserve`` — Uniform Progress measured in slack (0.06 s kept per second of work left), leaving
+  on-demand only for pools up an hour; sees which pools are up and their ages (trace).
+* ``up-any-zone`` — "any zone up, else on-demand when behind the line", no cool-down; sees which pools
+  are up (trace).
+* ``greedy`` — spot in any zone up until the deadline forces on-demand; sees which pools are up (trace).
+* ``fixed-one-zone`` — one zone chosen at the start, checkpoints every ``fixed_interval`` and no
+  emergency save, greedy fallback to on-demand; sees whether its zone is up (trace).
 * ``on-demand`` — on-demand only.
+
+The baselines choose among the pools up by a stated rule (:func:`pick_by_rule`: cheapest per unit of
+work, then up the longest, then the name), never by the order the zones were listed in.
 """
 from __future__ import annotations
 
@@ -36,6 +33,7 @@ from airflow_spot.policy.offers import Market
 from airflow_spot.policy.pool_age import observed_spot_up_seconds
 from airflow_spot.policy.registry import PolicyRegistry
 from airflow_spot.simulate.engine import HOUR, View
+from airflow_spot.simulate.observed import ObservedController
 
 controllers = PolicyRegistry("simulated controller")
 
@@ -51,6 +49,18 @@ def _observation(
         spot_available=spot_available, running=running, spot_up_seconds=spot_up_seconds,
         no_spot_seconds=no_spot_seconds,
     )
+
+
+def pick_by_rule(view: View, pools) -> int:
+    """The baselines' pool choice, independent of the order zones are listed in: the cheapest per unit
+    of work, then the one up the longest (a pool up since before the traces begin counts as up the
+    longest), then the pool name."""
+    def key(i: int):
+        p = view.pools[i]
+        up = view.now - view.up_since[p.name] if p.name in view.up_since else math.inf
+        return (p.offer.price_per_hour / p.offer.relative_throughput, -up if view.up[i] else math.inf, p.name)
+
+    return min(pools, key=key)
 
 
 def _up_for(view: View, pools: list[int]) -> float | None:
@@ -69,7 +79,8 @@ class DeadlineController:
     :param deadline_policy: registered name in :mod:`airflow_spot.policy.deadline`.
     :param ranking: rank pools with :func:`choose_offer` (else the first zone up).
     :param cooldown_hours: a pool that lost capacity this recently is avoided while others are up.
-    :param zones: only these pool indexes (the one-zone baseline).
+    :param zones: None: every pool; empty: one pool, picked at the start by :func:`pick_by_rule`;
+        else only these pool indexes.
     :param fixed_interval_hours: periodic checkpoints at this interval instead of Daly's.
     """
 
@@ -103,9 +114,11 @@ class DeadlineController:
     state: DeadlineState = field(default_factory=DeadlineState)
     #: the last time a usable spot pool was seen (for how long an outage has lasted)
     spot_seen_at: float | None = None
+    #: the one-zone baseline's zone, picked at the job's start
+    zone_chosen: int | None = None
 
     def reset(self) -> "DeadlineController":
-        return replace(self, state=DeadlineState(), spot_seen_at=None, refused={}, boundary_at=None)
+        return replace(self, state=DeadlineState(), spot_seen_at=None, refused={}, boundary_at=None, zone_chosen=None)
 
     def _failures(self, view: View) -> dict[str, float]:
         """Pool -> when it was last seen to lose capacity: the traces, or only this job's own preemptions
@@ -148,7 +161,14 @@ class DeadlineController:
                              cooldown_seconds=self.cooldown_hours * HOUR)
 
     def _candidates(self, view: View) -> list[int]:
-        allowed = range(len(view.pools)) if self.zones is None else self.zones
+        if self.zones is None:
+            allowed: tuple[int, ...] | range = range(len(view.pools))
+        elif self.zones:
+            allowed = self.zones
+        else:
+            if self.zone_chosen is None:  # the one zone: chosen once, at the job's start, by the rule
+                self.zone_chosen = pick_by_rule(view, range(len(view.pools)))
+            allowed = (self.zone_chosen,)
         return [i for i in allowed if view.up[i]]
 
     def decide(self, view: View) -> tuple[str, int] | None:
@@ -187,7 +207,7 @@ class DeadlineController:
         if on_spot and view.up[view.running[1]]:
             return view.running
         if not self.ranking:
-            return ("spot", usable[0])
+            return ("spot", pick_by_rule(view, usable))
         best = choose_offer([view.pools[i].offer for i in usable], now=view.now,
                             recent_preemptions=seen, params=rp)
         return ("spot", next(i for i in usable if view.pools[i].offer is best))
@@ -204,34 +224,23 @@ class DeadlineController:
 
 
 @controllers.register("ours", default=True)
-def ours() -> DeadlineController:
-    # the cool-down only orders the pools (longest up first); leaving on-demand is the policy's call
-    return DeadlineController("ours", deadline_policy="slack-budget", cooldown_hours=1.0,
+def ours() -> ObservedController:
+    # what SpotSegmentOperator runs: policy.decision.decide_attempt on observed events only
+    return ObservedController("ours")
+
+
+@controllers.register("ours-no-probe")
+def ours_no_probe() -> ObservedController:
+    # ours on a backend that cannot probe spot capacity while the job runs on on-demand
+    return ObservedController("ours-no-probe", probes=False)
+
+
+@controllers.register("oracle-age")
+def oracle_age() -> DeadlineController:
+    # a yardstick, not a policy: slack-budget seeing every pool's true up-since time and which pools are
+    # up now from the traces (the previous headline `ours`); the cool-down only orders the pools
+    return DeadlineController("oracle-age", deadline_policy="slack-budget", cooldown_hours=1.0,
                               settle_from_on_demand=False)
-
-
-@controllers.register("ours-observed")
-def ours_observed() -> DeadlineController:
-    # the same rule and constants as ours; only the pools' ages come from the job's own ledger
-    return DeadlineController("ours-observed", deadline_policy="slack-budget", cooldown_hours=1.0,
-                              settle_from_on_demand=False, observed_ages=True)
-
-
-@controllers.register("ours-observed-errors")
-def ours_observed_errors() -> DeadlineController:
-    # ours-observed plus the capacity errors an idle job would meet (the operators do not record them yet)
-    return DeadlineController("ours-observed-errors", deadline_policy="slack-budget", cooldown_hours=1.0,
-                              settle_from_on_demand=False, observed_ages=True, observe_capacity_errors=True)
-
-
-@controllers.register("ours-observed-probe")
-def ours_observed_probe() -> DeadlineController:
-    # ours-observed-errors, and on on-demand an hourly segment boundary (the on-demand checkpoint interval)
-    # at which the job tries spot when the policy would leave: what the operators could do if they kept
-    # the warm on-demand instance while trying spot and recorded the capacity errors
-    return DeadlineController("ours-observed-probe", deadline_policy="slack-budget", cooldown_hours=1.0,
-                              settle_from_on_demand=False, observed_ages=True, observe_capacity_errors=True,
-                              probe_every_seconds=HOUR)
 
 
 @controllers.register("slack-reserve")
@@ -253,7 +262,7 @@ def greedy() -> DeadlineController:
 @controllers.register("fixed-one-zone")
 def fixed_one_zone() -> DeadlineController:
     return DeadlineController("fixed-one-zone", deadline_policy="greedy", ranking=False, emergency_save=False,
-                              zones=(0,), fixed_interval_hours=0.5)
+                              zones=(), fixed_interval_hours=0.5)
 
 
 @controllers.register("on-demand")

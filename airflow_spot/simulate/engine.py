@@ -37,15 +37,25 @@ class JobSpec:
     :param deadline_hours: hours from the job's start, or None.
     :param save_cost_seconds: training stall per checkpoint.
     :param restart_overhead_hours: paid time without progress per new instance.
-    :param notice_seconds: preemption notice (AWS: 120 s)."""
+    :param notice_seconds: preemption notice (AWS: 120 s).
+    :param nodes: instances the job runs on at once (a gang): a pool is up when its trace's count is
+        at least this (multi-node availability traces); the pools' prices are the gang's.
+    :param transfer_seconds: extra restart time when an instance starts in another region than the
+        job's last checkpoint (moving it across regions).
+    :param transfer_dollars: money per such move (egress)."""
 
     work_hours: float
     deadline_hours: float | None = None
     save_cost_seconds: float = 10.0
     restart_overhead_hours: float = 0.2
     notice_seconds: float = 120.0
+    nodes: int = 1
+    transfer_seconds: float = 0.0
+    transfer_dollars: float = 0.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
+            raise ValueError(f"nodes must be a whole number >= 1, got {self.nodes!r}")
         if not self.work_hours > 0:
             raise ValueError(f"work_hours must be positive, got {self.work_hours!r}")
         if self.deadline_hours is not None and self.deadline_hours < self.work_hours:
@@ -53,7 +63,8 @@ class JobSpec:
                 f"deadline_hours {self.deadline_hours} is shorter than the work ({self.work_hours} h): "
                 "no policy can meet it; raise the deadline or shrink the job"
             )
-        for name in ("save_cost_seconds", "restart_overhead_hours", "notice_seconds"):
+        for name in ("save_cost_seconds", "restart_overhead_hours", "notice_seconds", "transfer_seconds",
+                     "transfer_dollars"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
 
@@ -159,12 +170,13 @@ def simulate(
     timeline: list[tuple[float, float, float]] = [(0.0, 0.0, 0.0)]
     last_loss: dict[str, float] = {}
     up_since: dict[str, float] = {}
-    for p in pools:  # the past before the job started is known too
-        before = p.trace.values[: max(0, offset_ticks + 1)]
+    ups = [p.trace.up_for(spec.nodes) for p in pools]
+    for p, values in zip(pools, ups, strict=True):  # the past before the job started is known too
+        before = values[: max(0, offset_ticks + 1)]
         for i in range(len(before) - 1, 0, -1):
-            if before[i - 1] == 1 and before[i] == 0 and p.name not in last_loss:
+            if before[i - 1] and not before[i] and p.name not in last_loss:
                 last_loss[p.name] = (i - offset_ticks) * gap
-            if before[i - 1] == 0 and before[i] == 1 and p.name not in up_since:
+            if not before[i - 1] and before[i] and p.name not in up_since:
                 up_since[p.name] = (i - offset_ticks) * gap
             if p.name in last_loss and p.name in up_since:
                 break
@@ -172,6 +184,8 @@ def simulate(
     ours_count: dict[str, int] = {}
     cost_so_far = 0.0
     done_at: float | None = None
+    checkpoint_region: str | None = None
+    transfer_cost = 0.0
 
     def close(now: float, outcome: str, kept: float, lost: float) -> None:
         nonlocal attempt, cost_so_far
@@ -190,11 +204,11 @@ def simulate(
     for t in range(horizon_ticks):
         now = t * gap
         idx = offset_ticks + t
-        up = [p.trace.values[idx] == 1 if idx < len(p.trace.values) else False for p in pools]
+        up = [values[idx] if idx < len(values) else False for values in ups]
         if idx > 0:
-            for p in pools:
-                if idx < len(p.trace.values) and p.trace.values[idx - 1] != p.trace.values[idx]:
-                    (up_since if p.trace.values[idx] == 1 else last_loss)[p.name] = now
+            for p, values in zip(pools, ups, strict=True):
+                if idx < len(values) and values[idx - 1] != values[idx]:
+                    (up_since if values[idx] else last_loss)[p.name] = now
         if attempt is not None and attempt.where[0] == "spot" and not up[attempt.where[1]]:
             saved = controller.emergency_save and spec.save_cost_seconds <= spec.notice_seconds
             lost = 0.0 if saved else progress - committed
@@ -217,6 +231,10 @@ def simulate(
                 offer = on_demand if target[0] == "on-demand" else pools[target[1]].offer
                 attempt = _Attempt(target, offer, now, committed)
                 pending, since_ckpt = r, 0.0
+                if checkpoint_region is not None and offer.region != checkpoint_region:
+                    pending += spec.transfer_seconds  # the checkpoint moves to the new region
+                    transfer_cost += spec.transfer_dollars
+                checkpoint_region = offer.region
         if attempt is not None:
             thr = attempt.offer.relative_throughput
             use = min(pending, gap)
@@ -244,7 +262,8 @@ def simulate(
     deadline = spec.deadline_hours
     return SimResult(
         policy=controller.name,
-        cost=summary.cost,
+        # probes (spot requests placed and cancelled) are billed outside the job's attempts
+        cost=summary.cost + getattr(controller, "probe_cost", 0.0) + transfer_cost,
         on_demand_cost=summary.on_demand_cost,
         completed=done_at is not None,
         completion_hours=done_at / HOUR if done_at is not None else None,

@@ -1,62 +1,179 @@
-"""``airflow-spot estimate``: time and cost of a job on each offer of the market, from measured step times.
+"""``airflow-spot estimate``: rank instance types for a job before it starts (the offline estimate).
 
-    airflow-spot estimate --steps 200000 --measured V100=0.42 --measured A10G=0.47 --gpus 1 --top 10
+The job's step time comes from a short profiling run — measured here (``--profile-command``, run for a
+few hundred steps under the training session, warm-up excluded) or given for one or more GPU models
+(``--measured V100=0.42``) — and is scaled to every offer's GPU by the catalog's relative throughput
+(:mod:`airflow_spot.market.throughput`). Each offer gets the job's time, its expected cost (preemption
+overhead included) and an uncertainty (see :func:`airflow_spot.policy.estimate.rank_offers_for_job`)::
+
+    airflow-spot estimate --steps 200000 --measured V100=0.42 --gpus 1 --top 10
+    airflow-spot estimate --steps 200000 --profile-command "python train.py" --profile-as T4
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable
 
-from airflow_spot.market.throughput import instance_throughput
-from airflow_spot.policy.estimate import fit_step_time
-from airflow_spot.policy.offer_ranking import RankingParams, cost_per_step
+from airflow_spot.market.throughput import RELATIVE_THROUGHPUT_PER_GPU, instance_throughput
+from airflow_spot.policy.estimate import WARMUP_STEPS, fit_step_time, rank_offers_for_job
 from airflow_spot.policy.offers import GpuRequest, Market
+
+#: seconds between two looks at the profiling run's heartbeat
+PROFILE_POLL_SECONDS = 0.05
+
+
+class EstimateError(ValueError):
+    """A bad argument or a profiling run that measured nothing; the message says what to change."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, required=True, help="training steps of the whole job")
     p.add_argument("--measured", action="append", default=[], metavar="GPU=SECONDS",
                    help="seconds per step measured on one GPU of that type (repeat for several types)")
+    p.add_argument("--profile-command", default=None,
+                   help="measure here: run this training command (a SpotSession script) for --profile-steps steps")
+    p.add_argument("--profile-as", default=None, metavar="GPU",
+                   help="the GPU model the profiling machine counts as (e.g. T4); required with --profile-command")
+    p.add_argument("--profile-steps", type=int, default=200, help="steps of the profiling run")
+    p.add_argument("--profile-timeout", type=float, default=600.0, help="seconds the profiling run may take")
     p.add_argument("--gpus", type=int, default=1, help="GPUs per instance")
     p.add_argument("--min-memory-gib", type=float, default=0.0)
     p.add_argument("--regions", default="", help="comma-separated regions (default: all)")
     p.add_argument("--restart-overhead-seconds", type=float, default=600.0)
     p.add_argument("--top", type=int, default=15, help="show this many offers, cheapest expected cost first")
+    p.add_argument("--json", dest="json_out", action="store_true", help="print the ranking as JSON")
 
 
-def run(args: argparse.Namespace) -> int:
+def parse_measured(items: list[str]) -> dict[str, float]:
+    """``["V100=0.42", ...]`` -> ``{"V100": 0.42}``, with errors that name the bad item."""
+    out: dict[str, float] = {}
+    for item in items:
+        gpu, sep, secs = item.partition("=")
+        gpu = gpu.strip()
+        if not sep or not gpu:
+            raise EstimateError(f"--measured {item!r}: expected GPU=SECONDS, e.g. V100=0.42")
+        if gpu not in RELATIVE_THROUGHPUT_PER_GPU:
+            known = ", ".join(RELATIVE_THROUGHPUT_PER_GPU)
+            raise EstimateError(f"--measured {item!r}: unknown GPU {gpu!r}; known: {known}")
+        try:
+            value = float(secs)
+        except ValueError:
+            raise EstimateError(f"--measured {item!r}: {secs!r} is not a number of seconds") from None
+        if not value > 0:
+            raise EstimateError(f"--measured {item!r}: seconds per step must be positive")
+        out[gpu] = value
+    return out
+
+
+def profile_step_seconds(
+    command: list[str], steps: int, *, warmup_steps: int = WARMUP_STEPS, timeout: float = 600.0,
+    env: dict[str, str] | None = None, poll: Callable[[float], None] = time.sleep,
+) -> float:
+    """Run ``command`` for ``steps`` steps as a one-segment job in a scratch store and measure its pace.
+
+    The training session's heartbeats are read every :data:`PROFILE_POLL_SECONDS`; the step time is the
+    slope between the first heartbeat past ``warmup_steps`` and the last one (restore, allocator and
+    kernel warm-up excluded). Falls back to the session's own EWMA when too few heartbeats landed.
+
+    :raises EstimateError: the command is not found, fails, times out or reports no steps.
+    """
+    from airflow_spot.storage.object_store import open_store
+    from airflow_spot.storage.protocol import JobLayout
+    from airflow_spot.training import env as E
+
+    if shutil.which(command[0]) is None:
+        raise EstimateError(f"--profile-command: {command[0]!r} was not found on PATH")
+    if steps <= warmup_steps + 1:
+        raise EstimateError(f"--profile-steps must exceed the {warmup_steps} warm-up steps, got {steps}")
+    with tempfile.TemporaryDirectory(prefix="spot-profile-") as tmp:
+        store = open_store(f"file://{tmp}")
+        layout = JobLayout(store)
+        run_env = {**os.environ, **(env or {}), E.JOB_URI: store.uri, E.ATTEMPT_ID: "profile",
+                   E.START_STEP: "0", E.END_STEP: str(steps), E.TOTAL_STEPS: str(steps),
+                   E.HEARTBEAT_SECONDS: "0.05", E.WARM_PROCESS: "0"}
+        proc = subprocess.Popen(command, env=run_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        samples: list[tuple[int, float]] = []
+        deadline = time.monotonic() + timeout
+        last = None
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                raise EstimateError(f"--profile-command ran longer than --profile-timeout={timeout:g} s")
+            hb = layout.read_heartbeat("profile")
+            if hb is not None and (not samples or hb.step > samples[-1][0]):
+                samples.append((hb.step, hb.time))
+            last = hb or last
+            poll(PROFILE_POLL_SECONDS)
+        err = proc.stderr.read() if proc.stderr else ""
+        if proc.returncode != 0:
+            raise EstimateError(f"--profile-command exited {proc.returncode}:\n{err[-2000:]}")
+        last = layout.read_heartbeat("profile") or last
+    warm = [s for s in samples if s[0] > warmup_steps and s[0] < steps]
+    if len(warm) >= 2 and warm[-1][1] > warm[0][1]:
+        return (warm[-1][1] - warm[0][1]) / (warm[-1][0] - warm[0][0])
+    if last is not None and last.step_time_ewma:
+        return float(last.step_time_ewma)
+    raise EstimateError("--profile-command reported no step: does it train through SpotSession.steps()?")
+
+
+def rank(args: argparse.Namespace) -> tuple[list, object]:
+    """The ranking of the market's offers for ``args``; raises :class:`EstimateError` on bad arguments."""
     from airflow_spot.market import get_market
 
+    if args.steps <= 0:
+        raise EstimateError(f"--steps must be a positive number of training steps, got {args.steps}")
+    if args.gpus < 1:
+        raise EstimateError(f"--gpus must be at least 1, got {args.gpus}")
+    measured = parse_measured(args.measured)
+    if args.profile_command:
+        if not args.profile_as:
+            raise EstimateError("--profile-command needs --profile-as GPU: which GPU model the run stands for")
+        if args.profile_as not in RELATIVE_THROUGHPUT_PER_GPU:
+            raise EstimateError(f"--profile-as {args.profile_as!r}: unknown GPU; known: "
+                                f"{', '.join(RELATIVE_THROUGHPUT_PER_GPU)}")
+        measured[args.profile_as] = profile_step_seconds(
+            shlex.split(args.profile_command), args.profile_steps, timeout=args.profile_timeout)
+    if not measured:
+        raise EstimateError("give a step time: --measured GPU=SECONDS, or --profile-command CMD --profile-as GPU")
+    by_throughput = {instance_throughput(g, 1): t for g, t in measured.items()}
+    model = fit_step_time(by_throughput)
+    regions = [r for r in args.regions.split(",") if r]
     try:
-        if args.steps <= 0:
-            raise ValueError("--steps must be positive")
-        measured: dict[float, float] = {}
-        for item in args.measured:
-            gpu, _, secs = item.partition("=")
-            try:
-                measured[instance_throughput(gpu.strip(), 1)] = float(secs)
-            except KeyError:
-                raise ValueError(f"--measured {item!r}: unknown GPU {gpu!r}") from None
-            except ValueError:
-                raise ValueError(f"--measured {item!r}: expected GPU=SECONDS, e.g. V100=0.42") from None
-        model = fit_step_time(measured)
-        regions = [r for r in args.regions.split(",") if r]
         market = get_market("local", regions=regions or None)
         offers = market.offers(GpuRequest(count=args.gpus, min_memory_gib=args.min_memory_gib))
     except ValueError as exc:
+        raise EstimateError(str(exc)) from exc
+    if not offers:
+        raise EstimateError("no offer matches --gpus/--min-memory-gib/--regions; loosen them")
+    ranked = rank_offers_for_job(offers, args.steps, model, list(by_throughput),
+                                 overhead_seconds=args.restart_overhead_seconds)
+    return ranked, model
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        ranked, model = rank(args)
+    except EstimateError as exc:
         print(f"airflow-spot estimate: {exc}", file=sys.stderr)
         return 2
-    params = RankingParams(overhead_seconds=args.restart_overhead_seconds)
-    rows = []
-    for o in offers:
-        hours = args.steps * model.step_seconds(o.relative_throughput) / 3600.0
-        # cost_per_step is $ per V100-hour; scale by the job's hours on this offer
-        expected = cost_per_step(o, params) * o.relative_throughput * hours
-        rows.append((expected, hours, o))
-    rows.sort(key=lambda r: r[0])
-    print(f"step time fit: t = {model.step_seconds(1.0):.3f} s on a V100 x throughput^-{model.b:.2f}")
-    print(f"{'instance':<16}{'market':<11}{'zone':<14}{'GPU':<10}{'$/h':>8}{'hours':>9}{'expected $':>12}")
-    for expected, hours, o in rows[: args.top]:
+    if args.json_out:
+        print(json.dumps([e.to_dict() for e in ranked[: args.top]], indent=2))
+        return 0
+    print(f"step time fit: t = {model.step_seconds(1.0):.4f} s on a V100 x throughput^-{model.b:.2f}")
+    print(f"{'instance':<16}{'market':<11}{'zone':<14}{'GPU':<10}{'$/h':>8}{'hours':>9}{'expected $':>12}{'+-':>6}")
+    for e in ranked[: args.top]:
+        o = e.offer
         print(f"{o.instance_type:<16}{Market(o.market).value:<11}{o.zone:<14}{o.gpu_name:<10}{o.price_per_hour:>8.3f}"
-              f"{hours:>9.1f}{expected:>12.2f}")
+              f"{e.hours:>9.2f}{e.expected_cost:>12.2f}{100 * e.uncertainty:>5.0f}%")
+    print("+-: the profile's own noise on a measured GPU model; with the catalog's throughput figures "
+          "(about 25 %) on the others")
     return 0

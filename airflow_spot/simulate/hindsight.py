@@ -18,11 +18,11 @@ from airflow_spot.policy.offers import Offer
 from airflow_spot.simulate.engine import HOUR, JobSpec, SimPool
 
 
-def _up_by_step(pools: list[SimPool], offset_ticks: int, steps: int, step_seconds: float) -> np.ndarray:
+def _up_by_step(pools: list[SimPool], offset_ticks: int, steps: int, step_seconds: float, nodes: int = 1) -> np.ndarray:
     gap = pools[0].trace.gap_seconds
     out = np.zeros((len(pools), steps), dtype=bool)
     for i, p in enumerate(pools):
-        v = p.trace.values
+        v = p.trace.up_for(nodes)
         for s in range(steps):
             a = offset_ticks + int(s * step_seconds // gap)
             b = offset_ticks + int(math.ceil((s + 1) * step_seconds / gap))
@@ -44,7 +44,7 @@ def hindsight_cost(
     horizon = int(round(spec.deadline_hours * HOUR / step_seconds))
     restart = max(1, int(round(spec.restart_overhead_hours * HOUR / step_seconds)))
     spare = horizon - work
-    up = _up_by_step(pools, offset_ticks, horizon, step_seconds)
+    up = _up_by_step(pools, offset_ticks, horizon, step_seconds, spec.nodes)
     # places: 0 idle, 1 on-demand, 2.. the spot pools; cost[slack used, place, restart steps left]
     price = [0.0, on_demand.price_per_hour] + [p.offer.price_per_hour for p in pools]
     price = [x * step_seconds / HOUR for x in price]

@@ -15,6 +15,38 @@ from airflow_spot.simulate.engine import HOUR, JobSpec, SimPool, SimResult, simu
 REFERENCE_GPU = "V100"
 
 
+def read_prices(path: str | Path) -> dict[str, tuple[float, float]]:
+    """``zone,spot,on_demand`` CSV (a header line is allowed) -> zone -> (spot $/h, on-demand $/h)."""
+    import csv
+
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"prices file {p} does not exist; give a CSV with lines zone,spot,on_demand")
+    out: dict[str, tuple[float, float]] = {}
+    with p.open(newline="") as f:
+        for n, row in enumerate(csv.reader(f), 1):
+            cells = [c.strip() for c in row]
+            if not cells or not any(cells) or cells[0].startswith("#"):
+                continue
+            if n == 1 and cells[0].lower() == "zone":
+                continue
+            if len(cells) != 3:
+                raise ValueError(f"{p} line {n}: expected zone,spot,on_demand, got {','.join(cells)!r}")
+            try:
+                spot, od = float(cells[1]), float(cells[2])
+            except ValueError:
+                raise ValueError(
+                    f"{p} line {n}: prices must be numbers ($/h), got {cells[1]!r}, {cells[2]!r}") from None
+            if not (spot > 0 and od > 0):
+                raise ValueError(f"{p} line {n}: prices must be positive, got spot {spot}, on-demand {od}")
+            if cells[0] in out:
+                raise ValueError(f"{p} line {n}: zone {cells[0]} is listed twice")
+            out[cells[0]] = (spot, od)
+    if not out:
+        raise ValueError(f"{p} holds no price line; expected zone,spot,on_demand")
+    return out
+
+
 def build_pools(
     traces: list[SpotTrace],
     *,
@@ -22,15 +54,25 @@ def build_pools(
     on_demand_price: float | None,
     market=None,
     instance_type: str = "p3.2xlarge",
+    prices: dict[str, tuple[float, float]] | None = None,
+    nodes: int = 1,
 ) -> tuple[list[SimPool], Offer]:
-    """Pools for the traces, priced by the given prices or else by the market (catalog): a trace zone gets
-    the median spot price of its instance type in its region (trace zone names do not map to the
-    catalog's zone ids)."""
+    """Pools for the traces, priced per zone by ``prices`` (zone -> spot, on-demand), else by the given
+    prices, else by the market (catalog): a trace zone gets the median spot price of its instance type in
+    its region (trace zone names do not map to the catalog's zone ids). A gang of ``nodes`` instances
+    pays ``nodes`` times the price. The on-demand offer is the cheapest zone's on-demand price, in its
+    region (on-demand capacity is assumed available everywhere)."""
+    if prices is not None:
+        missing = sorted({t.zone for t in traces} - set(prices))
+        if missing:
+            raise ValueError(f"the prices file has no line for zones {missing}; add zone,spot,on_demand lines")
     pools = []
-    od_price = on_demand_price
+    od_by_region: dict[str, float] = {}
     for t in traces:
         itype = t.instance_type or instance_type
         price, od = spot_price, on_demand_price
+        if prices is not None:
+            price, od = prices[t.zone]
         if price is None or od is None:
             if market is None:
                 raise ValueError("give --spot-price and --on-demand-price, or a market to price the traces from")
@@ -41,16 +83,19 @@ def build_pools(
                 if not spots:
                     raise ValueError(f"the catalog has no spot price for {itype} in {t.region}; pass --spot-price")
                 price = spots[len(spots) // 2]
-        od_price = od if od_price is None else od_price
+        od_by_region[t.region] = min(od * nodes, od_by_region.get(t.region, float("inf")))
         # the prior every pool starts from, not the trace's own MTBF (that would look into the future)
         rate = 1.0 / DEFAULT_MTBF_HOURS
-        pools.append(SimPool(t, Offer(itype, t.region, t.zone, Market.SPOT, price, od, REFERENCE_GPU, 1, 16.0,
-                                      relative_throughput=1.0, preemption_rate_per_hour=rate)))
-    if od_price is None:
-        raise ValueError("no on-demand price: pass --on-demand-price")
-    region = traces[0].region if traces else "us-east-1"
+        pools.append(SimPool(t, Offer(itype, t.region, t.zone, Market.SPOT, price * nodes, od * nodes, REFERENCE_GPU,
+                                      nodes, 16.0, relative_throughput=1.0, preemption_rate_per_hour=rate)))
+    if not od_by_region:
+        if on_demand_price is None:
+            raise ValueError("no on-demand price: pass --on-demand-price")
+        od_by_region["us-east-1"] = on_demand_price * nodes
+    region = min(od_by_region, key=lambda r: (od_by_region[r], r))
+    od_price = od_by_region[region]
     on_demand = Offer(pools[0].offer.instance_type if pools else instance_type, region, region, Market.ON_DEMAND,
-                      od_price, od_price, REFERENCE_GPU, 1, 16.0, relative_throughput=1.0)
+                      od_price, od_price, REFERENCE_GPU, nodes, 16.0, relative_throughput=1.0)
     return pools, on_demand
 
 
@@ -89,12 +134,45 @@ class Distribution:
         return statistics.mean(self.ratios[parity::2])
 
 
-def run_policies(spec, pools, on_demand, names, offset_ticks=0) -> list[SimResult]:
-    return [simulate(spec, pools, on_demand, controllers.get(n)(), offset_ticks=offset_ticks) for n in names]
+#: not a controller: the hindsight optimum (knows the future), reported beside the policies
+HINDSIGHT = "hindsight"
 
 
-def distribution(spec, pools, on_demand, name, offsets, baseline_cost: float) -> Distribution:
-    results = [simulate(spec, pools, on_demand, controllers.get(name)(), offset_ticks=o) for o in offsets]
+def policy_names() -> list[str]:
+    return controllers.names() + [HINDSIGHT]
+
+
+def run_one(spec, pools, on_demand, name: str, offset_ticks: int = 0, jobs: int = 1) -> SimResult:
+    """One replay of ``name``. With ``jobs`` > 1 and a controller that reads the deployment's events
+    (``shared``), ``jobs`` jobs are replayed on the same window one after the other, each seeing the
+    events of those before it (at their times, never the future); the result is the last job's."""
+    if name == HINDSIGHT:
+        from airflow_spot.simulate.hindsight import hindsight_cost
+
+        cost = hindsight_cost(spec, pools, on_demand, offset_ticks=offset_ticks)
+        return SimResult(HINDSIGHT, cost, math.nan, True, None, True, 0, 0.0, math.nan, math.nan)
+    shared: list = []
+    result = None
+    for _ in range(max(1, jobs)):
+        controller = controllers.get(name)()
+        if hasattr(controller, "shared"):
+            controller.shared = list(shared)
+        result = simulate(spec, pools, on_demand, controller, offset_ticks=offset_ticks)
+        if not hasattr(controller, "shared"):
+            break  # the others do not read the deployment's events: one job says it all
+        shared.extend(controller.events)
+    assert result is not None
+    return result
+
+
+def run_policies(spec, pools, on_demand, names, offset_ticks=0, jobs: int = 1) -> list[SimResult]:
+    return [run_one(spec, pools, on_demand, n, offset_ticks, jobs) for n in names]
+
+
+def distribution(spec, pools, on_demand, name, offsets, baseline_cost: float, jobs: int = 1) -> Distribution:
+    if name == HINDSIGHT:
+        return hindsight_distribution(spec, pools, on_demand, offsets, baseline_cost)
+    results = [run_one(spec, pools, on_demand, name, o, jobs) for o in offsets]
     in_order = [r.cost / baseline_cost for r in results]
     ratios = sorted(in_order)
     return Distribution(
@@ -123,28 +201,52 @@ def hindsight_distribution(spec, pools, on_demand, offsets, baseline_cost: float
     )
 
 
-def format_table(results: list[SimResult], baseline_cost: float) -> str:
-    head = f"{'policy':<22}{'cost $':>10}{'x on-demand':>13}{'done (h)':>10}{'deadline':>10}{'preempt.':>10}{'lost GPU h':>12}{'spot h':>9}{'od h':>8}"
+def format_table(results: list[SimResult], baseline_cost: float, hindsight_cost: float | None = None) -> str:
+    """One row per policy; ``x hindsight`` (cost / hindsight optimum) when ``hindsight_cost`` is given."""
+    hs = f"{'x hindsight':>13}" if hindsight_cost else ""
+    head = (f"{'policy':<22}{'cost $':>10}{'x on-demand':>13}{hs}{'done (h)':>11}{'deadline':>10}{'preempt.':>10}"
+            f"{'lost GPU h':>12}{'spot h':>9}{'od h':>8}")
     lines = [head, "-" * len(head)]
     for r in results:
         met = "-" if r.deadline_met is None else ("met" if r.deadline_met else "MISSED")
-        done = f"{r.completion_hours:.1f}" if r.completion_hours is not None else "unfinished"
+        done = "-" if r.policy == HINDSIGHT else "unfinished"
+        if r.completion_hours is not None:
+            done = f"{r.completion_hours:.1f}"
+        ratio = f"{r.cost / hindsight_cost:>13.3f}" if hindsight_cost else ""
         lines.append(
-            f"{r.policy:<22}{r.cost:>10.2f}{r.cost / baseline_cost:>13.3f}{done:>10}{met:>10}{r.preemptions:>10d}"
+            f"{r.policy:<22}{r.cost:>10.2f}{r.cost / baseline_cost:>13.3f}{ratio}{done:>11}{met:>10}"
+            f"{r.preemptions:>10d}"
             f"{r.lost_gpu_hours:>12.2f}{r.spot_hours:>9.1f}{r.on_demand_hours:>8.1f}"
         )
     return "\n".join(lines)
 
 
-def format_distributions(dists: list[Distribution]) -> str:
-    head = f"{'policy':<22}{'runs':>6}{'mean x':>9}{'p90 x':>9}{'worst x':>9}{'deadline met':>14}{'lost GPU h':>12}{'preempt.':>10}"
+def hindsight_ratios(d: Distribution, hindsight: Distribution) -> list[float]:
+    """Per offset: the policy's cost / the hindsight optimum's (both are ratios to the same on-demand cost)."""
+    return [a / b for a, b in zip(d.ratios, hindsight.ratios, strict=True)]
+
+
+def format_distributions(dists: list[Distribution], hindsight: Distribution | None = None) -> str:
+    """Per policy: mean / p90 / worst cost as a multiple of on-demand, and with ``hindsight`` the mean,
+    p90 and worst of cost / hindsight over the same offsets."""
+    hs = f"{'mean /hs':>10}{'p90 /hs':>9}{'worst /hs':>10}" if hindsight else ""
+    head = (f"{'policy':<22}{'runs':>6}{'mean x':>9}{'p90 x':>9}{'worst x':>9}{hs}{'deadline met':>14}"
+            f"{'lost GPU h':>12}{'preempt.':>10}")
     lines = [head, "-" * len(head)]
     for d in dists:
+        extra = ""
+        if hindsight:
+            rs = sorted(hindsight_ratios(d, hindsight))
+            extra = f"{statistics.mean(rs):>10.3f}{_p90(rs):>9.3f}{rs[-1]:>10.3f}"
         lines.append(
-            f"{d.policy:<22}{d.runs:>6d}{d.mean_ratio:>9.3f}{d.p90_ratio:>9.3f}{d.worst_ratio:>9.3f}"
+            f"{d.policy:<22}{d.runs:>6d}{d.mean_ratio:>9.3f}{d.p90_ratio:>9.3f}{d.worst_ratio:>9.3f}{extra}"
             f"{f'{d.deadline_met}/{d.runs}':>14}{d.mean_lost_gpu_hours:>12.2f}{d.mean_preemptions:>10.1f}"
         )
     return "\n".join(lines)
+
+
+def _p90(sorted_values: list[float]) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(math.ceil(0.9 * len(sorted_values))) - 1)]
 
 
 def plot(results: list[SimResult], path: str | Path, spec: JobSpec, title: str = "") -> Path:

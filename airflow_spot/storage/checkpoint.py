@@ -1,78 +1,103 @@
-"""Committed checkpoints: data files first, manifest last, verified on restore.
+"""Committed checkpoints: data files first, manifest last, everything verified before it is trusted.
 
 Layout (relative to the store, usually ``<job>/checkpoints``)::
 
     <step:012d>-<writer>-<nonce>/state.pt        payload, written first
-    <step:012d>-<writer>-<nonce>/MANIFEST.json   written last: step, files, sizes, sha256, save time
+    <step:012d>-<writer>-<nonce>/MANIFEST.json   written last: step, files, sizes, sha256, save time, checksum
+    quarantine/<step:012d>-<writer>-<nonce>/...  set aside by ``airflow-spot checkpoints restore`` (never read)
 
 A checkpoint exists only once its manifest does, and the manifest names the files with their checksums,
 so a crash mid-save leaves a directory without a manifest, which restore ignores. Every save goes to a
 directory of its own (writer id + random nonce): two attempts of one job racing can never interleave
 into one checkpoint, and nothing committed is ever overwritten.
 
+A manifest is trusted only when (1) its own ``checksum`` (sha256 of its canonical JSON without that
+field) matches, (2) its ``step``, ``writer`` and ``directory`` agree with the directory it was found in,
+and (3) at restore, the payload's size and sha256 match. Manifests written before the checksum existed
+(schema 1, no ``checksum``) are still read, because (2) and (3) still catch a changed step or payload;
+a manifest that carries a checksum is always held to it, whatever its ``schema`` says.
+
+A checkpoint whose manifest exists but does not verify is never treated as absent: restore falls back to
+the newest older one that verifies, logging an ERROR that names what is broken, and when checkpoints
+exist and none verifies it raises :class:`NoUsableCheckpointError` (never a silent start from step 0).
+
 This module knows nothing about torch: callers pass a ``write(fileobj)`` and a ``read(path)`` function.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import json
 import logging
 import os
 import re
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from airflow_spot.storage.manifest import (  # re-exported: callers import them from here
+    MANIFEST_SCHEMA,
+    CheckpointError,
+    FileEntry,
+    Manifest,
+    ManifestError,
+    is_int,
+    manifest_checksum,
+)
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
 PAYLOAD = "state.pt"
-MANIFEST_SCHEMA = 1
+QUARANTINE = "quarantine"
 _DIR_RE = re.compile(r"^(\d{12})-")
 
 
-class CheckpointError(RuntimeError):
-    """No usable checkpoint could be read, or a save failed."""
+class CheckpointSaveError(CheckpointError):
+    """A checkpoint could not be written or committed; committed checkpoints are untouched."""
+
+
+class NoUsableCheckpointError(CheckpointError):
+    """Checkpoints exist but none of them verifies: resuming from step 0 would silently lose progress.
+
+    :param uri: the checkpoint store's URI (used in the recovery hint).
+    :param problems: one line per broken checkpoint, newest first.
+    """
+
+    def __init__(self, uri: str, problems: list[str]) -> None:
+        self.uri = uri
+        self.problems = problems
+        super().__init__(
+            f"no usable checkpoint: {len(problems)} checkpoint(s) exist in {uri} but none verifies, so training "
+            "will not silently start again from step 0. Broken, newest first:\n  " + "\n  ".join(problems) + "\n"
+            f"To recover: inspect them with `airflow-spot checkpoints verify {uri}`; then either repair the store "
+            f"(e.g. restore the files from a backup) or make an older good step the one a resume uses with "
+            f"`airflow-spot checkpoints restore --step N {uri}` (sets newer ones aside under {QUARANTINE}/); "
+            "to really start from scratch, move the checkpoints away or use a new checkpoint_uri."
+        )
+
+
 
 
 @dataclass(frozen=True)
-class FileEntry:
-    name: str
-    size: int
-    sha256: str
+class CheckpointStatus:
+    """One checkpoint directory that has a manifest, as found in the store.
 
+    :param directory: the directory name; ``step`` is the step its name says.
+    :param manifest: the verified manifest, or None when it did not verify.
+    :param problem: what is wrong (None when nothing is known to be wrong).
+    """
 
-@dataclass(frozen=True)
-class Manifest:
-    step: int
     directory: str
-    files: tuple[FileEntry, ...]
-    writer: str
-    created_at: float
-    save_seconds: float
-    meta: dict[str, Any] = field(default_factory=dict)
-    schema: int = MANIFEST_SCHEMA
-
-    def to_json(self) -> bytes:
-        d = asdict(self)
-        d["files"] = [asdict(f) for f in self.files]
-        return json.dumps(d, sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes) -> "Manifest":
-        d = json.loads(raw)
-        if int(d.get("schema", 0)) > MANIFEST_SCHEMA:
-            raise CheckpointError(f"manifest schema {d.get('schema')} is newer than this code understands")
-        d["files"] = tuple(FileEntry(**f) for f in d["files"])
-        return cls(**d)
+    step: int
+    manifest: Manifest | None
+    problem: str | None = None
 
     @property
-    def size(self) -> int:
-        return sum(f.size for f in self.files)
+    def ok(self) -> bool:
+        return self.manifest is not None and self.problem is None
 
 
 class _HashingWriter:
@@ -116,44 +141,118 @@ class CheckpointStore:
     def save(
         self, step: int, write: Callable[[BinaryIO], None], meta: dict[str, Any] | None = None
     ) -> Manifest:
-        """Write one checkpoint at ``step`` and commit it. Returns the committed manifest."""
-        if step < 0:
-            raise ValueError(f"checkpoint step must be >= 0, got {step}")
+        """Write one checkpoint at ``step`` and commit it. Returns the committed manifest.
+
+        :raises CheckpointSaveError: when the store refuses the write (read-only, gone, full) or the
+            checkpoint's directory vanished before the commit; nothing committed earlier is touched.
+        """
+        if not is_int(step) or step < 0:
+            raise ValueError(f"checkpoint step must be >= 0 and an integer, got {step!r}")
         started = time.monotonic()
         directory = f"{step:012d}-{self.writer}-{uuid.uuid4().hex[:8]}"
-        with self.store.open_write(f"{directory}/{PAYLOAD}") as raw:
-            hw = _HashingWriter(raw)
-            write(hw)
-            raw.flush()
-        manifest = Manifest(
-            step=step,
-            directory=directory,
-            files=(FileEntry(PAYLOAD, hw.size, hw.sha.hexdigest()),),
-            writer=self.writer,
-            created_at=time.time(),
-            save_seconds=time.monotonic() - started,
-            meta=dict(meta or {}),
-        )
-        self.store.put_bytes(f"{directory}/{MANIFEST}", manifest.to_json())  # the commit point
+        payload_key = f"{directory}/{PAYLOAD}"
+        try:
+            with self.store.open_write(payload_key) as raw:
+                hw = _HashingWriter(raw)
+                write(hw)
+                raw.flush()
+            manifest = Manifest(
+                step=step,
+                directory=directory,
+                files=(FileEntry(PAYLOAD, hw.size, hw.sha.hexdigest()),),
+                writer=self.writer,
+                created_at=time.time(),
+                save_seconds=time.monotonic() - started,
+                meta=dict(meta or {}),
+            ).sealed()
+            # Someone deleting the directory mid-save must not leave a manifest without its payload.
+            published = self.store.size(payload_key)
+            if published != hw.size:
+                raise CheckpointSaveError(
+                    f"checkpoint at step {step}: {self.store.uri}/{payload_key} holds {published} bytes after the "
+                    f"save wrote {hw.size}; something else is writing to this store"
+                )
+            self.store.put_bytes(f"{directory}/{MANIFEST}", manifest.to_json())  # the commit point
+        except ObjectNotFound:
+            raise CheckpointSaveError(
+                f"checkpoint at step {step}: its payload {self.store.uri}/{payload_key} vanished before the commit "
+                "(the checkpoint directory was deleted while saving); nothing was committed for this step, "
+                "earlier checkpoints are untouched"
+            ) from None
+        except CheckpointError:
+            raise
+        except _store_errors() as exc:
+            raise CheckpointSaveError(
+                f"cannot save the checkpoint at step {step} to {self.store.uri}: {type(exc).__name__}: {exc}. "
+                "The store refused the write (read-only, full, unreachable, or the directory was removed); "
+                "committed checkpoints are untouched and training resumes from the newest of them once the "
+                "store is writable again"
+            ) from exc
         return manifest
 
     # ---- reading
-    def committed(self) -> list[Manifest]:
-        """Committed checkpoints, oldest first. Unreadable manifests are skipped with a warning."""
+    def scan(self) -> list[CheckpointStatus]:
+        """Every checkpoint directory that has a manifest, oldest first, with its manifest verified
+        (checksum and directory cross-check; the payload is checked by :meth:`inspect` and restore)."""
         out = []
         for key in self.store.list():
-            if not key.endswith("/" + MANIFEST):
-                continue
+            directory, _, name = key.partition("/")
+            if name != MANIFEST or not _DIR_RE.match(directory):
+                continue  # payloads, partial saves, quarantine/...
+            step = int(directory[:12])
             try:
-                out.append(Manifest.from_json(self.store.get_bytes(key)))
-            except (ObjectNotFound, ValueError, KeyError, TypeError, CheckpointError) as exc:
-                log.warning("ignoring unreadable checkpoint manifest %s: %s", key, exc)
-        return sorted(out, key=lambda m: (m.step, m.created_at))
+                raw = self.store.get_bytes(key)
+            except ObjectNotFound:
+                continue  # pruned between the listing and the read
+            try:
+                out.append(CheckpointStatus(directory, step, Manifest.from_json(raw, directory)))
+            except ManifestError as exc:
+                out.append(CheckpointStatus(directory, step, None, str(exc)))
+        return sorted(out, key=lambda s: (s.step, s.manifest.created_at if s.manifest else 0.0, s.directory))
+
+    def committed(self) -> list[Manifest]:
+        """Committed checkpoints whose manifests verify, oldest first. Broken ones are logged, not returned:
+        use :meth:`scan` (or :meth:`latest_step` / :meth:`restore_latest`, which refuse to treat a store
+        holding only broken checkpoints as empty)."""
+        out = []
+        for status in self.scan():
+            if status.ok:
+                out.append(status.manifest)
+            else:
+                log.warning("checkpoint %s/%s does not verify: %s", self.store.uri, status.directory, status.problem)
+        return out
 
     def latest_step(self) -> int | None:
-        """Step of the newest committed checkpoint (manifest present; not checksum-verified)."""
-        committed = self.committed()
-        return committed[-1].step if committed else None
+        """Step of the newest checkpoint whose manifest verifies and whose payload files exist with the
+        sizes it names (one metadata request each; the sha256 is checked by :meth:`restore_latest` and
+        :meth:`inspect`, as re-hashing gigabytes here would make every caller download them). None when
+        the job has no checkpoint at all. Newer broken checkpoints are logged as errors and skipped, as
+        :meth:`restore_latest` will skip them.
+
+        :raises NoUsableCheckpointError: when checkpoints exist but none passes these checks.
+        """
+        statuses = self.scan()
+        problems = []
+        for status in reversed(statuses):
+            problem = status.problem if not status.ok else self._payload_size_problem(status.manifest)
+            if problem is None:
+                return status.step
+            log.error("checkpoint %s/%s at step %d is broken and will be skipped: %s",
+                      self.store.uri, status.directory, status.step, problem)
+            problems.append(f"{status.directory}: {problem}")
+        if statuses:
+            raise NoUsableCheckpointError(self.store.uri, problems)
+        return None
+
+    def _payload_size_problem(self, manifest: Manifest) -> str | None:
+        for entry in manifest.files:
+            try:
+                size = self.store.size(f"{manifest.directory}/{entry.name}")
+            except ObjectNotFound:
+                return f"checkpoint {manifest.directory}/{entry.name}: file is missing"
+            if size != entry.size:
+                return f"checkpoint {manifest.directory}/{entry.name}: size {size} != {entry.size} in manifest"
+        return None
 
     def verify(self, manifest: Manifest, path: str, entry: FileEntry, digest: str | None = None) -> None:
         """Check size and sha256 of a fetched payload against its manifest (``digest`` if already known)."""
@@ -167,31 +266,82 @@ class CheckpointStore:
                 f"checkpoint {manifest.directory}/{entry.name}: sha256 mismatch (corrupt or tampered)"
             )
 
+    def fetch_verified(self, manifest: Manifest, entry: FileEntry, use: Callable[[str], Any]) -> Any:
+        """Fetch one payload file, verify it and pass its local path to ``use``. A missing or mismatching
+        file raises :class:`CheckpointError`; a store that cannot be read raises its own error."""
+        hasher = hashlib.sha256()
+        try:
+            with self.store.reading(f"{manifest.directory}/{entry.name}", hasher=hasher) as path:
+                self.verify(manifest, path, entry, digest=hasher.hexdigest())
+                return use(path)
+        except (ObjectNotFound, FileNotFoundError):
+            raise CheckpointError(f"checkpoint {manifest.directory}/{entry.name}: file is missing") from None
+
     def restore_latest(self, read: Callable[[str], Any]) -> tuple[Manifest, Any] | None:
-        """Read the newest checkpoint that verifies; fall back to older ones, newest first.
+        """Read the newest checkpoint that verifies; fall back to older ones, newest first, logging an
+        ERROR for each broken one.
 
         ``read(path)`` parses the verified payload; if it raises, that checkpoint is skipped too.
-        Returns ``None`` when the job has no checkpoint at all.
-        :raises CheckpointError: when checkpoints exist but none of them is usable.
+        Returns ``None`` only when the job has no checkpoint at all.
+        :raises NoUsableCheckpointError: when checkpoints exist but none of them is usable.
+        :raises CheckpointError: when the store cannot be read (nothing is skipped on a store error, so
+            a flaky store never makes a resume fall back to an older checkpoint).
         """
-        candidates = self.committed()
-        errors = []
-        for manifest in reversed(candidates):
-            entry = manifest.files[0]
-            try:
-                hasher = hashlib.sha256()
-                with self.store.reading(f"{manifest.directory}/{entry.name}", hasher=hasher) as path:
-                    self.verify(manifest, path, entry, digest=hasher.hexdigest())
-                    return manifest, read(path)
-            except Exception as exc:  # any failure of one checkpoint means: try the previous one
-                log.error(
-                    "checkpoint at step %d (%s) is unusable, falling back to the previous one: %s",
-                    manifest.step, manifest.directory, exc,
-                )
-                errors.append(f"{manifest.directory}: {exc}")
-        if candidates:
-            raise CheckpointError("no usable checkpoint; tried newest first:\n  " + "\n  ".join(errors))
+        statuses = self.scan()
+        problems = []
+        for status in reversed(statuses):
+            problem = status.problem
+            if status.ok:
+                manifest = status.manifest
+                try:
+                    return manifest, self.fetch_verified(manifest, manifest.files[0], read)
+                except CheckpointError as exc:
+                    problem = str(exc)
+                except _store_errors() as exc:
+                    raise CheckpointError(
+                        f"cannot read checkpoint {self.store.uri}/{status.directory}: {type(exc).__name__}: {exc}; "
+                        "the store is unreachable or refuses reads: retry once it is back"
+                    ) from exc
+                except Exception as exc:  # the caller's parser rejected the payload
+                    problem = f"payload verified but could not be loaded: {type(exc).__name__}: {exc}"
+            log.error("checkpoint %s/%s at step %d is unusable, falling back to the previous one: %s",
+                      self.store.uri, status.directory, status.step, problem)
+            problems.append(f"{status.directory}: {problem}")
+        if statuses:
+            raise NoUsableCheckpointError(self.store.uri, problems)
         return None
+
+    def inspect(self, verify_payloads: bool = True) -> list[CheckpointStatus]:
+        """:meth:`scan`, with every payload fetched and checked too when ``verify_payloads``."""
+        out = []
+        for status in self.scan():
+            if status.ok and verify_payloads:
+                try:
+                    for entry in status.manifest.files:
+                        self.fetch_verified(status.manifest, entry, lambda path: None)
+                except CheckpointError as exc:
+                    status = dataclasses.replace(status, problem=str(exc))
+            out.append(status)
+        return out
+
+    def quarantine(self, directory: str) -> list[str]:
+        """Move one checkpoint directory under ``quarantine/`` (copied first, then the manifest removed
+        first), so a resume no longer sees it and nothing is lost. Returns the new keys."""
+        if not _DIR_RE.match(directory) or "/" in directory:
+            raise ValueError(f"{directory!r} is not a checkpoint directory name")
+        keys = self.store.list(f"{directory}/")
+        keys.sort(key=lambda k: k.endswith("/" + MANIFEST))  # manifest copied last, so the copy is committed last
+        moved = []
+        for key in keys:
+            target = f"{QUARANTINE}/{key}"
+            with self.store.reading(key) as src, self.store.writing(target) as dst:
+                with open(src, "rb") as fin, open(dst, "wb") as fout:
+                    while block := fin.read(8 * 1024 * 1024):
+                        fout.write(block)
+            moved.append(target)
+        self.store.delete(sorted(keys, key=lambda k: not k.endswith("/" + MANIFEST)))
+        self.store.tidy()
+        return moved
 
     # ---- retention
     def prune(self, keep: int) -> list[str]:
@@ -218,3 +368,16 @@ class CheckpointStore:
         self.store.delete(doomed)
         self.store.tidy()
         return doomed
+
+
+def _store_errors() -> tuple[type[BaseException], ...]:
+    from airflow_spot.storage.object_store import store_errors
+
+    return store_errors()
+
+
+__all__ = [
+    "MANIFEST", "MANIFEST_SCHEMA", "PAYLOAD", "QUARANTINE", "CheckpointError", "CheckpointSaveError",
+    "CheckpointStatus", "CheckpointStore", "FileEntry", "Manifest", "ManifestError", "NoUsableCheckpointError",
+    "manifest_checksum", "sha256_file",
+]

@@ -10,11 +10,11 @@ import logging
 
 from airflow_spot.policy.ledger import LedgerRow
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
-from airflow_spot.storage.protocol import safe_id
+from airflow_spot.storage.protocol import JobLayout
 
 log = logging.getLogger(__name__)
 
-LEDGER_PREFIX = "control/ledger/"
+LEDGER_PREFIX = JobLayout.LEDGER_PREFIX
 
 
 class LedgerStore:
@@ -25,7 +25,7 @@ class LedgerStore:
 
     @staticmethod
     def key(attempt_id: str) -> str:
-        return f"{LEDGER_PREFIX}{safe_id(attempt_id)}.json"
+        return JobLayout.ledger_key(attempt_id)
 
     def write(self, row: LedgerRow) -> str:
         key = self.key(row.attempt_id)

@@ -65,6 +65,13 @@ class ObjectStore(ABC):
         with self.writing(key) as path, open(path, "wb") as f:
             yield f
 
+    def size(self, key: str) -> int:
+        """Size in bytes of an object, without fetching it.
+
+        :raises ObjectNotFound: when the key does not exist.
+        """
+        return len(self.get_bytes(key))
+
     def exists(self, key: str) -> bool:
         try:
             self.get_bytes(key)
@@ -72,10 +79,10 @@ class ObjectStore(ABC):
             return False
         return True
 
-    def tidy(self) -> None:
+    def tidy(self) -> None:  # noqa: B027 - a no-op by default, on purpose
         """Remove what a killed writer can leave behind that is not an object (file://: empty folders)."""
 
-    def child(self, prefix: str) -> "ObjectStore":
+    def child(self, prefix: str) -> ObjectStore:
         """A store rooted at ``prefix`` inside this one."""
         return open_store(self.uri.rstrip("/") + "/" + prefix.strip("/"), **self._child_options())
 
@@ -119,7 +126,18 @@ class LocalStore(ObjectStore):
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise ObjectNotFound(key) from None
 
+    def size(self, key: str) -> int:
+        path = self._path(key)
+        try:
+            if path.is_file():
+                return path.stat().st_size
+        except FileNotFoundError:
+            pass  # removed between the two calls
+        raise ObjectNotFound(key)
+
     def list(self, prefix: str = "", *, include_temporary: bool = False) -> list[str]:
+        if self.root.exists() and not self.root.is_dir():  # not "empty": the store is gone or replaced
+            raise NotADirectoryError(f"store root {self.root} exists but is not a directory")
         base = self._path(prefix) if prefix.endswith("/") or not prefix else self._path(prefix).parent
         if not base.is_dir():
             return []
@@ -238,6 +256,14 @@ class S3Store(ObjectStore):
             return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
         except self.client.exceptions.NoSuchKey:
             raise ObjectNotFound(key) from None
+
+    def size(self, key: str) -> int:
+        try:
+            return int(self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
+        except Exception as exc:
+            if _is_not_found(exc):
+                raise ObjectNotFound(key) from None
+            raise
 
     def list(self, prefix: str = "", *, include_temporary: bool = False) -> list[str]:
         # An interrupted S3 upload is never an object; its parts are an incomplete multipart upload,
@@ -382,21 +408,52 @@ def _is_not_found(exc: Exception) -> bool:
     return code in ("404", "NoSuchKey", "NotFound")
 
 
+def store_errors() -> tuple[type[BaseException], ...]:
+    """What a store call raises when the store is unreachable, refuses, or lost a file under it."""
+    errors: list[type[BaseException]] = [OSError]
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:  # an instance with file:// stores only
+        pass
+    else:
+        errors += [BotoCoreError, ClientError]
+    return tuple(errors)
+
+
+def uri_problem(uri: str) -> str | None:
+    """What is wrong with the shape of a checkpoint URI (None when nothing is), shared by
+    :func:`open_store` and the operator's parse-time checks so both say the same thing."""
+    parsed = urlparse(uri)
+    if parsed.scheme and parsed.scheme not in ("file", "s3"):
+        return f"unsupported checkpoint URI scheme {parsed.scheme!r} in {uri!r}; use file:// or s3://"
+    if parsed.scheme and not uri.startswith(parsed.scheme + "://"):
+        rest = uri[len(parsed.scheme) + 1:].lstrip("/")
+        example = f"s3://{rest}" if parsed.scheme == "s3" else f"file:///{rest}"
+        return (
+            f"checkpoint URI {uri!r} has the scheme {parsed.scheme!r} but not the '//' that must follow "
+            f"'{parsed.scheme}:'; write {example}"
+        )
+    if parsed.scheme == "file" and parsed.netloc:
+        return f"file URIs must be absolute (file:///path), got {uri!r}"
+    if parsed.scheme == "s3" and not parsed.netloc:
+        return f"s3 URI needs a bucket (s3://bucket/prefix), got {uri!r}"
+    return None
+
+
 def open_store(uri: str, **options) -> ObjectStore:
     """Open the store for ``uri``: ``s3://bucket/prefix``, ``file:///abs/path`` or a plain path."""
     if not uri or not isinstance(uri, str):
         raise StoreConfigError(f"checkpoint URI must be a non-empty string, got {uri!r}")
+    problem = uri_problem(uri)
+    if problem:
+        raise StoreConfigError(problem)
     parsed = urlparse(uri)
-    if parsed.scheme in ("", "file"):
-        path = parsed.path if parsed.scheme == "file" else uri
-        if parsed.scheme == "file" and parsed.netloc:
-            raise StoreConfigError(f"file URIs must be absolute (file:///path), got {uri!r}")
-        return LocalStore(os.path.abspath(path))
     if parsed.scheme == "s3":
-        if not parsed.netloc:
-            raise StoreConfigError(f"s3 URI needs a bucket (s3://bucket/prefix), got {uri!r}")
         return S3Store(parsed.netloc, parsed.path, **options)
-    raise StoreConfigError(f"unsupported checkpoint URI scheme {parsed.scheme!r} in {uri!r}; use file:// or s3://")
+    return LocalStore(os.path.abspath(parsed.path if parsed.scheme == "file" else uri))
 
 
-__all__ = ["LocalStore", "ObjectNotFound", "ObjectStore", "S3Store", "StoreConfigError", "open_store"]
+__all__ = [
+    "LocalStore", "ObjectNotFound", "ObjectStore", "S3Store", "StoreConfigError", "open_store", "store_errors",
+    "uri_problem",
+]

@@ -9,6 +9,8 @@ Layout under a job URI (the user's ``checkpoint_uri``)::
     control/attempts/<attempt_id>/status.json                    agent -> trigger (final, written once)
     control/ledger/<attempt_id>.json                             operator (see policy.ledger)
 
+(:class:`JobLayout` lists every key of a job and is the only place that spells one.)
+
 Every object is one atomic write of JSON carrying ``schema``; readers reject a newer major schema.
 State diagram of an attempt::
 
@@ -37,7 +39,7 @@ SCHEMA_VERSION = 1
 PREEMPTED_EXIT_CODE = 75
 
 
-class Outcome(str, Enum):
+class Outcome(str, Enum):  # noqa: UP042 - StrEnum would change str(), which logs rely on
     COMPLETED = "completed"
     PREEMPTED = "preempted"
     FAILED = "failed"
@@ -77,7 +79,8 @@ class _Record:
         except ValueError as exc:
             raise SchemaError(f"{cls.__name__}: not JSON ({exc})") from exc
         if not isinstance(data, dict) or int(data.get("schema", 0)) > SCHEMA_VERSION:
-            raise SchemaError(f"{cls.__name__}: unsupported schema {data.get('schema') if isinstance(data, dict) else data!r}")
+            found = data.get("schema") if isinstance(data, dict) else data
+            raise SchemaError(f"{cls.__name__}: unsupported schema {found!r}")
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -143,7 +146,34 @@ class AttemptStatus(_Record):
 
 
 class JobLayout:
-    """Keys of the protocol objects of one job, and typed reads/writes of them."""
+    """Keys of every object of one job in its store, and typed reads/writes of the protocol objects.
+
+    This class is the only place that spells a key; other modules call these methods (a key renamed
+    here is renamed everywhere). Layout::
+
+        checkpoints/...                                   CHECKPOINTS (see checkpoint.py)
+        control/job.json                                  JOB_KEY: start time, deadline-policy state
+        control/summary.json                              SUMMARY_KEY: the finish task's job summary
+        control/tries/<task-instance id>.json             try_key: a try's attempt id
+        control/instances/<instance_id>/agent.json        agent_key: the agent's liveness
+        control/instances/<instance_id>/requests/<a>.json request_key
+        control/attempts/<attempt_id>/launch.json         launch_key
+        control/attempts/<attempt_id>/heartbeat.json      heartbeat_key
+        control/attempts/<attempt_id>/status.json         status_key
+        control/ledger/<attempt_id>.json                  ledger_key
+        control/availability/<pool>/<time>-<job>-<n>.json AVAILABILITY_PREFIX: the job's pool events
+                                                          (storage/availability.py)
+    """
+
+    CHECKPOINTS = "checkpoints"
+    ATTEMPTS_PREFIX = "control/attempts/"
+    LEDGER_PREFIX = "control/ledger/"
+    AVAILABILITY_PREFIX = "control/availability/"
+    JOB_KEY = "control/job.json"
+    SUMMARY_KEY = "control/summary.json"
+    HEARTBEAT_NAME = "heartbeat.json"
+    STATUS_NAME = "status.json"
+    LAUNCH_NAME = "launch.json"
 
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
@@ -158,12 +188,47 @@ class JobLayout:
         return cls.request_prefix(instance_id) + f"{attempt_id}.json"
 
     @staticmethod
-    def heartbeat_key(attempt_id: str) -> str:
-        return f"control/attempts/{attempt_id}/heartbeat.json"
+    def agent_key(instance_id: str) -> str:
+        return f"control/instances/{instance_id}/agent.json"
+
+    @classmethod
+    def attempt_prefix(cls, attempt_id: str) -> str:
+        return f"{cls.ATTEMPTS_PREFIX}{attempt_id}/"
+
+    @classmethod
+    def heartbeat_key(cls, attempt_id: str) -> str:
+        return cls.attempt_prefix(attempt_id) + cls.HEARTBEAT_NAME
+
+    @classmethod
+    def status_key(cls, attempt_id: str) -> str:
+        return cls.attempt_prefix(attempt_id) + cls.STATUS_NAME
+
+    @classmethod
+    def launch_key(cls, attempt_id: str) -> str:
+        return cls.attempt_prefix(attempt_id) + cls.LAUNCH_NAME
+
+    @classmethod
+    def ledger_key(cls, attempt_id: str) -> str:
+        return f"{cls.LEDGER_PREFIX}{safe_id(attempt_id)}.json"
 
     @staticmethod
-    def status_key(attempt_id: str) -> str:
-        return f"control/attempts/{attempt_id}/status.json"
+    def try_key(ti_id: object) -> str:
+        return f"control/tries/{safe_id(ti_id)}.json"
+
+    @classmethod
+    def attempt_keys(cls, store: ObjectStore, name: str) -> list[str]:
+        """Keys of one kind of per-attempt object (``HEARTBEAT_NAME``, ``STATUS_NAME``, ...) of every attempt."""
+        return [k for k in store.list(cls.ATTEMPTS_PREFIX) if k.endswith("/" + name)]
+
+    def checkpoint_store(self, writer: str = "local"):
+        """The job's :class:`~airflow_spot.storage.checkpoint.CheckpointStore`."""
+        from airflow_spot.storage.checkpoint import CheckpointStore  # checkpoint.py needs nothing from here
+
+        return CheckpointStore(self.store.child(self.CHECKPOINTS), writer=writer)
+
+    def latest_step(self) -> int | None:
+        """The job's newest committed checkpoint step, or None before the first."""
+        return self.checkpoint_store().latest_step()
 
     # typed access
     def write_request(self, instance_id: str, req: SegmentRequest) -> None:

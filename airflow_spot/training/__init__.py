@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from airflow_spot.training.data import ResumableLoader
     from airflow_spot.training.sampler import ResumableSampler
     from airflow_spot.training.session import SpotSession
 
-__all__ = ["ResumableSampler", "SpotSession"]
+__all__ = ["ResumableLoader", "ResumableSampler", "SpotSession"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,4 +23,8 @@ def __getattr__(name: str) -> Any:
         from airflow_spot.training.sampler import ResumableSampler
 
         return ResumableSampler
+    if name == "ResumableLoader":
+        from airflow_spot.training.data import ResumableLoader
+
+        return ResumableLoader
     raise AttributeError(name)

@@ -6,8 +6,9 @@ polls ``control/instances/<id>/requests/`` in the job's store, runs each new req
 of each attempt in ``<work-dir>/attempts/<attempt>.log`` and writes exactly one final
 :class:`~airflow_spot.storage.protocol.AttemptStatus` per attempt:
 
-* exit 0 -> ``completed``; exit 75 (``PREEMPTED_EXIT_CODE``) -> ``preempted``; anything else, or a command
-  that cannot be started -> ``failed`` with the tail of its output.
+* exit 0 -> ``completed``; exit 75 (``PREEMPTED_EXIT_CODE``) -> ``preempted``; a SIGTERM death while the
+  instance is stopping or under a preemption notice, or the agent's own SIGKILL after the grace ->
+  ``preempted``; anything else, or a command that cannot be started -> ``failed`` with the tail of its output.
 
 A warm instance runs several segments in a row; an attempt that already has a status is never run
 again. Its training process may stay warm too (:mod:`airflow_spot.training.handoff`): a command started
@@ -73,13 +74,26 @@ STORE_ERRORS = _store_errors()
 
 def agent_key(instance_id: str) -> str:
     """Key of the agent's liveness object in the job's store."""
-    return f"control/instances/{instance_id}/agent.json"
+    return JobLayout.agent_key(instance_id)
 
 
-def outcome_for_exit(code: int) -> Outcome:
+def outcome_for_exit(code: int, *, stop_signalled: bool = False, notice_issued: bool = False,
+                     killed_by_agent: bool = False) -> Outcome:
+    """The outcome of an attempt whose command exited with ``code`` (negative: killed by that signal).
+
+    A death by signal is the user's code failing (a segfault, an abort, the OOM killer), except when the
+    signal is the instance being taken: a SIGTERM while the agent is stopping (it forwarded the SIGTERM, or
+    the whole instance got it) or after a preemption notice was issued (it may reach the command before its
+    session installed the notice handler: nothing is lost, the newest checkpoint stands), and the SIGKILL
+    the agent itself sends to a command that outlived the grace after SIGTERM.
+    """
     if code == 0:
         return Outcome.COMPLETED
     if code == PREEMPTED_EXIT_CODE:
+        return Outcome.PREEMPTED
+    if code == -signal.SIGTERM and (stop_signalled or notice_issued):
+        return Outcome.PREEMPTED
+    if code == -signal.SIGKILL and killed_by_agent:
         return Outcome.PREEMPTED
     return Outcome.FAILED
 
@@ -135,14 +149,12 @@ def read_tail(path: Path, chars: int = TAIL_CHARS, start: int = 0) -> str:
 def latest_committed_step(store: ObjectStore) -> int | None:
     """Newest committed checkpoint step of the job, or None (no checkpoint, or the store is unreadable:
     the status must still be written, so a read failure is reported in the log and not raised)."""
+    from airflow_spot.storage.checkpoint import CheckpointError
+
     try:
-        from airflow_spot.storage.checkpoint import CheckpointStore
-    except ImportError:  # instance side installed without the checkpoint store
-        return None
-    try:
-        return CheckpointStore(store.child("checkpoints")).latest_step()
-    except (ValueError, ObjectNotFound, *STORE_ERRORS) as exc:
-        log.warning("cannot read the job's latest checkpoint: %s", exc)
+        return JobLayout(store).latest_step()
+    except (ValueError, ObjectNotFound, CheckpointError, *STORE_ERRORS) as exc:  # broken checkpoints: the
+        log.warning("cannot read the job's latest checkpoint: %s", exc)  # status says so; Airflow decides
         return None
 
 
@@ -178,6 +190,7 @@ class Agent(WarmAgentMixin):
         self.child: subprocess.Popen | None = None
         self.stopping = False
         self._sigterm_forwarded = False
+        self._killed_child = False  # the agent SIGKILLed the command (it outlived the grace after SIGTERM)
         self._last_liveness = 0.0
         #: seconds a warm process waits for the next request before it is told to exit
         self.handoff_wait = idle_timeout if handoff_wait is None else max(0.0, float(handoff_wait))
@@ -297,10 +310,7 @@ class Agent(WarmAgentMixin):
         warm = self._take_warm(request)
         if warm is not None:
             exit_code, tail = self._run_command(request, log_path, warm)
-            outcome = Outcome.FAILED if exit_code is None else outcome_for_exit(exit_code)
-            if self.stopping and exit_code is not None and exit_code < 0:
-                outcome = Outcome.PREEMPTED
-                tail += "\n[agent] the instance was stopping; the attempt counts as preempted"
+            outcome, tail = self._classify(exit_code, tail)
         elif self.notice_file and os.path.exists(self.notice_file):
             outcome, tail = Outcome.PREEMPTED, "instance is under a preemption notice; the request was not started"
         elif self.stopping:
@@ -312,11 +322,7 @@ class Agent(WarmAgentMixin):
             tail = f"the request's command must be a non-empty list of strings, got {request.command!r}"
         else:
             exit_code, tail = self._run_command(request, log_path)
-            outcome = Outcome.FAILED if exit_code is None else outcome_for_exit(exit_code)
-            if self.stopping and exit_code is not None and exit_code < 0:
-                # Killed by a signal while the instance was being stopped: not the user's code failing.
-                outcome = Outcome.PREEMPTED
-                tail += "\n[agent] the instance was stopping; the attempt counts as preempted"
+            outcome, tail = self._classify(exit_code, tail)
         status = AttemptStatus(
             attempt_id=request.attempt_id,
             outcome=outcome.value,
@@ -332,6 +338,18 @@ class Agent(WarmAgentMixin):
                  exit_code, status.last_committed_step)
         self._liveness("idle", None, force=True)
         return status
+
+    def _classify(self, exit_code: int | None, tail: str) -> tuple[Outcome, str]:
+        """Outcome of a command that ran (``exit_code`` None: it never started), see ``outcome_for_exit``."""
+        if exit_code is None:
+            return Outcome.FAILED, tail
+        notice = bool(self.notice_file and os.path.exists(self.notice_file))
+        outcome = outcome_for_exit(exit_code, stop_signalled=self.stopping, notice_issued=notice,
+                                   killed_by_agent=self._killed_child)
+        if exit_code < 0 and outcome is Outcome.PREEMPTED:
+            why = "the instance was stopping" if self.stopping else "a preemption notice was issued"
+            tail += f"\n[agent] {why}; the attempt counts as preempted"
+        return outcome, tail
 
     def _run_command(
         self, request: SegmentRequest, log_path: Path, warm: WarmProcess | None = None
@@ -353,7 +371,7 @@ class Agent(WarmAgentMixin):
                 channel.path.mkdir(parents=True, exist_ok=True)
             env = self._handoff_env(request, channel) if channel else segment_env(request, self.notice_file)
             with open(log_path, "ab") as out:
-                self._sigterm_forwarded = False
+                self._sigterm_forwarded = self._killed_child = False
                 try:
                     self.child = subprocess.Popen(
                         request.command,
@@ -394,6 +412,7 @@ class Agent(WarmAgentMixin):
             if term_deadline is not None and time.monotonic() > term_deadline:
                 log.warning("attempt %s did not exit %.0f s after SIGTERM: killing it",
                             request.attempt_id, self.term_grace)
+                self._killed_child = True
                 child.kill()
         self.child = None
         tail = read_tail(out_path, start=offset)
@@ -447,7 +466,11 @@ class Agent(WarmAgentMixin):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m airflow_spot.training.agent", description=__doc__.splitlines()[0])
     p.add_argument("--job-uri", required=True, help="the job's store (checkpoint_uri)")
-    p.add_argument("--instance-id", required=True)
+    p.add_argument("--instance-id", default=None,
+                   help="the id to serve as; default: ask the instance metadata service at --imds-url (EC2)")
+    p.add_argument("--imds-url", default=None,
+                   help="EC2 instance metadata base URL (IMDSv2): the instance id comes from it and the training "
+                        "command polls it for spot notices, e.g. http://169.254.169.254")
     p.add_argument("--idle-timeout", type=float, default=300.0, help="exit after this many seconds without a request")
     p.add_argument("--work-dir", default=None, help="logs and the exit marker (default: a temporary directory)")
     p.add_argument("--notice-file", default=None, help="preemption notice file handed to commands as SPOT_NOTICE_FILE")
@@ -459,6 +482,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--boot-seconds", type=float, default=0.0, help="simulated boot time before serving")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s", stream=sys.stdout)
+    if args.imds_url:
+        # commands inherit the agent's environment: the session then polls the same IMDS for notices
+        os.environ[E.IMDS_URL] = args.imds_url
+    if args.instance_id is None:
+        if not args.imds_url:
+            p.error("give --instance-id, or --imds-url to learn it from the instance metadata service")
+        from airflow_spot.training.notices import instance_identity
+
+        args.instance_id, region = instance_identity(args.imds_url)
+        log.info("instance metadata: this is %s in %s", args.instance_id, region)
     work_dir = args.work_dir or tempfile.mkdtemp(prefix=f"airflow-spot-agent-{safe_id(args.instance_id)}-")
     agent = Agent(
         args.job_uri, args.instance_id, idle_timeout=args.idle_timeout, work_dir=work_dir,

@@ -111,6 +111,39 @@ class FileNotice(_PollingSource):
         return False
 
 
+def imds_token(base_url: str, timeout: float = 2.0, ttl_seconds: int = 21600) -> str:
+    """An IMDSv2 session token (``PUT /latest/api/token``)."""
+    req = urllib.request.Request(base_url.rstrip("/") + "/latest/api/token", method="PUT",
+                                 headers={"X-aws-ec2-metadata-token-ttl-seconds": str(ttl_seconds)})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return resp.read().decode()
+
+
+def instance_identity(base_url: str, timeout: float = 2.0, attempts: int = 10) -> tuple[str, str]:
+    """``(instance id, region)`` of the instance this runs on, from IMDSv2 (token PUT, then GETs).
+
+    Tried ``attempts`` times a second apart: right after boot the metadata service may not answer yet.
+
+    :raises OSError: when the metadata service never answered.
+    """
+    base = base_url.rstrip("/")
+    last: OSError | None = None
+    for attempt in range(max(1, attempts)):
+        try:
+            headers = {"X-aws-ec2-metadata-token": imds_token(base, timeout)}
+            values = []
+            for path in ("/latest/meta-data/instance-id", "/latest/meta-data/placement/region"):
+                req = urllib.request.Request(base + path, headers=headers)
+                with urllib.request.urlopen(req, timeout=timeout) as resp:
+                    values.append(resp.read().decode().strip())
+            return values[0], values[1]
+        except OSError as exc:  # URLError and HTTPError are OSErrors
+            last = exc
+            if attempt + 1 < attempts:
+                threading.Event().wait(1.0)
+    raise OSError(f"instance metadata at {base} did not tell this instance's id and region: {last}")
+
+
 class ImdsNotice(_PollingSource):
     """EC2 instance metadata: ``spot/instance-action`` (2-minute notice) and the rebalance recommendation.
 

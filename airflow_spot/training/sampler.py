@@ -11,9 +11,12 @@ class ResumableSampler(Sampler[int]):
     """Shuffled (or sequential) indices, one permutation per epoch from ``seed + epoch``.
 
     ``state_dict()`` records the epoch and how many indices of it were handed out, so a restored sampler
-    continues with the very next index. With a ``DataLoader`` use ``num_workers=0`` (or count consumed
-    batches yourself): worker prefetching takes indices before the step that uses them has run.
+    continues with the very next index. Worker prefetching takes indices before the step that uses them
+    has run, so with a ``DataLoader`` this position is training's only with ``num_workers=0``.
     Iterating past the end of an epoch starts the next one, so ``iter(sampler)`` can feed many epochs.
+    For workers, use :class:`~airflow_spot.training.data.ResumableLoader`, which counts the batches
+    training received; a plain DataLoader over this sampler resumes bit-exactly with ``num_workers=0``
+    when it is tracked (``spot.track(loader=...)``), which gives it a generator of its own.
     """
 
     def __init__(self, length: int, seed: int = 0, shuffle: bool = True) -> None:
@@ -25,7 +28,8 @@ class ResumableSampler(Sampler[int]):
         self.epoch = 0
         self.offset = 0
 
-    def _order(self) -> list[int]:
+    def order(self) -> list[int]:
+        """The indices of the current epoch, in the order they are handed out."""
         if not self.shuffle:
             return list(range(self.length))
         g = torch.Generator()
@@ -34,7 +38,7 @@ class ResumableSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         while True:
-            order = self._order()
+            order = self.order()
             while self.offset < self.length:
                 i = order[self.offset]
                 self.offset += 1

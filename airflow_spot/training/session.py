@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from airflow_spot.policy.checkpoint_interval import IntervalInputs, checkpoint_interval, estimate_mtbf
-from airflow_spot.storage.checkpoint import CheckpointStore
+from airflow_spot.storage.checkpoint import CheckpointError, CheckpointStore
 from airflow_spot.storage.object_store import open_store
 from airflow_spot.storage.protocol import PREEMPTED_EXIT_CODE, AttemptStatus, Heartbeat, JobLayout, Outcome
 from airflow_spot.training import env as E
@@ -114,7 +114,7 @@ class SpotSession:
             raise ValueError(f"need 0 <= start_step < end_step, got start={start_step}, end={end_step}")
         self.job_store = open_store(job_uri)
         self.layout = JobLayout(self.job_store)
-        self.checkpoints = CheckpointStore(self.job_store.child("checkpoints"), writer=attempt_id)
+        self.checkpoints = CheckpointStore(self.job_store.child(JobLayout.CHECKPOINTS), writer=attempt_id)
         self.writer = AsyncCheckpointer(self.checkpoints, _save_payload, keep=keep)
         self.start_step, self.end_step, self.attempt_id = start_step, end_step, attempt_id
         self.notice_sources = notice_sources if notice_sources is not None else [SigtermNotice()]
@@ -129,6 +129,7 @@ class SpotSession:
         self.segments = 1  # segments this process has trained (more than one when kept warm)
 
         self.tracked: dict[str, Any] = {}
+        self._warned: set[str] = set()  # bit-exactness warnings already logged
         self.stager = Stager()
         self.step = 0
         self.restored_step: int | None = None
@@ -221,13 +222,15 @@ class SpotSession:
     # ------------------------------------------------------------------ state
     def track(self, **objects: Any) -> int:
         """Register objects with ``state_dict``/``load_state_dict`` (model, optimizer, LR scheduler,
-        grad scaler, sampler, ...) and restore them from the newest valid checkpoint.
+        grad scaler, sampler, :class:`~airflow_spot.training.data.ResumableLoader`, ...) and restore them
+        from the newest valid checkpoint. Also accepted: RNG objects (``torch.Generator``, numpy
+        generators, ``random.Random``) and a plain ``DataLoader`` (see
+        :func:`~airflow_spot.training.data.adopt_data_loader`). Feeding that cannot resume bit-exactly is
+        reported once, as a warning, here.
 
         Returns the step training resumes from.
         """
-        for name, obj in objects.items():
-            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise TypeError(f"track({name}=...): {type(obj).__name__} has no state_dict/load_state_dict")
+        objects = self._checkpointable(objects)
         self.tracked.update(objects)
         restored = self.checkpoints.restore_latest(_load_payload)
         if restored is not None:
@@ -236,18 +239,59 @@ class SpotSession:
             self.step = self.restored_step = manifest.step
             log.info("resumed from checkpoint at step %d (%s)", manifest.step, manifest.directory)
         elif self.warm_start_uri:
-            warm = CheckpointStore(open_store(self.warm_start_uri).child("checkpoints")).restore_latest(
+            warm = CheckpointStore(open_store(self.warm_start_uri).child(JobLayout.CHECKPOINTS)).restore_latest(
                 _load_payload
             )
             if warm is None:
                 raise FileNotFoundError(f"warm start: no checkpoint under {self.warm_start_uri}")
             self._apply(warm[1], keys=self.warm_start_keys)
             log.info("warm-started %s from %s step %d", self.warm_start_keys, self.warm_start_uri, warm[0].step)
+        elif self.start_step > 0:  # planned after progress that was committed and is now gone: never redo from 0
+            raise CheckpointError(
+                f"this segment was planned to start at step {self.start_step}, but {self.checkpoints.store.uri} "
+                "holds no checkpoint: the checkpoint directory was deleted or the store emptied. Put the "
+                "checkpoints back (e.g. from a backup), or start the job again from step 0 under a new checkpoint_uri"
+            )
         # Allocate the staging buffers before training starts (fresh pages fault in several times slower
         # than a copy); optimizer state that appears only after the first step is allocated at first save.
         for name, obj in objects.items():
             self.stager.stage(obj.state_dict(), (name,))
         return self.step
+
+    def _checkpointable(self, objects: dict[str, Any]) -> dict[str, Any]:
+        """What to checkpoint for each object handed to ``track()``; warns (once per problem, at start)
+        about data feeding that cannot resume bit-exactly (see :mod:`airflow_spot.training.data`)."""
+        from torch.utils.data import DataLoader
+
+        from airflow_spot.training.data import GeneratorState, adopt_data_loader
+
+        out: dict[str, Any] = {}
+        for name, obj in objects.items():
+            problems: list[str] = []
+            if isinstance(obj, DataLoader):
+                obj, problems = adopt_data_loader(name, obj)
+            elif GeneratorState.supports(obj):
+                obj = GeneratorState(obj)
+            elif not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(
+                    f"track({name}=...): {type(obj).__name__} has no state_dict/load_state_dict, so it cannot be "
+                    "checkpointed (track models, optimizers, schedulers, samplers, DataLoaders, RNGs)"
+                )
+            if hasattr(obj, "resume_warnings"):
+                problems += obj.resume_warnings()
+            for problem in problems:
+                if problem not in self._warned:
+                    self._warned.add(problem)
+                    log.warning("resume will not be bit-exact: %s", problem)
+            if obj is not None:
+                out[name] = obj
+        if torch.cuda.is_available() and not torch.are_deterministic_algorithms_enabled():
+            problem = ("CUDA kernels may be non-deterministic: a resumed run continues from the saved state but is "
+                       "not bit-identical to an uninterrupted one; call torch.use_deterministic_algorithms(True)")
+            if problem not in self._warned:
+                self._warned.add(problem)
+                log.warning("resume will not be bit-exact: %s", problem)
+        return out
 
     def _apply(self, payload: dict, keys: tuple[str, ...] | None) -> None:
         saved = payload["objects"]
@@ -308,9 +352,7 @@ class SpotSession:
     def _observed_mtbf(self) -> float:
         """Blend the market's prior with the preemptions this job has seen so far."""
         preemptions, seconds = 0, 0.0
-        for key in self.job_store.list("control/attempts/"):
-            if not key.endswith("/status.json"):
-                continue
+        for key in JobLayout.attempt_keys(self.job_store, JobLayout.STATUS_NAME):
             try:
                 st = AttemptStatus.from_json(self.job_store.get_bytes(key))
             except (KeyError, ValueError):
@@ -399,7 +441,7 @@ class SpotSession:
         self.writer.wait()
         self.attempt_id = str(answer["attempt_id"])
         self.start_step, self.end_step = int(answer["start_step"]), int(answer["end_step"])
-        self.checkpoints = CheckpointStore(self.job_store.child("checkpoints"), writer=self.attempt_id)
+        self.checkpoints = CheckpointStore(self.job_store.child(JobLayout.CHECKPOINTS), writer=self.attempt_id)
         self.writer.checkpoints = self.checkpoints
         if spot_env.get(E.CKPT_KEEP):
             self.writer.keep = int(spot_env[E.CKPT_KEEP])

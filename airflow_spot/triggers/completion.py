@@ -13,14 +13,13 @@ from typing import Any
 
 from airflow_spot.operators import accounting
 from airflow_spot.operators.attempt_record import AttemptLaunch
-from airflow_spot.storage.checkpoint import CheckpointStore
 from airflow_spot.storage.object_store import ObjectStore
-from airflow_spot.storage.protocol import Outcome
+from airflow_spot.storage.protocol import JobLayout, Outcome
 
 
 def reached_end(store: ObjectStore, end_step: int) -> tuple[bool, int | None]:
     """Whether the job's newest committed checkpoint is at or past ``end_step``, and that step."""
-    latest = CheckpointStore(store.child("checkpoints")).latest_step()
+    latest = JobLayout(store).latest_step()
     return latest is not None and latest >= end_step, latest
 
 

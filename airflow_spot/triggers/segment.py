@@ -18,6 +18,7 @@ back to the worker as before.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from collections.abc import AsyncIterator
@@ -28,6 +29,10 @@ from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from airflow_spot.backends.base import InstanceInfo, InstanceState, TerminationReason
 from airflow_spot.storage.protocol import AttemptStatus, Heartbeat, JobLayout, Outcome
+from airflow_spot.triggers.poller import Subscription, subscribe
+
+#: SpotHooks shared by the triggers of this process (see SegmentTrigger._hook)
+_HOOKS: dict[tuple[str, str, str | None], Any] = {}
 
 #: keys every event carries (``execute_complete`` validates them)
 EVENT_KEYS = ("status", "attempt_id", "instance_id", "message")
@@ -42,6 +47,12 @@ class Observation:
     heartbeat: Heartbeat | None
     instance: InstanceInfo | None
     instance_known: bool
+    #: the describe of this round failed (throttled, network): the instance is unknown, not gone
+    instance_error: str | None = None
+    #: reading the status/heartbeat failed this round: they are unknown, not absent (``status`` and
+    #: ``heartbeat`` then hold the last ones read), and the store has failed for ``store_failing_for`` s
+    store_error: str | None = None
+    store_failing_for: float = 0.0
 
 
 def classify(
@@ -60,10 +71,23 @@ def classify(
     if obs.status is not None:
         outcome = Outcome(obs.status.outcome)
         return outcome, f"agent reported {outcome.value} (exit code {obs.status.exit_code})"
+    if obs.store_error is not None:
+        # A store read error is not silence: a status may be there unseen, so neither a terminal instance
+        # nor an old heartbeat decides, until the store has stayed unreadable past the heartbeat window.
+        if obs.store_failing_for > heartbeat_timeout:
+            return Outcome.LOST, (
+                f"the job's store was unreadable for {obs.store_failing_for:.0f}s (window {heartbeat_timeout:.0f}s): "
+                f"{obs.store_error}"
+            )
+        if obs.now - requested_at > max_attempt_seconds:
+            return Outcome.LOST, f"attempt ran longer than max_attempt_seconds={max_attempt_seconds:.0f}"
+        return None
     inst = obs.instance
-    if not obs.instance_known or inst is None:
+    if obs.instance_error is not None:
+        pass  # a failed describe says nothing about the instance: only the timeouts below can decide
+    elif not obs.instance_known or inst is None:
         return Outcome.LOST, "instance is unknown to the backend and the attempt has no status"
-    if InstanceState(inst.state).is_terminal():
+    elif InstanceState(inst.state).is_terminal():
         if TerminationReason(inst.reason) is TerminationReason.PREEMPTED:
             return Outcome.PREEMPTED, "instance was reclaimed by the market before the agent wrote a status"
         reason = TerminationReason(inst.reason).value or "unknown"
@@ -134,6 +158,9 @@ class SegmentTrigger(BaseTrigger):
         self.end_from_trigger = bool(end_from_trigger)
         self.segment_index = int(segment_index)
         self.end_step = None if end_step is None else int(end_step)
+        #: last status/heartbeat read and since when reads fail (kept across polls of one run only)
+        self._last_read: tuple[AttemptStatus | None, Heartbeat | None] = (None, None)
+        self._store_failing_since: float | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -157,28 +184,51 @@ class SegmentTrigger(BaseTrigger):
         )
 
     def _hook(self):
+        # One hook per (backend, options, connection) in this process: building one reads the connection and
+        # creates clients (~0.4 s of CPU for ec2), which a thousand triggers starting at once would pay a
+        # thousand times, queueing in the default executor ahead of the shared poller's own I/O.
         from airflow_spot.hooks.spot import SpotHook
 
-        return SpotHook(backend=self.backend, backend_options=self.backend_options, aws_conn_id=self.aws_conn_id)
+        key = (self.backend, json.dumps(self.backend_options, sort_keys=True, default=str), self.aws_conn_id)
+        hook = _HOOKS.get(key)
+        if hook is None:
+            hook = _HOOKS[key] = SpotHook(
+                backend=self.backend, backend_options=self.backend_options, aws_conn_id=self.aws_conn_id)
+        return hook
 
     def _read_store(self, layout: JobLayout) -> tuple[AttemptStatus | None, Heartbeat | None]:
         return layout.read_status(self.attempt_id), layout.read_heartbeat(self.attempt_id)
 
-    async def _observe(self, layout: JobLayout, backend) -> Observation:
+    async def _observe(self, layout: JobLayout, subscription: Subscription) -> Observation:
         # Instance first, store second: a status written just before the instance died is then seen.
-        described = await backend.adescribe([self.instance_id])
-        status, heartbeat = await asyncio.to_thread(self._read_store, layout)
+        # The instance comes from the shared per-scope poller: one batched describe for all triggers.
+        seen = await subscription.next()
+        store_error, failing_for = None, 0.0
+        try:
+            status, heartbeat = await asyncio.to_thread(self._read_store, layout)
+            self._last_read, self._store_failing_since = (status, heartbeat), None
+        except Exception as exc:  # noqa: BLE001 - any read failure is transient until the window says otherwise
+            now = time.time()
+            self._store_failing_since = self._store_failing_since or now
+            status, heartbeat = self._last_read
+            store_error, failing_for = f"{type(exc).__name__}: {exc}", now - self._store_failing_since
+            self.log.warning("attempt %s: cannot read its status/heartbeat (%s) for %.0fs; still waiting",
+                             self.attempt_id, store_error, failing_for)
         return Observation(
             now=time.time(),
             status=status,
             heartbeat=heartbeat,
-            instance=described.get(self.instance_id),
-            instance_known=self.instance_id in described,
+            instance=seen.instance,
+            instance_known=seen.known,
+            instance_error=seen.error,
+            store_error=store_error,
+            store_failing_for=failing_for,
         )
 
     def _max_polls(self) -> int:
         remaining = self.requested_at + self.max_attempt_seconds - time.time()
-        return max(2, math.ceil(remaining / max(self.poll_interval, 0.05)) + 2)
+        # rounds of the shared poller may come a little faster than poll_interval (see Subscription.next)
+        return max(2, math.ceil(remaining / max(0.9 * self.poll_interval, 0.05)) + 2)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self._hook()
@@ -188,12 +238,13 @@ class SegmentTrigger(BaseTrigger):
         layout = JobLayout(store)
         obs: Observation | None = None
         verdict: tuple[Outcome, str] | None = None
-        for _ in range(self._max_polls()):
-            obs = await self._observe(layout, backend)
-            verdict = self._classify(obs)
-            if verdict is not None:
-                break
-            await asyncio.sleep(self.poll_interval)
+        async with subscribe(backend, self.instance_id, interval=self.poll_interval) as subscription:
+            for _ in range(self._max_polls()):
+                obs = await self._observe(layout, subscription)  # paced by the poller's rounds
+                verdict = self._classify(obs)
+                if verdict is not None:
+                    break
+                await self._log_progress(store)
         if verdict is None or obs is None:
             verdict = (Outcome.LOST, f"gave up after max_attempt_seconds={self.max_attempt_seconds:.0f}")
         event = self._event(verdict[0], verdict[1], obs)
@@ -222,6 +273,29 @@ class SegmentTrigger(BaseTrigger):
             self.log.info("attempt %s ended: completed (%s); ending the task from the trigger; %s",
                           self.attempt_id, event["message"], summary)
         return summary
+
+    def _progress_every(self) -> float:
+        """Seconds between progress lines in the task log: ten polls, kept within [5 s, 60 s]."""
+        return min(60.0, max(5.0, 10 * self.poll_interval))
+
+    async def _log_progress(self, store) -> None:
+        """A progress line (%, steps/s, ETA, cost so far) in the task's log at a bounded rate; it reads the
+        job through the read-only JobView and never fails the wait."""
+        now = time.monotonic()
+        last = getattr(self, "_progress_logged_at", None)
+        if last is not None and now - last < self._progress_every():
+            return
+        self._progress_logged_at = now
+        if last is None:
+            return  # the first line one interval after the wait starts
+        from airflow_spot.storage.job_view import JobView, progress_line
+
+        try:
+            snap = await asyncio.to_thread(JobView(store).snapshot, time.time())
+        except Exception as exc:  # noqa: BLE001 - progress is informational; the store is read again next time
+            self.log.debug("attempt %s: no progress line this time: %s", self.attempt_id, exc)
+            return
+        self.log.info("attempt %s %s", self.attempt_id, progress_line(snap))
 
     def _classify(self, obs: Observation) -> tuple[Outcome, str] | None:
         verdict = classify(

@@ -122,7 +122,7 @@ class AirflowStack:
     dag_files: Iterable[Path] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
     worker_concurrency: int = 2
-    startup_timeout: float = 90.0
+    startup_timeout: float = 180.0  # a loaded 2-core machine needs more than the 15 s of an idle one
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -142,7 +142,7 @@ class AirflowStack:
         self._fernet_key = base64.urlsafe_b64encode(os.urandom(32)).decode()
         self._token: str | None = None
         self._db_created = False
-        self._client = httpx.Client(base_url=self.base_url, timeout=20.0)
+        self._client = httpx.Client(base_url=self.base_url, timeout=40.0)
 
     # ------------------------------------------------------------------ environment
     def env(self) -> dict[str, str]:
@@ -180,6 +180,9 @@ class AirflowStack:
             # ~5 s with these (threshold > 2 x heartbeat + ~2 s, NOTES.md) instead of ~24 s.
             AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC="1",
             AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="6",
+            # A task whose worker died is failed (and retried) after 30 s of silence instead of 300 s.
+            AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT="30",
+            AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL="3",
             # DAG files a test adds after start are listed within seconds.
             AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="3",
             AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",
@@ -205,15 +208,8 @@ class AirflowStack:
         try:
             self._create_database()
             self._claim_redis_db()
-            self._start("api-server", ["api-server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"])
-            self._start("scheduler", ["scheduler", "--skip-serve-logs"])
-            self._start("dag-processor", ["dag-processor"])
-            self._start("triggerer", ["triggerer", "--skip-serve-logs"])
-            self._start(
-                "worker",
-                ["celery", "worker", "--skip-serve-logs", "--concurrency", str(self.worker_concurrency),
-                 "--celery-hostname", f"e2e-{uuid.uuid4().hex[:8]}@127.0.0.1"],
-            )
+            for name in ("api-server", "scheduler", "dag-processor", "triggerer", "worker"):
+                self._start(name, self._args(name))
             self._wait_healthy(deadline=started + self.startup_timeout)
         except BaseException:
             self.stop()
@@ -234,6 +230,17 @@ class AirflowStack:
             except psycopg2.Error as exc:  # leave it to the next session's sweep, but say so
                 print(f"[airflow-stack] could not drop {self.db_name}: {exc}", file=sys.stderr)
         self._release_redis_db()
+
+    def _args(self, name: str) -> list[str]:
+        """The ``airflow`` arguments of one process kind (a restarted worker gets a new Celery hostname)."""
+        return {
+            "api-server": ["api-server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+            "scheduler": ["scheduler", "--skip-serve-logs"],
+            "dag-processor": ["dag-processor"],
+            "triggerer": ["triggerer", "--skip-serve-logs"],
+            "worker": ["celery", "worker", "--skip-serve-logs", "--concurrency", str(self.worker_concurrency),
+                       "--celery-hostname", f"e2e-{uuid.uuid4().hex[:8]}@127.0.0.1"],
+        }[name]
 
     def _start(self, name: str, args: list[str], log_suffix: str = "") -> Proc:
         log_path = self.logs / f"{name}{log_suffix}.log"
@@ -423,15 +430,35 @@ class AirflowStack:
             out.append(f"----- {path.name} (last {len(text)} lines) -----\n" + "\n".join(text))
         return "\n".join(out)
 
-    # ------------------------------------------------------------------ triggerer control
+    # ------------------------------------------------------------------ killing and restarting processes
+    def kill(self, name: str) -> list[int]:
+        """SIGKILL one Airflow process as a machine crash would: its process group and every other process
+        of its session (task runners move to process groups of their own). Returns the pids killed."""
+        proc = self.procs[name]
+        session = proc.popen.pid
+        members = []
+        for p in self.processes_of_stack():
+            with contextlib.suppress(ProcessLookupError, psutil.Error):
+                if os.getsid(p.pid) == session:
+                    members.append(p)
+        for p in members:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        self._stop_proc(proc, sig=signal.SIGKILL, grace=10.0)
+        psutil.wait_procs(members, timeout=10)
+        return [p.pid for p in members]
+
+    def restart(self, name: str) -> Proc:
+        """Start a new process of the kind ``name`` (after :meth:`kill`), logging to ``<name>-<n>.log``."""
+        self._restarts = getattr(self, "_restarts", 0) + 1
+        return self._start(name, self._args(name), log_suffix=f"-{self._restarts}")
+
     def kill_triggerer(self) -> None:
         """SIGKILL the triggerer's process group (no clean shutdown: its triggers are orphaned)."""
-        proc = self.procs["triggerer"]
-        self._stop_proc(proc, sig=signal.SIGKILL, grace=10.0)
+        self.kill("triggerer")
 
     def start_triggerer(self) -> None:
-        self._restarts = getattr(self, "_restarts", 0) + 1
-        self._start("triggerer", ["triggerer", "--skip-serve-logs"], log_suffix=f"-{self._restarts}")
+        self.restart("triggerer")
 
     # ------------------------------------------------------------------ REST
     def _auth(self) -> dict[str, str]:
@@ -443,7 +470,15 @@ class AirflowStack:
 
     def api(self, method: str, path: str, ok: Iterable[int] = (200,), **kwargs: Any) -> Any:
         headers = {**self._auth(), **kwargs.pop("headers", {})}
-        r = self._client.request(method, "/api/v2" + path, headers=headers, **kwargs)
+        # A loaded 2-core machine can stall the API server past the client timeout: reads are retried
+        # (bounded); a write is not, since it may have happened.
+        for attempt in range(3 if method == "GET" else 1):
+            try:
+                r = self._client.request(method, "/api/v2" + path, headers=headers, **kwargs)
+                break
+            except httpx.TimeoutException:
+                if attempt == 2 or method != "GET":
+                    raise
         if r.status_code not in tuple(ok):
             raise StackError(f"{method} {path} -> {r.status_code}: {r.text[:2000]}")
         if r.headers.get("content-type", "").startswith("application/json"):

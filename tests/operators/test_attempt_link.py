@@ -21,3 +21,17 @@ def test_s3_store_links_to_the_console_prefix():
 def test_segment_operator_declares_the_link():
     assert any(isinstance(link, SpotAttemptLink) for link in SpotSegmentOperator.operator_extra_links)
     assert SpotAttemptLink().xcom_key == "spot_attempt"
+
+
+def test_s3_link_carries_the_connections_region_when_known():
+    url = attempt_location("s3://ckpt/job", "seg.try1", region="eu-west-1")
+    assert url.startswith("https://s3.console.aws.amazon.com/s3/buckets/ckpt?region=eu-west-1&prefix=job%2F")
+
+
+def test_job_link_points_at_the_plugin_page():
+    from airflow_spot.links.attempt import SpotJobLink, job_page
+
+    assert job_page("my dag", "manual__2026-01-01T00:00:00+00:00") == (
+        "/spot/jobs/my%20dag/manual__2026-01-01T00%3A00%3A00%2B00%3A00"
+    )
+    assert any(isinstance(link, SpotJobLink) for link in SpotSegmentOperator.operator_extra_links)

@@ -1,6 +1,7 @@
 """The operator's offer plan: the bundled market through the ranking and deadline policies."""
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -86,10 +87,146 @@ def test_the_safety_net_holds_once_fired(market):
     assert make_plan(market, committed=True, **relaxed).market is Market.ON_DEMAND
 
 
-def test_leaving_on_demand_waits_for_a_settled_pool_when_its_age_is_known(market):
-    # 10 h deadline, 1 h in, half the 5 h of work done: plenty of slack, running on on-demand
+def test_leaving_on_demand_waits_for_a_pool_observed_up_long_enough(market, tmp_path):
+    # 10 h deadline, 1 h in, half the 5 h of work done: plenty of slack, running on on-demand. Whether to
+    # go back to spot rests on what the job and the deployment observed of the pools (no trace, no oracle)
+    from airflow_spot.policy.observations import PoolEvent
+    from airflow_spot.storage.availability import AvailabilityLog
+    from airflow_spot.storage.object_store import open_store
+
     kw = dict(now=T0 + 3600, done_steps=500, deadline=timedelta(hours=10), step_seconds=18.0,
               running=Market.ON_DEMAND)
-    assert make_plan(market, **kw).market is Market.SPOT  # age unknown: slack-reserve, far ahead -> spot
-    assert make_plan(market, spot_up_seconds=300.0, **kw).market is Market.ON_DEMAND
-    assert make_plan(market, spot_up_seconds=2 * 3600.0, **kw).market is Market.SPOT
+    nothing = make_plan(market, **kw)
+    assert nothing.market is Market.ON_DEMAND and nothing.probe  # never seen up: stay, and ask for a probe
+    best = make_plan(market).ranked[0]
+    fresh = [PoolEvent(best.pool, "launched", T0 + 3300)]
+    assert make_plan(market, job_events=fresh, **kw).market is Market.ON_DEMAND
+    # another job of the deployment has held that pool for 2 h: read through the market's observations
+    log = AvailabilityLog(open_store(str(tmp_path / "deployment")))
+    log.append(PoolEvent(best.pool, "launched", T0 - 3600, job="other"))
+    log.append(PoolEvent(best.pool, "running", T0 + 3500, job="other"))
+    shared = get_market("local").with_availability_log(log)
+    p = make_plan(shared, **kw)
+    assert p.market is Market.SPOT and p.ranked[0].pool == best.pool
+
+
+def test_the_operator_and_the_simulator_call_one_function_with_one_observation_type(market, monkeypatch):
+    """planning.plan (what SpotSegmentOperator calls) and the simulator's `ours` both go through
+    policy.decision.decide_attempt with a JobObservation."""
+    from airflow_spot.market.traces import SpotTrace
+    from airflow_spot.policy import decision
+    from airflow_spot.policy.observations import JobObservation
+    from airflow_spot.simulate.controllers import controllers
+    from airflow_spot.simulate.engine import JobSpec, SimPool, simulate
+
+    calls = []
+    real = decision.decide_attempt
+
+    def spy(obs, state=None, params=None):
+        calls.append(type(obs))
+        return real(obs, state, params)
+
+    monkeypatch.setattr(decision, "decide_attempt", spy)
+    make_plan(market)
+    assert calls == [JobObservation]
+    trace = SpotTrace("z", "us-west-2b", 60.0, (1,) * 30)
+    offer = make_plan(market).ranked[0]
+    sim = simulate(JobSpec(work_hours=0.2), [SimPool(trace, offer)], offer, controllers.get("ours")(), max_hours=0.5)
+    assert sim.completed and len(calls) > 2 and set(calls) == {JobObservation}
+
+
+def test_capacity_refusals_are_recorded_for_the_job_and_the_deployment(tmp_path):
+    from airflow_spot.operators.planning import AvailabilityRecorder
+    from airflow_spot.storage.object_store import open_store
+
+    job, deployment = open_store(str(tmp_path / "job")), open_store(str(tmp_path / "dep"))
+    rec = AvailabilityRecorder(job, deployment, "dag.train")
+    rec.record("p3.2xlarge@us-west-2b", "refused", T0)
+    assert [(e.kind, e.job) for e in rec.job_events()] == [("refused", "dag.train")]
+    assert [e.pool for e in rec.deployment_log.read()] == ["p3.2xlarge@us-west-2b"]
+    assert job.list("control/availability/")  # in the job's own store, under JobLayout.AVAILABILITY_PREFIX
+
+
+def test_probes_record_capacity_and_leave_no_instance_running(market, tmp_path):
+    """planning.probe_spot on the real local backend: a pool whose replayed trace is down refuses
+    (probe-down); one with capacity launches and is terminated at once (probe-up)."""
+    import json
+
+    from airflow_spot.backends.base import InstanceState, LaunchSpec
+    from airflow_spot.backends.local import LocalBackend
+    from airflow_spot.operators.planning import AvailabilityRecorder, probe_spot
+    from airflow_spot.storage.object_store import open_store
+
+    offer = make_plan(market).ranked[0]
+    trace = tmp_path / "us-west-2b_v100_1.json"
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 3600}, "data": [0, 0, 0, 1, 0]}))  # down at its start
+    job = open_store(str(tmp_path / "job"))
+
+    def spec(o):
+        return LaunchSpec(offer=o, job_uri=job.uri, idempotency_token=f"probe-{o.pool}", tags={"t": "probe"},
+                          idle_timeout_seconds=60.0)
+
+    down = LocalBackend(state_dir=str(tmp_path / "s1"),
+                        preemption={"mode": "trace", "path": str(trace), "capacity": True,
+                                    "start_offset_seconds": 0})
+    rec = AvailabilityRecorder(job, None, "j")
+    assert probe_spot(down, [offer], spec, rec, now=T0) == 1
+    assert [e.kind for e in rec.job_events()] == ["probe-down"]
+    up = LocalBackend(state_dir=str(tmp_path / "s2"))
+    try:
+        assert probe_spot(up, [offer], spec, rec, now=T0 + 1) == 1
+        assert [e.kind for e in rec.job_events()] == ["probe-down", "probe-up"]
+        assert all(InstanceState(i.state).is_terminal() for i in up.list_instances(tags={"t": "probe"}))
+    finally:
+        up.terminate([i.instance_id for i in up.list_instances(tags={"t": "probe"})])
+
+
+def test_the_operator_records_refusals_and_plans_again_with_them(tmp_path):
+    """Every spot pool refuses (the local backend replays a trace that is down): SpotSegmentOperator's
+    _get_instance records each refusal in the job's log and the deployment's, plans again with them, and a
+    job without slack to wait launches on-demand instead of failing the try."""
+    import json
+    from types import SimpleNamespace
+
+    from airflow_spot.backends.base import InstanceState
+    from airflow_spot.operators.planning import AvailabilityRecorder
+    from airflow_spot.operators.segment import SpotSegmentOperator
+    from airflow_spot.storage.object_store import open_store
+
+    trace = tmp_path / "us-west-2b_v100_1.json"
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 3600}, "data": [0, 0, 0, 1, 0]}))
+    op = SpotSegmentOperator(
+        task_id="segment_000", command=["python", "train.py"], checkpoint_uri=f"file://{tmp_path}/job",
+        start_step=0, end_step=10, total_steps=10, gpus=GPUS,
+        backend_options={"state_dir": str(tmp_path / "state"),
+                         "preemption": {"mode": "trace", "path": str(trace), "capacity": True,
+                                        "start_offset_seconds": 0}},
+    )
+    store = open_store(f"file://{tmp_path}/job")
+    rec = AvailabilityRecorder(store, open_store(str(tmp_path / "deployment")), "dag.train")
+    market = op.hook.get_market()
+    now = time.time()
+    # 100 steps of 100 s and 1600 s of slack: enough to start on spot (a restart above the 900 s floor),
+    # not to wait for it; the pools already refused a previous try 2 minutes ago (past the 60 s grace)
+    kw = dict(done_steps=0, total_steps=100, job_started_at=now, deadline=timedelta(seconds=11_600), ledger_rows=[],
+              step_seconds=100.0)
+    for o in market.offers(GPUS):
+        if o.is_spot and GPUS.matches(o):
+            rec.record(o.pool, "refused", now - 120)
+    first = plan(market, GPUS, now=now, job_events=rec.job_events(), **kw)
+    assert first.market is Market.SPOT
+
+    def replan():
+        return plan(market, GPUS, now=time.time(), job_events=rec.job_events(), **kw)
+
+    context = {"ti": SimpleNamespace(try_number=1), "run_id": "manual__1"}
+    backend = op.hook.get_backend()
+    try:
+        info, reused = op._get_instance(context, store, first, [], recorder=rec, replan=replan)
+        assert Market(info.offer.market) is Market.ON_DEMAND and not reused
+        refused = [e.pool for e in rec.job_events() if e.kind == "refused" and e.at >= now]
+        assert sorted(refused) == sorted(o.pool for o in first.ranked if o.is_spot)
+        assert len(rec.deployment_log.read()) == 2 * len(refused)
+    finally:
+        backend.terminate([i.instance_id for i in backend.list_instances({})
+                           if not InstanceState(i.state).is_terminal()])

@@ -51,7 +51,7 @@ def test_good_job_builds_chained_segments_and_final_task():
         (dict(steps_per_segment=0), "steps_per_segment must be a positive"),
         (dict(total_steps=10, steps_per_segment=20), "steps_per_segment=20 is larger than total_steps=10"),
         (dict(total_steps=10.5), "total_steps must be an integer"),
-        (dict(backend="gce"), "unknown backend 'gce'; valid backends: local"),
+        (dict(backend="gce"), "unknown backend 'gce'; valid backends: .*local"),
         (dict(command=[]), "command must be a non-empty list"),
         (dict(command=""), "command must be a non-empty list"),
         (dict(command=["no-such-program-xyz", "train.py"]), "'no-such-program-xyz' was not found on PATH"),
@@ -96,3 +96,50 @@ def test_an_explicit_deployment_setting_wins(monkeypatch):
     monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "False")
     assert build().task_dict["train.segment_000"].deferrable is False
     assert build(segment_options={"deferrable": True}).task_dict["train.segment_000"].deferrable is True
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        # nobody sells it: caught at parse time against the catalog, with the largest shape named
+        (dict(gpus=GpuRequest(count=64, min_memory_gib=500)), "no instance type offers 64 GPU(s) with >= 500 GiB"),
+        (dict(gpus={"count": 1, "min_memory_gib": 500}), "the largest is 8 x"),
+        (dict(gpus={"count": 3}), "instance types come with [1, 2, 4, 8] GPUs"),
+        (dict(task_id=""), "task_id must be a non-empty string"),
+        (dict(env={"LR": None}), "env values must be strings"),
+        (dict(env=["A=1"]), "env must be a dict of variable names"),
+        (dict(cwd=42), "cwd must be a non-empty string"),
+        (dict(aws_conn_id=""), "aws_conn_id must be a non-empty string"),
+        (dict(retry_delay=30), "retry_delay (wait before retrying a failed training command) must be a datetime"),
+        (dict(retry_delay=timedelta(seconds=-1)), "retry_delay"),
+        (dict(backend_options=["state_dir"]), "backend_options must be a dict"),
+        (dict(market_options={"regions": {"us-east-1"}}), "market_options must hold plain JSON values"),
+        (dict(segment_options={"pol_interval": 1.0}), "unknown segment_options ['pol_interval']; valid: "),
+        (dict(segment_options={"retries": 3}), "segment_options ['retries'] are arguments of SpotTraining itself"),
+        (dict(retry_policy="preempted:0"), "retry_policy must be an airflow.sdk RetryPolicy"),
+        (dict(segment_options={"heartbeat_timeout": 4}), "would call an attempt lost after a few missed heartbeats"),
+        (dict(segment_options={"poll_interval": 10, "heartbeat_timeout": 20}), "use at least 30 s"),
+        (dict(segment_options={"startup_timeout": 0}), "segment_options['startup_timeout'] must be a number of"),
+        (dict(segment_options={"checkpoint_min_interval": 60, "checkpoint_max_interval": 30}),
+         "checkpoint_min_interval=60 is above checkpoint_max_interval=30"),
+        (dict(segment_options={"keep_checkpoints": 0}), "keep_checkpoints'] must be an integer >= 1"),
+    ],
+)
+def test_more_bad_arguments_fail_at_parse_time(overrides, message):
+    import re
+
+    with pytest.raises(SpotTrainingConfigError, match=re.escape(message)):
+        build(**overrides)
+
+
+def test_the_biggest_real_request_is_accepted_and_segments_get_the_retry_policy():
+    from airflow.sdk import ExceptionRetryPolicy, RetryAction, RetryRule
+
+    from airflow_spot.operators.retry import SegmentRetryPolicy, UserFirstRetryPolicy
+
+    dag = build(gpus={"count": 8, "min_memory_gib": 80})
+    assert isinstance(dag.task_dict["train.segment_000"].retry_policy, SegmentRetryPolicy)
+    mine = ExceptionRetryPolicy(rules=[RetryRule(exception=MemoryError, action=RetryAction.FAIL)])
+    dag = build(retry_policy=mine)
+    policy = dag.task_dict["train.segment_001"].retry_policy
+    assert isinstance(policy, UserFirstRetryPolicy) and policy.user is mine

@@ -1,18 +1,60 @@
 from __future__ import annotations
 
+import json
+import sys
+
+import pytest
+
 from airflow_spot.cli import main
+from airflow_spot.simulate.estimate_command import EstimateError, profile_step_seconds
 
 
-def test_estimate_lists_offers_cheapest_first(capsys):
+def test_estimate_lists_offers_cheapest_first_with_an_uncertainty(capsys):
     assert main(["estimate", "--steps", "36000", "--measured", "V100=0.5", "--regions", "us-west-2", "--top", "5"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("step time fit: t = 0.500 s")
-    costs = [float(line.split()[-1]) for line in out[2:]]
+    assert out[0].startswith("step time fit: t = 0.5000 s")
+    rows = out[2:7]
+    costs = [float(line.split()[-2]) for line in rows]
     assert len(costs) == 5 and costs == sorted(costs)
+    assert all(line.split()[-1].endswith("%") for line in rows)
 
 
-def test_estimate_bad_input(capsys):
-    assert main(["estimate", "--steps", "10", "--measured", "Z80=1"]) == 2
-    assert "unknown GPU" in capsys.readouterr().err
-    assert main(["estimate", "--steps", "10"]) == 2
-    assert "at least one" in capsys.readouterr().err
+def test_estimate_json_scales_the_measured_gpu_to_the_others(capsys):
+    assert main(["estimate", "--steps", "3600", "--measured", "T4=1.0", "--json", "--top", "200"]) == 0
+    ranked = json.loads(capsys.readouterr().out)
+    t4 = next(r for r in ranked if r["gpu_name"] == "T4")
+    a10g = next(r for r in ranked if r["gpu_name"] == "A10G")
+    assert t4["hours"] == pytest.approx(1.0) and t4["uncertainty"] == pytest.approx(0.05)
+    assert a10g["hours"] == pytest.approx(0.40 / 0.90, rel=1e-4)  # relative throughputs of T4 and A10G
+    assert a10g["uncertainty"] > t4["uncertainty"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--steps", "10", "--measured", "Z80=1"], "unknown GPU 'Z80'"),
+        (["--steps", "10", "--measured", "V100"], "expected GPU=SECONDS"),
+        (["--steps", "10", "--measured", "V100=fast"], "is not a number"),
+        (["--steps", "10", "--measured", "V100=-1"], "must be positive"),
+        (["--steps", "0", "--measured", "V100=1"], "--steps must be a positive"),
+        (["--steps", "10"], "give a step time"),
+        (["--steps", "10", "--profile-command", "python x.py"], "needs --profile-as"),
+        (["--steps", "10", "--profile-command", "no-such-program-xyz", "--profile-as", "T4"], "not found on PATH"),
+        (["--steps", "10", "--measured", "V100=1", "--gpus", "0"], "--gpus must be at least 1"),
+    ],
+)
+def test_estimate_bad_arguments_say_what_to_fix(capsys, argv, message):
+    assert main(["estimate", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_profiling_measures_a_real_training_run_past_its_warm_up():
+    cmd = [sys.executable, "-m", "airflow_spot.examples.train_tiny", "--total-steps", "120", "--step-sleep", "0.02"]
+    seconds = profile_step_seconds(cmd, 120, warmup_steps=20, timeout=300)
+    # 20 ms of sleep per step plus a tiny model's compute: well under 0.2 s on any machine
+    assert 0.02 <= seconds < 0.2
+
+
+def test_profiling_reports_a_failing_command():
+    with pytest.raises(EstimateError, match="exited 3"):
+        profile_step_seconds([sys.executable, "-c", "import sys; sys.exit(3)"], 50, timeout=60)

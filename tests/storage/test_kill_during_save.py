@@ -1,12 +1,15 @@
 """SIGKILL a checkpoint writer at random moments, hundreds of times: a restore must never load a partial
 or corrupt checkpoint and must always find the newest complete one.
 
-Writers are forked from this (thread-free) test process so each kill costs milliseconds, not an
-interpreter start. The S3 endpoint is moto's threaded server run in a subprocess for the same reason.
+Writers are forked so each kill costs milliseconds, not an interpreter start. Forking needs a thread-free
+parent, and a pytest process that ran other tests may hold threads (a boto3 pool, a poller), so the kill loop
+runs in a fresh interpreter: this file run as a script. The S3 endpoint is moto's threaded server run in a
+subprocess for the same reason.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import signal
@@ -121,8 +124,17 @@ def torture(uri: str, options: dict, tmp_path, max_delay: float) -> dict:
     return {"kills": i, "in_save": in_save}
 
 
+def torture_in_fresh_process(uri: str, options: dict, tmp_path, max_delay: float) -> dict:
+    """:func:`torture` in a new interpreter (thread-free, whatever ran before in this one)."""
+    args = json.dumps({"uri": uri, "options": options, "tmp_path": str(tmp_path), "max_delay": max_delay})
+    proc = subprocess.run([sys.executable, __file__, args], capture_output=True, text=True, timeout=570)
+    assert proc.returncode == 0, f"kill loop failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    print(proc.stdout)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def test_sigkill_during_file_saves(tmp_path):
-    stats = torture(f"file://{tmp_path}/ckpt", {}, tmp_path, max_delay=0.12)
+    stats = torture_in_fresh_process(f"file://{tmp_path}/ckpt", {}, tmp_path, max_delay=0.12)
     assert stats["in_save"] >= KILLS_IN_SAVE, stats
     leftovers = [k for k in os.listdir(tmp_path / "ckpt")]
     assert len(leftovers) <= 2 + 3, f"retention left {leftovers}"
@@ -142,5 +154,13 @@ def test_sigkill_during_s3_saves(tmp_path, moto_subprocess):
         check=True, timeout=60,
     )
     options = {"endpoint_url": moto_subprocess, "multipart_chunk": CHUNK, "big": 11 * 1024 * 1024}
-    stats = torture("s3://torture/job/checkpoints", options, tmp_path, max_delay=0.35)
+    stats = torture_in_fresh_process("s3://torture/job/checkpoints", options, tmp_path, max_delay=0.35)
     assert stats["in_save"] >= KILLS_IN_SAVE, stats
+
+
+if __name__ == "__main__":
+    from pathlib import Path
+
+    a = json.loads(sys.argv[1])
+    result = torture(a["uri"], a["options"], Path(a["tmp_path"]), a["max_delay"])
+    print(json.dumps(result))

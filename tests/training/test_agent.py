@@ -283,3 +283,59 @@ def test_agent_on_s3_waits_out_a_store_outage(tmp_path, monkeypatch):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+
+def _started_command(tmp_path, body: str = "") -> tuple[list[str], Path]:
+    """A command that writes its pid to a file, then sleeps (no SIGTERM handler unless ``body`` sets one)."""
+    pid_file = tmp_path / "pid"
+    return py(f"import os, signal, time\n{body}\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+              "time.sleep(60)\n"), pid_file
+
+
+def test_sigterm_under_a_notice_before_any_handler_is_preempted(agent, tmp_path):
+    """The preemption's SIGTERM reaches a command that has not installed its notice handler yet (still
+    importing, say): it dies with -15, nothing is lost, and the attempt is preempted, not failed."""
+    a = agent()
+    command, pid_file = _started_command(tmp_path)
+    a.submit("a1", command)
+    wait_for(pid_file.exists, 15, "the command to start")
+    a.notice_file.write_text("preemption")
+    os.kill(int(wait_for(pid_file.read_text, 5, "the pid")), signal.SIGTERM)
+    status = a.status("a1")
+    assert status.outcome == "preempted" and status.exit_code == -signal.SIGTERM
+    assert "preemption notice was issued" in status.error_tail
+
+
+def test_sigterm_without_a_notice_or_a_stop_is_failed(agent, tmp_path):
+    """A SIGTERM nobody announced (the user's own kill, a watchdog) is not a preemption."""
+    a = agent()
+    command, pid_file = _started_command(tmp_path)
+    a.submit("a1", command)
+    wait_for(pid_file.exists, 15, "the command to start")
+    os.kill(int(wait_for(pid_file.read_text, 5, "the pid")), signal.SIGTERM)
+    status = a.status("a1")
+    assert status.outcome == "failed" and status.exit_code == -signal.SIGTERM
+
+
+def test_a_crash_by_signal_while_stopping_is_still_failed(agent, tmp_path):
+    """The agent forwards SIGTERM and the command crashes on it (abort): the user's code failed."""
+    a = agent()
+    command, pid_file = _started_command(tmp_path, "signal.signal(signal.SIGTERM, lambda *a: os.abort())")
+    a.submit("a1", command)
+    wait_for(pid_file.exists, 15, "the command to start")
+    os.kill(a.proc.pid, signal.SIGTERM)
+    assert a.proc.wait(timeout=15) == 0
+    status = a.status("a1", timeout=1)
+    assert status.outcome == "failed" and status.exit_code == -signal.SIGABRT
+
+
+def test_sigterm_forwarded_before_the_command_installs_a_handler_is_preempted(agent, tmp_path):
+    a = agent()
+    command, pid_file = _started_command(tmp_path)
+    a.submit("a1", command)
+    wait_for(pid_file.exists, 15, "the command to start")
+    os.kill(a.proc.pid, signal.SIGTERM)
+    assert a.proc.wait(timeout=15) == 0
+    status = a.status("a1", timeout=1)
+    assert status.outcome == "preempted" and status.exit_code == -signal.SIGTERM
+    assert "instance was stopping" in status.error_tail

@@ -1,0 +1,384 @@
+"""The ``ec2`` backend: one instance per offer, launched with ``RunInstances`` (spot market options for
+spot offers), described in batches, terminated by id, found again by its tags.
+
+Clients come from the Airflow layer (``SpotHook`` hands down the Amazon provider's ``EC2Hook`` clients,
+see :class:`~airflow_spot.backends.base.Clients`); without them (``airflow-spot`` run outside Airflow with
+plain AWS credentials) boto3's default chain is used. Either way botocore's ``adaptive`` retry mode
+absorbs throttling: no retry loop is written here.
+
+Termination reasons from ``describe``: ``Server.SpotInstanceTermination`` -> ``preempted``;
+``Client.UserInitiatedShutdown`` -> ``user``; ``Client.InstanceInitiatedShutdown`` (the agent powered
+the instance off after its idle timeout) -> ``idle``; anything else -> ``failed``.
+
+Example::
+
+    get_backend("ec2", regions=["us-east-1"], image_id="ami-0123", instance_profile="spot-training",
+                subnet_ids={"us-east-1a": "subnet-1"}, security_group_ids=["sg-1"])
+"""
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from airflow_spot.backends.base import (
+    Backend,
+    Clients,
+    InstanceInfo,
+    InstanceState,
+    LaunchError,
+    LaunchSpec,
+    TerminationReason,
+)
+from airflow_spot.backends.bootstrap import DEFAULT_IMDS_URL, user_data_script
+from airflow_spot.backends.ec2_errors import launch_error
+from airflow_spot.market.aws_regions import validate_regions
+from airflow_spot.policy.offers import Market, Offer
+
+log = logging.getLogger(__name__)
+
+#: every instance we start carries this tag; ``reap`` and ``list_instances`` filter on it
+TAG_MANAGED = "airflow-spot:managed"
+TAG_JOB = "airflow-spot:job-uri"
+TAG_OFFER = "airflow-spot:offer"
+#: the launch's idempotency token, so a repeated launch finds its instance even where ClientToken is not
+#: honoured (moto ignores it) or the first call's reply was lost
+TAG_TOKEN = "airflow-spot:token"
+#: EC2 tag values hold at most 256 characters
+_TAG_VALUE_MAX = 256
+
+_STATES = {
+    "pending": InstanceState.PENDING,
+    "running": InstanceState.RUNNING,
+    # an instance on its way down is gone for our purposes: it serves no request any more
+    "shutting-down": InstanceState.TERMINATED,
+    "terminated": InstanceState.TERMINATED,
+    "stopping": InstanceState.TERMINATED,
+    "stopped": InstanceState.TERMINATED,
+}
+
+_REASONS = {
+    "Server.SpotInstanceTermination": TerminationReason.PREEMPTED,
+    "Client.UserInitiatedShutdown": TerminationReason.USER,
+    "Client.InstanceInitiatedShutdown": TerminationReason.IDLE,
+}
+
+
+def default_clients() -> Clients:
+    """boto3's default credential chain with adaptive retries (outside Airflow, e.g. ``airflow-spot reap``)."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(retries={"mode": "adaptive", "max_attempts": 10})
+    return Clients(ec2=lambda region: boto3.client("ec2", region_name=region, config=config), describe="boto3")
+
+
+def encode_offer(offer: Offer) -> str:
+    """The offer facts ``describe`` cannot get from EC2 itself, in one tag value."""
+    return "|".join([
+        f"{offer.price_per_hour:.6g}", f"{offer.on_demand_price_per_hour:.6g}", offer.gpu_name,
+        str(offer.gpu_count), f"{offer.gpu_memory_gib:g}", f"{offer.relative_throughput:.6g}",
+        f"{offer.preemption_rate_per_hour:.6g}", f"{offer.vcpus:g}", f"{offer.memory_gib:g}",
+    ])
+
+
+def decode_offer(text: str, instance_type: str, region: str, zone: str, market: Market) -> Offer:
+    try:
+        price, od, gpu, count, mem, thr, rate, vcpus, ram = text.split("|")
+        return Offer(instance_type=instance_type, region=region, zone=zone, market=market,
+                     price_per_hour=float(price), on_demand_price_per_hour=float(od), gpu_name=gpu,
+                     gpu_count=int(count), gpu_memory_gib=float(mem), relative_throughput=float(thr),
+                     preemption_rate_per_hour=float(rate), vcpus=float(vcpus), memory_gib=float(ram))
+    except ValueError:  # not ours or edited by hand: keep what EC2 itself says
+        return Offer(instance_type=instance_type, region=region, zone=zone, market=market, price_per_hour=0.0,
+                     on_demand_price_per_hour=0.0, gpu_name="", gpu_count=0, gpu_memory_gib=0.0)
+
+
+class Ec2Backend(Backend):
+    """Spot and on-demand EC2 instances running the agent.
+
+    :param regions: regions whose instances this backend describes and lists (launches go to the offer's
+        region, which must be one of them).
+    :param image_id: AMI with python and the ``training`` extra installed (or give ``launch_template``).
+    :param launch_template: ``{"LaunchTemplateName": ..., "Version": ...}`` or with ``LaunchTemplateId``.
+    :param subnet_ids: ``{zone: subnet id}``, or a list (then EC2 picks placement from the subnet).
+    :param security_group_ids: security groups (no inbound rule is needed: the store is the only channel).
+    :param instance_profile: instance profile name or ARN granting the job's store access.
+    :param block_device_gib: root volume size; ``root_device_name`` its device (the image's root device).
+    :param python: interpreter on the image that runs the agent; ``setup`` shell lines run before it.
+    :param imds_url: instance metadata endpoint (a test data plane serves one on 127.0.0.1).
+    :param term_grace_seconds: seconds the training command gets after SIGTERM (inside the 2-minute notice).
+    :param clients: handed down by the Airflow layer; see :class:`~airflow_spot.backends.base.Clients`.
+    """
+
+    name = "ec2"
+    notice_source = "imds"
+    uses_clients = True
+    reaps_by_run_state = True
+
+    def __init__(
+        self,
+        regions: list[str] | tuple[str, ...] | str = ("us-east-1",),
+        image_id: str | None = None,
+        launch_template: dict[str, str] | None = None,
+        subnet_ids: dict[str, str] | list[str] | None = None,
+        security_group_ids: list[str] | tuple[str, ...] = (),
+        instance_profile: str | None = None,
+        block_device_gib: int | None = None,
+        root_device_name: str = "/dev/sda1",
+        python: str = "python3",
+        setup: list[str] | tuple[str, ...] = (),
+        imds_url: str = DEFAULT_IMDS_URL,
+        term_grace_seconds: float = 100.0,
+        clients: Clients | None = None,
+    ) -> None:
+        self.regions = validate_regions([regions] if isinstance(regions, str) else list(regions))
+        if image_id is not None and not (isinstance(image_id, str) and image_id.startswith("ami-")):
+            raise ValueError(f"ec2 backend: image_id must be an AMI id like 'ami-0123abcd', got {image_id!r}")
+        if launch_template is not None and not (
+            isinstance(launch_template, dict) and {"LaunchTemplateId", "LaunchTemplateName"} & set(launch_template)
+        ):
+            raise ValueError("ec2 backend: launch_template must be a dict with LaunchTemplateId or LaunchTemplateName "
+                             f"(and optionally Version), got {launch_template!r}")
+        if block_device_gib is not None and (not isinstance(block_device_gib, int) or block_device_gib < 8):
+            raise ValueError(f"ec2 backend: block_device_gib must be an integer >= 8, got {block_device_gib!r}")
+        if term_grace_seconds <= 0:
+            raise ValueError(f"ec2 backend: term_grace_seconds must be > 0, got {term_grace_seconds!r}")
+        self.image_id = image_id
+        self.launch_template = dict(launch_template) if launch_template else None
+        self.subnet_ids: dict[str, str] | list[str] = (
+            dict(subnet_ids) if isinstance(subnet_ids, dict) else list(subnet_ids or [])
+        )
+        self.security_group_ids = list(security_group_ids)
+        self.instance_profile = instance_profile
+        self.block_device_gib = block_device_gib
+        self.root_device_name = root_device_name
+        self.python = python
+        self.setup = list(setup)
+        self.imds_url = imds_url
+        self.term_grace_seconds = float(term_grace_seconds)
+        self.clients = clients or default_clients()
+        self._sync: dict[str, Any] = {}
+
+    def serialize(self) -> dict:
+        return {
+            "regions": list(self.regions), "image_id": self.image_id, "launch_template": self.launch_template,
+            "subnet_ids": self.subnet_ids, "security_group_ids": self.security_group_ids,
+            "instance_profile": self.instance_profile, "block_device_gib": self.block_device_gib,
+            "root_device_name": self.root_device_name, "python": self.python, "setup": self.setup,
+            "imds_url": self.imds_url, "term_grace_seconds": self.term_grace_seconds,
+        }
+
+    def describe_scope(self) -> str:
+        """Backends with the same clients and regions describe the same instances (one shared poller)."""
+        return f"{self.clients.describe}|{','.join(self.regions)}"
+
+    def client(self, region: str):
+        if region not in self._sync:
+            if self.clients.ec2 is None:
+                raise LaunchError("ec2 backend: no EC2 client factory was handed down", capacity=False)
+            try:
+                self._sync[region] = self.clients.ec2(region)
+            except ValueError as exc:  # e.g. the AWS connection does not exist
+                raise LaunchError(f"ec2 backend: {exc}", capacity=False) from exc
+        return self._sync[region]
+
+    # ------------------------------------------------------------------ launch
+    def launch_parameters(self, spec: LaunchSpec) -> dict[str, Any]:
+        """The ``RunInstances`` parameters for ``spec`` (spec fields win over the backend's defaults)."""
+        offer = spec.offer
+        if offer.region not in self.regions:
+            raise LaunchError(f"ec2 backend: offer region {offer.region!r} is not one of the backend's regions "
+                              f"{list(self.regions)}; add it to backend_options['regions']", capacity=False)
+        if not spec.idempotency_token or len(spec.idempotency_token) > 64:
+            raise LaunchError("ec2 backend: idempotency_token must be 1-64 characters (EC2 ClientToken); "
+                              "build it with airflow_spot.backends.base.launch_token", capacity=False)
+        image_id = spec.image_id or self.image_id
+        template = spec.launch_template or self.launch_template
+        if not image_id and not template:
+            raise LaunchError("ec2 backend: no machine image; set backend_options image_id='ami-...' or "
+                              "launch_template={'LaunchTemplateName': ...}", capacity=False)
+        try:
+            user_data = spec.user_data or user_data_script(
+                spec, python=self.python, imds_url=self.imds_url, setup=self.setup,
+                options={"term-grace": self.term_grace_seconds},
+            )
+        except ValueError as exc:
+            raise LaunchError(f"ec2 backend: {exc}", capacity=False) from exc
+        tags = {**spec.tags, TAG_MANAGED: "true", TAG_JOB: spec.job_uri[:_TAG_VALUE_MAX],
+                TAG_OFFER: encode_offer(offer), TAG_TOKEN: spec.idempotency_token}
+        tag_list = [{"Key": k, "Value": str(v)[:_TAG_VALUE_MAX]} for k, v in tags.items()]
+        params: dict[str, Any] = {
+            "InstanceType": offer.instance_type,
+            "MinCount": 1,
+            "MaxCount": 1,
+            "ClientToken": spec.idempotency_token,
+            "UserData": user_data,
+            # the agent powers the instance off when it goes idle: that must end the bill
+            "InstanceInitiatedShutdownBehavior": "terminate",
+            # IMDSv2 only (session tokens, what the agent uses); hop limit 2 so a container on the host reaches it
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tag_list},
+                                  {"ResourceType": "volume", "Tags": tag_list}],
+        }
+        if image_id:
+            params["ImageId"] = image_id
+        if template:
+            params["LaunchTemplate"] = dict(template)
+        if offer.is_spot:
+            params["InstanceMarketOptions"] = {
+                "MarketType": "spot",
+                "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
+            }
+        zone = offer.zone if offer.zone.startswith(offer.region) and offer.zone != offer.region else None
+        subnet = self._subnet(spec, zone)
+        if subnet:
+            params["SubnetId"] = subnet
+        elif zone:
+            params["Placement"] = {"AvailabilityZone": zone}
+        groups = list(spec.security_group_ids) or self.security_group_ids
+        if groups:
+            params["SecurityGroupIds"] = groups
+        profile = spec.instance_profile or self.instance_profile
+        if profile:
+            params["IamInstanceProfile"] = {"Arn": profile} if profile.startswith("arn:") else {"Name": profile}
+        size = spec.block_device_gib or self.block_device_gib
+        if size:
+            params["BlockDeviceMappings"] = [{"DeviceName": self.root_device_name,
+                                              "Ebs": {"VolumeSize": int(size), "DeleteOnTermination": True}}]
+        return params
+
+    def _subnet(self, spec: LaunchSpec, zone: str | None) -> str | None:
+        if spec.subnet_ids:
+            return spec.subnet_ids[0]
+        if isinstance(self.subnet_ids, dict):
+            return self.subnet_ids.get(zone or "") or None
+        return self.subnet_ids[0] if self.subnet_ids else None
+
+    def launch(self, spec: LaunchSpec) -> InstanceInfo:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        params = self.launch_parameters(spec)
+        offer = spec.offer
+        try:
+            known = self._launched_with(spec.idempotency_token, offer.region)
+            if known is not None:
+                log.info("launch token %s already launched %s", spec.idempotency_token, known.instance_id)
+                return known
+            reply = self.client(offer.region).run_instances(**params)
+        except ClientError as exc:
+            raise launch_error(exc, offer) from exc
+        except BotoCoreError as exc:  # endpoint unreachable, bad region name, no credentials
+            raise LaunchError(f"ec2 backend: cannot call RunInstances in {offer.region}: {exc}", capacity=False,
+                              tried=[offer.pool]) from exc
+        instances = reply.get("Instances") or []
+        if not instances:
+            raise LaunchError(f"RunInstances returned no instance for {offer.pool}", capacity=True, tried=[offer.pool])
+        info = self._info(instances[0], offer.region)
+        log.info("launched %s: %s %s in %s at $%.4f/h (token %s)", info.instance_id, offer.instance_type,
+                 Market(offer.market).value, offer.zone, offer.price_per_hour, spec.idempotency_token)
+        return info
+
+    def _launched_with(self, token: str, region: str) -> InstanceInfo | None:
+        filters = [{"Name": f"tag:{TAG_TOKEN}", "Values": [token]}]
+        for page in self.client(region).get_paginator("describe_instances").paginate(Filters=filters):
+            for reservation in page.get("Reservations", []):
+                for inst in reservation.get("Instances", []):
+                    return self._info(inst, region)
+        return None
+
+    # ------------------------------------------------------------------ describe / list
+    @staticmethod
+    def _filters(instance_ids: list[str]) -> list[dict]:
+        # A filter, not InstanceIds: an unknown id is simply absent instead of failing the whole batch.
+        return [{"Name": "instance-id", "Values": list(instance_ids)}]
+
+    def describe(self, instance_ids: list[str]) -> dict[str, InstanceInfo]:
+        ids = list(dict.fromkeys(instance_ids))
+        out: dict[str, InstanceInfo] = {}
+        if not ids:
+            return out
+        for region in self.regions:
+            pages = self.client(region).get_paginator("describe_instances").paginate(Filters=self._filters(ids))
+            for page in pages:
+                for reservation in page.get("Reservations", []):
+                    for inst in reservation.get("Instances", []):
+                        out[inst["InstanceId"]] = self._info(inst, region)
+        return out
+
+    async def adescribe(self, instance_ids: list[str]) -> dict[str, InstanceInfo]:
+        if self.clients.ec2_async is None:
+            return await super().adescribe(instance_ids)
+        ids = list(dict.fromkeys(instance_ids))
+        out: dict[str, InstanceInfo] = {}
+        if not ids:
+            return out
+        for region in self.regions:
+            async with await self.clients.ec2_async(region) as client:
+                async for page in client.get_paginator("describe_instances").paginate(Filters=self._filters(ids)):
+                    for reservation in page.get("Reservations", []):
+                        for inst in reservation.get("Instances", []):
+                            out[inst["InstanceId"]] = self._info(inst, region)
+        return out
+
+    def list_instances(self, tags: dict[str, str] | None = None) -> list[InstanceInfo]:
+        filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}]
+        filters += [{"Name": f"tag:{k}", "Values": [str(v)[:_TAG_VALUE_MAX]]} for k, v in (tags or {}).items()]
+        out = []
+        for region in self.regions:
+            for page in self.client(region).get_paginator("describe_instances").paginate(Filters=filters):
+                for reservation in page.get("Reservations", []):
+                    out += [self._info(i, region) for i in reservation.get("Instances", [])]
+        return sorted(out, key=lambda i: (i.launched_at or 0.0, i.instance_id))
+
+    @staticmethod
+    def _info(inst: dict, region: str) -> InstanceInfo:
+        tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+        state_name = inst.get("State", {}).get("Name", "pending")
+        state = _STATES.get(state_name, InstanceState.PENDING)
+        reason = TerminationReason.NONE
+        if state.is_terminal():
+            code = (inst.get("StateReason") or {}).get("Code", "")
+            reason = _REASONS.get(code, TerminationReason.FAILED)
+        market = Market.SPOT if inst.get("InstanceLifecycle") == "spot" else Market.ON_DEMAND
+        zone = inst.get("Placement", {}).get("AvailabilityZone") or region
+        offer = decode_offer(tags.get(TAG_OFFER, ""), inst.get("InstanceType", ""), region, zone, market)
+        launched = inst.get("LaunchTime")
+        return InstanceInfo(
+            instance_id=inst["InstanceId"],
+            state=state,
+            offer=offer,
+            job_uri=tags.get(TAG_JOB, ""),
+            tags={k: v for k, v in tags.items() if k not in (TAG_OFFER,)},
+            launched_at=launched.timestamp() if isinstance(launched, datetime) else None,
+            reason=reason,
+        )
+
+    # ------------------------------------------------------------------ terminate
+    def terminate(self, instance_ids: list[str]) -> None:
+        """Terminate in one call per region; ids unknown or already gone are skipped (idempotent)."""
+        ids = list(dict.fromkeys(instance_ids))
+        if not ids:
+            return
+        from botocore.exceptions import ClientError
+
+        described = self.describe(ids)
+        by_region: dict[str, list[str]] = {}
+        for instance_id, info in described.items():
+            if not InstanceState(info.state).is_terminal():
+                by_region.setdefault(info.offer.region, []).append(instance_id)
+        for region, region_ids in by_region.items():
+            self.client(region).terminate_instances(InstanceIds=region_ids)
+            log.info("terminated %s in %s", ", ".join(region_ids), region)
+        # Not described yet is not gone: right after RunInstances, EC2's describe may lag (eventual
+        # consistency), and an on_kill then must still stop the instance. Ask each region; "not found" is fine.
+        for instance_id in (i for i in ids if i not in described):
+            for region in self.regions:
+                try:
+                    self.client(region).terminate_instances(InstanceIds=[instance_id])
+                except ClientError as exc:
+                    if not str(exc.response.get("Error", {}).get("Code", "")).startswith("InvalidInstanceID"):
+                        raise
+                    continue
+                log.info("terminated %s in %s (not yet visible to describe)", instance_id, region)
+                break

@@ -1,0 +1,104 @@
+"""``airflow-spot offers``: the offers a GPU request would get now, ranked by expected $ per training step.
+
+Examples::
+
+    airflow-spot offers --gpus 1 --min-memory 16                          # local: the bundled catalog
+    airflow-spot offers --backend ec2 --gpus 1 --regions us-east-1,us-west-2 --limit 10
+    airflow-spot offers --backend ec2 --gpus 1 --gpu-names A10G,L4 --max-price 1.5 --market-options '{...}'
+
+The ``$/step`` column is the price of one training step that takes ``--step-seconds`` on one V100 (scaled
+by the offer's relative throughput), inflated by the expected preemption overhead of the pool: the same
+quantity the operators rank by.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from airflow_spot.backends.base import backend_class, backend_names
+from airflow_spot.policy.offer_ranking import cost_per_step, rank_offers
+from airflow_spot.policy.offers import GpuRequest, Market
+
+
+def _names(text: str) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+    return values
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--market-options must be a JSON object: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"--market-options must be a JSON object, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", default="local",
+                        help=f"backend whose market to ask ({', '.join(backend_names())})")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs per instance (exact)")
+    parser.add_argument("--min-memory", type=float, default=0.0, metavar="GIB", help="minimum memory per GPU")
+    parser.add_argument("--regions", type=_names, default=[], help="comma-separated regions, e.g. us-east-1,us-west-2")
+    parser.add_argument("--zones", type=_names, default=[], help="comma-separated zones, e.g. us-east-1a")
+    parser.add_argument("--gpu-names", type=_names, default=[], help="allowed GPU models, e.g. A10G,L4")
+    parser.add_argument("--exclude-gpus", type=_names, default=[], help="GPU models never to take, e.g. K80,T4")
+    parser.add_argument("--max-price", type=float, default=None, metavar="USD_PER_HOUR", help="cap on $/h")
+    parser.add_argument("--spot-only", action="store_true", help="leave out on-demand offers")
+    parser.add_argument("--step-seconds", type=float, default=1.0,
+                        help="seconds one training step takes on one V100, for the $/step column (default 1)")
+    parser.add_argument("--limit", type=int, default=20, help="print at most this many offers (default 20)")
+    parser.add_argument("--market-options", type=_json_object, default={}, metavar="JSON",
+                        help="the market's kwargs, e.g. '{\"price_ttl_seconds\": 60}'")
+    parser.add_argument("--aws-conn-id", default="aws_default", help="Airflow AWS connection for cloud backends")
+
+
+def _request(args: argparse.Namespace, *, filters: bool) -> GpuRequest:
+    markets = (Market.SPOT,) if args.spot_only else (Market.SPOT, Market.ON_DEMAND)
+    if not filters:
+        return GpuRequest(count=args.gpus, regions=tuple(args.regions), markets=markets)
+    return GpuRequest(count=args.gpus, min_memory_gib=args.min_memory, names=tuple(args.gpu_names),
+                      exclude_names=tuple(args.exclude_gpus), max_price_per_hour=args.max_price,
+                      regions=tuple(args.regions), zones=tuple(args.zones), markets=markets)
+
+
+def run(args: argparse.Namespace) -> int:
+    from airflow_spot.market import get_market
+
+    try:
+        if args.step_seconds <= 0 or args.limit < 1:
+            raise ValueError("--step-seconds must be > 0 and --limit >= 1")
+        request = _request(args, filters=True)
+        options = dict(args.market_options)
+        if args.regions and "regions" not in options and getattr(backend_class(args.backend), "uses_clients", False):
+            options["regions"] = list(args.regions)
+        clients = None
+        if getattr(backend_class(args.backend), "uses_clients", False):
+            from airflow_spot.commands.airflow_lookups import clients_for
+
+            clients = clients_for(args.aws_conn_id)
+        market = get_market(args.backend, clients=clients, **options)
+        offers = market.offers(request)
+        if not offers:
+            why = request.describe_mismatch(market.offers(_request(args, filters=False)))
+            print(f"airflow-spot offers: no offer matches the request: {why}", file=sys.stderr)
+            return 1
+    except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+        print(f"airflow-spot offers: {exc}", file=sys.stderr)
+        return 2
+    ranked = rank_offers(offers, now=0.0)
+    print(f"{'type':<16}{'zone':<14}{'market':<10}{'gpu':<12}{'$/h':>9}{'od $/h':>9}{'$/step':>12}"
+          f"{'risk/h':>8}")
+    for offer in ranked[: args.limit]:
+        per_step = cost_per_step(offer) * args.step_seconds / 3600.0
+        gpu = f"{offer.gpu_count}x{offer.gpu_name}"
+        print(f"{offer.instance_type:<16}{offer.zone:<14}{Market(offer.market).value:<10}{gpu:<12}"
+              f"{offer.price_per_hour:>9.4f}{offer.on_demand_price_per_hour:>9.4f}{per_step:>12.3e}"
+              f"{offer.preemption_rate_per_hour:>8.3f}")
+    if len(ranked) > args.limit:
+        print(f"... {len(ranked) - args.limit} more (raise --limit)")
+    return 0

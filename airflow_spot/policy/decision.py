@@ -1,0 +1,181 @@
+"""The one decision the operators and the simulator both make: where the job runs next.
+
+:func:`decide_attempt` takes a :class:`~airflow_spot.policy.observations.JobObservation` — the job's
+progress, its offers and the pool events it has (its own ledger and the deployment's availability log),
+nothing read from a trace — and returns the market (spot / on-demand / wait), the offers in the order to
+try them, and whether spot pools should be probed. ``SpotSegmentOperator`` (through
+:func:`airflow_spot.operators.planning.plan`) and the simulator's ``ours`` controller
+(:mod:`airflow_spot.simulate.controllers`) call it with the same observation type; both then try the
+ranked offers in order, record each launch and refusal as a pool event, and, when every spot offer
+refused, decide once more with those refusals (then the answer is on-demand or wait).
+
+What is derived from the events (:mod:`airflow_spot.policy.observations`): which pools are believed up,
+down or unknown; how long the best believed-up pool has been seen up (``spot_up_seconds``); how long
+every pool has refused the job (``no_spot_seconds``); the expected outage length. The deadline rule is
+:func:`airflow_spot.policy.deadline.slack_budget` by default.
+
+Ranking of spot offers: pools believed up, then unknown ones, then those that just refused; within a
+group the cheapest per unit of work (:func:`~airflow_spot.policy.offer_ranking.cost_per_step`, each
+pool's preemption risk raised while its observed up-time is short), then the longest observed up-time,
+then the pool name. Prices may differ per region; moving the job's checkpoint to another region than
+the one it is in costs ``transfer_seconds`` of restart and ``transfer_dollars`` (:class:`DecisionParams`),
+which the ranking adds per unit of work left.
+
+Pure: everything is passed in.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from airflow_spot.policy.deadline import WAIT, DeadlineParams, DeadlineState, Observation, decide
+from airflow_spot.policy.observations import JobObservation, PoolEvent, PoolView, expected_outage_seconds, pool_views
+from airflow_spot.policy.offer_ranking import RankingParams, cost_per_step
+from airflow_spot.policy.offers import Market, Offer
+
+_STATE_ORDER = {"up": 0, "unknown": 1, "down": 2}
+
+#: constants of the deadline rule where they differ from ``oracle-age``'s (chosen on the even hourly
+#: offsets at 52 h of the bundled traces, ``benchmarks/results_simulate.md``): seeing pools only by trying
+#: them, a switch to spot pays more restarts than the oracle's, so more slack is kept for them
+OBSERVED_DEADLINE_DEFAULTS = {"spot_reserve_per_work": 0.05}
+
+
+def observed_deadline_params(**overrides) -> DeadlineParams:
+    """The deadline constants the operators and the simulator's ``ours`` use."""
+    return DeadlineParams(**{**OBSERVED_DEADLINE_DEFAULTS, **overrides})
+
+
+@dataclass(frozen=True)
+class DecisionParams:
+    """:param deadline: the deadline rule's constants.
+    :param ranking: the offer ranking's constants.
+    :param policy: the registered deadline policy (:mod:`airflow_spot.policy.deadline`).
+    :param recheck_seconds: a pool that refused or preempted this recently is believed down; older, it is
+        worth another try (an idle job retries about this often).
+    :param watch_seconds: an outage is measured only when someone saw the pool down this shortly before
+        it came back.
+    :param prior_outage_seconds: the expected outage length before any outage was observed.
+    :param probe_every_seconds: on on-demand, ask for a probe of the spot pools when the newest spot
+        observation is this old (executors that cannot probe ignore it).
+    :param transfer_seconds: restart time added when the next instance is in another region than the
+        job's checkpoint (``JobObservation.offers`` carry regions; see ``home_region``).
+    :param transfer_dollars: money per cross-region move (egress of one checkpoint).
+    :param home_region: the region the job's checkpoint is in, or None (no transfer cost).
+    """
+
+    deadline: DeadlineParams = field(default_factory=observed_deadline_params)
+    ranking: RankingParams = field(default_factory=RankingParams)
+    policy: str = "slack-budget"
+    recheck_seconds: float = 60.0
+    watch_seconds: float = 900.0
+    prior_outage_seconds: float = 1800.0
+    probe_every_seconds: float = 900.0
+    transfer_seconds: float = 0.0
+    transfer_dollars: float = 0.0
+    home_region: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("recheck_seconds", "watch_seconds", "prior_outage_seconds", "probe_every_seconds",
+                     "transfer_seconds", "transfer_dollars"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class AttemptDecision:
+    """:param market: ``spot``, ``on-demand`` or ``wait``.
+    :param ranked: the offers of that market (spot offers when waiting) in the order to try them.
+    :param probe: on on-demand: the spot pools' state is stale; probe them if the backend can.
+    :param state: pass it to the next call."""
+
+    market: str
+    ranked: tuple[Offer, ...]
+    reason: str
+    state: DeadlineState
+    probe: bool = False
+    spot_up_seconds: float | None = None
+    expected_outage_seconds: float | None = None
+
+
+def _move_penalty(offer: Offer, params: DecisionParams, work_left: float) -> float:
+    """Extra $ per V100-hour of work for moving the checkpoint to ``offer``'s region."""
+    if params.home_region is None or offer.region == params.home_region or work_left <= 0:
+        return 0.0
+    dollars = params.transfer_dollars + params.transfer_seconds / 3600.0 * offer.price_per_hour
+    return dollars / (work_left / 3600.0)
+
+
+def rank_observed(
+    offers: Sequence[Offer], views: dict[str, PoolView], now: float, params: DecisionParams, work_left: float
+) -> list[Offer]:
+    """Offers best first by the rule in the module docstring."""
+
+    def key(o: Offer):
+        v = views.get(o.pool)
+        state = v.state if (v is not None and o.is_spot) else ("up" if not o.is_spot else "unknown")
+        age = v.up_seconds(now) if v is not None and o.is_spot else None
+        cost = cost_per_step(o, params.ranking, age if o.is_spot else None) + _move_penalty(o, params, work_left)
+        return (_STATE_ORDER[state], round(cost, 9), -(age or 0.0), o.pool)
+
+    return sorted(offers, key=key)
+
+
+def decide_attempt(
+    obs: JobObservation, state: DeadlineState | None = None, params: DecisionParams | None = None
+) -> AttemptDecision:
+    """Where the job's next attempt runs (see the module docstring)."""
+    params = params or DecisionParams()
+    state = state or DeadlineState()
+    now = obs.now
+    spot = [o for o in obs.offers if o.is_spot]
+    on_demand = [o for o in obs.offers if not o.is_spot]
+    events = list(obs.events)
+    running = Market(obs.running) if obs.running else None
+    if running is Market.SPOT and obs.running_pool:
+        events.append(PoolEvent(obs.running_pool, "running", now))
+    views = pool_views(events, now, [o.pool for o in spot], params.recheck_seconds, params.watch_seconds)
+    spot_views = [views[o.pool] for o in spot]
+    worth = [v for v in spot_views if v.state != "down"]
+    up_ages = [v.up_seconds(now) or 0.0 for v in worth if v.state == "up"]
+    # a pool not seen up counts as just come back: leaving on-demand waits for evidence it has settled
+    spot_up = max(up_ages) if up_ages else (0.0 if worth else None)
+    no_spot = None
+    if spot_views and not worth:
+        # every pool refuses: the outage began when the last of them went down
+        no_spot = max(0.0, now - max(v.down_since for v in spot_views if v.down_since is not None))
+    expected = expected_outage_seconds(views.values(), params.prior_outage_seconds)
+    if not spot:
+        spot_up, expected = None, None
+    dobs = Observation(
+        started_at=obs.started_at, deadline_at=obs.deadline_at, work_done=obs.work_done,
+        work_total=obs.work_total, spot_available=bool(worth), running=running, spot_up_seconds=spot_up,
+        no_spot_seconds=no_spot, expected_outage_seconds=expected,
+    )
+    work_left = obs.work_total - obs.work_done
+    deadline_params = params.deadline
+    best_spot = rank_observed(spot, views, now, params, work_left)[:1]
+    if best_spot and params.home_region and best_spot[0].region != params.home_region:
+        # going to spot means moving the checkpoint: a longer restart for the deadline rule
+        deadline_params = replace(deadline_params, restart_overhead_seconds=(
+            deadline_params.restart_overhead_seconds + params.transfer_seconds))
+    d = decide(state, dobs, now, deadline_params, params.policy)
+    if d.market == Market.ON_DEMAND.value:
+        ranked = rank_observed(on_demand or spot, views, now, params, work_left)
+    else:
+        ranked = rank_observed(spot or on_demand, views, now, params, work_left)
+    probe = False
+    if running is Market.ON_DEMAND and d.market == Market.ON_DEMAND.value and spot and not d.state.committed:
+        newest = max((e.at for e in events if e.pool in views and e.at <= now), default=None)
+        if newest is None or now - newest >= params.probe_every_seconds:
+            # probe only when a settled pool would change the answer
+            settled = replace(dobs, spot_available=True, spot_up_seconds=float("inf"))
+            probe = decide(state, settled, now, deadline_params, params.policy).market == Market.SPOT.value
+    return AttemptDecision(d.market, tuple(ranked), d.reason, d.state, probe, spot_up, expected)
+
+
+def as_launch_market(decision: AttemptDecision) -> AttemptDecision:
+    """For executors that cannot idle (the operators): waiting for spot means trying spot offers."""
+    if decision.market == WAIT:
+        return replace(decision, market=Market.SPOT.value)
+    return decision

@@ -1,0 +1,159 @@
+"""What a job can observe about spot capacity, and what it concludes from it.
+
+One observation model for the operators and the simulator: a list of :class:`PoolEvent` — each launch
+outcome, capacity refusal, preemption (and probe, where the backend supports probing) that the job
+itself met or that another job of the deployment logged in the availability log
+(:mod:`airflow_spot.storage.availability`). Nothing here reads a trace's true state.
+
+Per pool, from the events at or before ``now``:
+
+* **believed state**: ``up`` when the newest event says it held capacity (a launch, a probe that got
+  capacity, or the job's own instance still running there), ``down`` when the newest says it refused or
+  preempted and that is younger than ``recheck_seconds`` (older than that, the pool is worth a new try:
+  ``unknown``), ``unknown`` when nothing was seen;
+* **observed up-time**: seconds since the first up-event after the last down-event (a lower bound of
+  the true age: the pool may have come back before anyone looked);
+* **observed outages**: from a down-event to the next up-event of the same pool (an upper bound of the
+  true outage: it came back somewhere in between); their mean, blended with a prior, is the expected
+  outage length the deadline policy budgets its waiting with.
+
+Pure: events and time are passed in; no I/O, no clock.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+#: the pool held capacity at ``at``
+UP_KINDS = frozenset({"launched", "probe-up", "running"})
+#: the pool had no capacity at ``at`` (a refusal) or lost it (a preemption)
+DOWN_KINDS = frozenset({"refused", "preempted", "probe-down"})
+EVENT_KINDS = UP_KINDS | DOWN_KINDS
+
+
+@dataclass(frozen=True)
+class PoolEvent:
+    """One observation of one spot pool.
+
+    :param pool: ``Offer.pool`` (``instance_type@zone``).
+    :param kind: one of :data:`EVENT_KINDS`.
+    :param at: when (seconds, the caller's clock).
+    :param job: who saw it (empty: this job); other jobs' events come from the availability log."""
+
+    pool: str
+    kind: str
+    at: float
+    job: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in EVENT_KINDS:
+            raise ValueError(f"unknown pool event kind {self.kind!r}; valid kinds: {', '.join(sorted(EVENT_KINDS))}")
+        if not self.pool:
+            raise ValueError("a pool event needs a pool (instance_type@zone)")
+
+    @property
+    def up(self) -> bool:
+        return self.kind in UP_KINDS
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """What the events say about one pool at ``now`` (see the module docstring)."""
+
+    pool: str
+    state: str  # "up", "down" or "unknown"
+    up_since: float | None
+    down_since: float | None
+    outages: tuple[float, ...] = ()
+
+    def up_seconds(self, now: float) -> float | None:
+        return None if self.up_since is None else max(0.0, now - self.up_since)
+
+
+def pool_views(
+    events: Iterable[PoolEvent],
+    now: float,
+    pools: Iterable[str] = (),
+    recheck_seconds: float = 120.0,
+    watch_seconds: float = 900.0,
+) -> dict[str, PoolView]:
+    """Per pool (every pool of ``pools`` and every pool with an event) its :class:`PoolView` at ``now``;
+    events after ``now`` are ignored.
+
+    :param recheck_seconds: a refusal or preemption older than this no longer marks the pool down.
+    :param watch_seconds: an outage counts only if a down-event came at most this long before it ended."""
+    by_pool: dict[str, list[PoolEvent]] = {p: [] for p in pools}
+    for e in events:
+        if e.at <= now:
+            by_pool.setdefault(e.pool, []).append(e)
+    out = {}
+    for pool, evs in by_pool.items():
+        # at equal times a down-event wins: a refusal and a launch in one tick most likely mean it just went
+        evs.sort(key=lambda e: (e.at, e.up))
+        up_since = down_since = last_down = None
+        outages = []
+        for e in evs:
+            if e.up:
+                if up_since is None:
+                    up_since = e.at
+                    # an outage counts only when someone looked shortly before it ended; a pool nobody
+                    # watched for hours says nothing about how long outages last
+                    if down_since is not None and last_down is not None and e.at - last_down <= watch_seconds:
+                        outages.append(e.at - down_since)
+                down_since = None
+            else:
+                if down_since is None:
+                    down_since = e.at
+                last_down = e.at
+                up_since = None
+        if up_since is not None:
+            state = "up"
+        elif down_since is not None and now - evs[-1].at < recheck_seconds:
+            state = "down"
+        else:
+            state = "unknown"
+        out[pool] = PoolView(pool, state, up_since, down_since, tuple(outages))
+    return out
+
+
+def expected_outage_seconds(views: Iterable[PoolView], prior_seconds: float, prior_weight: float = 2.0) -> float:
+    """Mean observed outage length, shrunk towards ``prior_seconds`` as if ``prior_weight`` outages of that
+    length had been seen (a deployment with no history waits the prior)."""
+    seen = [o for v in views for o in v.outages]
+    return (prior_seconds * prior_weight + sum(seen)) / (prior_weight + len(seen))
+
+
+@dataclass(frozen=True)
+class JobObservation:
+    """Everything the decision function (:func:`airflow_spot.policy.decision.decide_attempt`) may use:
+    the job's progress and the pool events it has, from its own ledger and the deployment's log.
+
+    :param now: the current time.
+    :param started_at: when the job started.
+    :param deadline_at: when it must be done (None: no deadline).
+    :param work_done: seconds of work done (committed progress, at the reference speed).
+    :param work_total: seconds of work of the whole job.
+    :param offers: the offers the job may launch (spot per pool, on-demand), already filtered to its request.
+    :param events: pool events (the job's own and the deployment's).
+    :param running: the market the job's instance runs on now (``spot``/``on-demand``) or None.
+    :param running_pool: the pool of that instance (it is up: the job sees its own instance running).
+    """
+
+    now: float
+    started_at: float
+    deadline_at: float | None
+    work_done: float
+    work_total: float
+    offers: Sequence = ()
+    events: Sequence[PoolEvent] = ()
+    running: str | None = None
+    running_pool: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.work_total <= 0:
+            raise ValueError(f"work_total must be positive, got {self.work_total!r}")
+        if self.deadline_at is not None and self.deadline_at <= self.started_at:
+            raise ValueError("deadline_at must be after started_at")
+        if not math.isfinite(self.now):
+            raise ValueError(f"now must be a finite time, got {self.now!r}")

@@ -1,0 +1,161 @@
+"""``ours`` as the operators run it: the decision function fed only by what a real job observes.
+
+:class:`ObservedController` replays what ``SpotSegmentOperator`` does, with the same function
+(:func:`airflow_spot.policy.decision.decide_attempt`) and the same observation type
+(:class:`~airflow_spot.policy.observations.JobObservation`):
+
+* it decides only where the operators decide: at segment boundaries (every ``segment_seconds`` of an
+  instance's time), after a preemption, and, while idle, every ``recheck_seconds`` (an Airflow retry);
+* it never reads which pools are up: it tries the ranked spot offers in order; a pool that is up accepts
+  (event ``launched``), one that is down refuses (``refused``); when all refuse it decides once more
+  with those refusals (on-demand or wait) — the operator's ``_get_instance`` loop;
+* a preemption of its own instance is an event (``preempted``); its own running instance tells it that
+  pool is up;
+* on on-demand, when the decision asks for a probe, it places a spot request in every pool and cancels
+  it (``probe-up`` / ``probe-down``), charged ``probe_billed_seconds`` at the spot price per accepted
+  request (the billing minimum), added to the run's cost;
+* ``shared``: events of other jobs of the deployment (``simulate --jobs N``: the jobs replayed before
+  this one on the same window; each sees the others' events only once their time has come).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from airflow_spot.policy.checkpoint_interval import IntervalInputs, checkpoint_interval, estimate_mtbf
+from airflow_spot.policy.deadline import WAIT, DeadlineState
+from airflow_spot.policy import decision as policy_decision
+from airflow_spot.policy.decision import AttemptDecision, DecisionParams, observed_deadline_params
+from airflow_spot.policy.observations import JobObservation, PoolEvent
+from airflow_spot.policy.offers import Market
+from airflow_spot.simulate.engine import HOUR, View
+
+
+@dataclass
+class ObservedController:
+    name: str = "ours"
+    emergency_save: bool = True
+    segment_seconds: float = 900.0
+    recheck_seconds: float = 60.0
+    probes: bool = True
+    probe_billed_seconds: float = 60.0
+    prior_mtbf_hours: float = 3.6
+    #: the decision's constants (DecisionParams fields other than the deadline's and the transfer's)
+    probe_every_seconds: float = 900.0
+    prior_outage_seconds: float = 1800.0
+    #: DeadlineParams fields to override (the restart is the job's)
+    deadline_overrides: dict = field(default_factory=dict)
+    #: the job's own events
+    events: list[PoolEvent] = field(default_factory=list)
+    #: other jobs' events (the deployment's availability log); read, never written
+    shared: list[PoolEvent] = field(default_factory=list)
+    state: DeadlineState = field(default_factory=DeadlineState)
+    probe_cost: float = 0.0
+    probes_made: int = 0
+    probes_accepted: int = 0
+    decisions: int = 0
+    _where: tuple[str, int] | None = None
+    _next_at: float = 0.0
+    _home_region: str | None = None
+    #: pool -> (index of its newest event, whether that event continues a run)
+    _last: dict = field(default_factory=dict)
+
+    def _record(self, event: PoolEvent) -> None:
+        """Append an event; of a run of same-direction events of one pool only the first and the newest are
+        kept (all that ``pool_views`` reads from a run), so long waits do not slow every decision down."""
+        last = self._last.get(event.pool)
+        if last is not None and last[1] and self.events[last[0]].up == event.up:
+            self.events[last[0]] = event  # replace the run's newest
+            return
+        run_continues = last is not None and self.events[last[0]].up == event.up
+        self.events.append(event)
+        self._last[event.pool] = (len(self.events) - 1, run_continues)
+
+    def _params(self, view: View) -> DecisionParams:
+        r = view.spec.restart_overhead_hours * HOUR
+        return DecisionParams(
+            deadline=observed_deadline_params(restart_overhead_seconds=r, **self.deadline_overrides),
+            recheck_seconds=self.recheck_seconds, probe_every_seconds=self.probe_every_seconds,
+            prior_outage_seconds=self.prior_outage_seconds,
+            transfer_seconds=view.spec.transfer_seconds, transfer_dollars=view.spec.transfer_dollars,
+            home_region=self._home_region,
+        )
+
+    def _observation(self, view: View) -> JobObservation:
+        running = running_pool = None
+        if view.running is not None:
+            running = view.running[0]
+            if running == Market.SPOT.value:
+                running_pool = view.pools[view.running[1]].name
+        return JobObservation(
+            now=view.now, started_at=0.0, deadline_at=view.deadline_at, work_done=view.work_done,
+            work_total=view.work_total, offers=[p.offer for p in view.pools] + [view.on_demand],
+            events=self.events + self.shared, running=running, running_pool=running_pool,
+        )
+
+    def _decide(self, view: View) -> AttemptDecision:
+        self.decisions += 1
+        # looked up at call time: the operators' planning calls the very same function
+        d = policy_decision.decide_attempt(self._observation(view), self.state, self._params(view))
+        self.state = d.state
+        return d
+
+    def _probe(self, view: View) -> None:
+        for i, p in enumerate(view.pools):
+            if view.up[i]:
+                self._record(PoolEvent(p.name, "probe-up", view.now))
+                self.probe_cost += p.offer.price_per_hour * self.probe_billed_seconds / HOUR
+                self.probes_accepted += 1
+            else:
+                self._record(PoolEvent(p.name, "probe-down", view.now))
+        self.probes_made += 1
+
+    def _execute(self, d: AttemptDecision, view: View) -> tuple[str, int] | None | str:
+        """Carry the decision out; ``"refused"`` when every spot offer refused."""
+        if d.market == WAIT:
+            return None
+        if d.market == Market.ON_DEMAND.value:
+            return ("on-demand", 0)
+        if view.running is not None and view.running[0] == "spot" and view.up[view.running[1]]:
+            return view.running
+        index = {p.name: i for i, p in enumerate(view.pools)}
+        for offer in d.ranked:
+            if not offer.is_spot:
+                continue
+            i = index[offer.pool]
+            if view.up[i]:
+                self._record(PoolEvent(offer.pool, "launched", view.now))
+                return ("spot", i)
+            self._record(PoolEvent(offer.pool, "refused", view.now))
+        return "refused"
+
+    def decide(self, view: View) -> tuple[str, int] | None:
+        if self._home_region is None and view.pools:
+            self._home_region = view.pools[0].offer.region
+        if self._where is not None and self._where[0] == "spot" and view.running is None:
+            self._record(PoolEvent(view.pools[self._where[1]].name, "preempted", view.now))
+            self._next_at = view.now  # a preemption is a decision point
+        if view.now < self._next_at:
+            return view.running
+        d = self._decide(view)
+        if d.probe and self.probes:
+            self._probe(view)
+            d = self._decide(view)
+        target = self._execute(d, view)
+        if target == "refused":
+            d = self._decide(view)
+            target = self._execute(d, view)
+            if target == "refused":  # cannot happen after refusals, but never launch into a down pool
+                target = view.running if view.running and view.running[0] == "on-demand" else None
+        if target is not None and target[0] == "spot":
+            self._home_region = view.pools[target[1]].offer.region
+        self._where = target
+        self._next_at = view.now + (self.recheck_seconds if target is None else self.segment_seconds)
+        return target
+
+    def checkpoint_interval(self, view: View) -> float:
+        if view.running is None or view.running[0] != "spot":
+            return 3600.0  # on-demand: an insurance save an hour
+        pool = view.pools[view.running[1]].name
+        n = view.our_preemption_counts.get(pool, 0)
+        mtbf = estimate_mtbf(self.prior_mtbf_hours * HOUR, n, view.now)
+        return checkpoint_interval(IntervalInputs(save_cost_seconds=view.spec.save_cost_seconds, mtbf_seconds=mtbf))

@@ -1,0 +1,343 @@
+"""A read-only view of one job in its store: attempts, ledger rows, checkpoints, heartbeats, summary, totals.
+
+The operators, the trigger, the finish task and the UI plugin all read a job through this class, so each
+question ("how many preemptions since the budget started?", "what has the job cost?", "where does it
+stand?") has one answer. It never writes. Keys come from :class:`~airflow_spot.storage.protocol.JobLayout`;
+the billing maths from :mod:`airflow_spot.policy.ledger`; the online estimate from
+:mod:`airflow_spot.policy.estimate`. No Airflow import: the UI plugin and the instance side can both use it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_spot.policy.checkpoint_interval import estimate_mtbf
+from airflow_spot.policy.estimate import AttemptPace, estimate_remaining
+from airflow_spot.policy.ledger import LedgerRow, summarize
+from airflow_spot.storage.ledger_store import LedgerStore
+from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
+from airflow_spot.storage.protocol import AttemptStatus, Heartbeat, JobLayout, Outcome, SchemaError, SegmentRequest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AttemptView:
+    """One attempt as the timeline shows it: its launch, its final status or live heartbeat, its ledger row."""
+
+    attempt_id: str
+    segment_index: int | None
+    instance_id: str | None
+    instance_type: str | None
+    zone: str | None
+    market: str | None
+    price_per_hour: float | None
+    on_demand_price_per_hour: float | None
+    started_at: float | None
+    ended_at: float | None
+    outcome: str  # completed | preempted | failed | lost | running
+    resume_step: int | None
+    end_step: int | None
+    current_step: int | None
+    steps_done: int | None
+    steps_lost: int | None
+    cost: float | None
+    step_seconds: float | None
+    new_instance: bool | None
+
+    @property
+    def is_preemption(self) -> bool:
+        return self.outcome in (Outcome.PREEMPTED.value, Outcome.LOST.value)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["preemption"] = self.is_preemption
+        return d
+
+
+class JobView:
+    """Read one job's objects. :param store: the job's root store (the ``checkpoint_uri``)."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+        self.layout = JobLayout(store)
+
+    @property
+    def uri(self) -> str:
+        return self.store.uri
+
+    # ------------------------------------------------------------------ raw objects
+    def _json(self, key: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.store.get_bytes(key))
+        except ObjectNotFound:
+            return None
+        except ValueError as exc:
+            log.warning("%s/%s is not JSON (%s); ignored", self.uri, key, exc)
+            return None
+        return data if isinstance(data, dict) else None
+
+    def job_record(self) -> dict[str, Any] | None:
+        """``control/job.json``: the job's start and deadline-policy state (None before the first attempt)."""
+        return self._json(JobLayout.JOB_KEY)
+
+    def summary(self) -> dict[str, Any] | None:
+        """The finish task's job summary, or None while the job has not finished."""
+        return self._json(JobLayout.SUMMARY_KEY)
+
+    def attempt_ids(self) -> list[str]:
+        ids = {k[len(JobLayout.ATTEMPTS_PREFIX):].split("/", 1)[0] for k in self.store.list(JobLayout.ATTEMPTS_PREFIX)}
+        return sorted(i for i in ids if i)
+
+    def launches(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for key in JobLayout.attempt_keys(self.store, JobLayout.LAUNCH_NAME):
+            data = self._json(key)
+            if data and data.get("attempt_id"):
+                out[data["attempt_id"]] = data
+        return out
+
+    def _typed(self, name: str, cls) -> dict[str, Any]:
+        out = {}
+        for key in JobLayout.attempt_keys(self.store, name):
+            try:
+                obj = cls.from_json(self.store.get_bytes(key))
+            except (ObjectNotFound, SchemaError):
+                continue
+            out[obj.attempt_id] = obj
+        return out
+
+    def statuses(self) -> dict[str, AttemptStatus]:
+        return self._typed(JobLayout.STATUS_NAME, AttemptStatus)
+
+    def heartbeats(self) -> dict[str, Heartbeat]:
+        return self._typed(JobLayout.HEARTBEAT_NAME, Heartbeat)
+
+    def requests(self) -> list[SegmentRequest]:
+        """Every segment request of the job (all instances), oldest first."""
+        out: list[SegmentRequest] = []
+        for key in self.store.list("control/instances/"):
+            if "/requests/" in key and key.endswith(".json"):
+                try:
+                    out.append(SegmentRequest.from_json(self.store.get_bytes(key)))
+                except (ObjectNotFound, SchemaError):
+                    continue
+        return sorted(out, key=lambda r: (r.created_at, r.attempt_id))
+
+    def ledger_rows(self) -> list[LedgerRow]:
+        return LedgerStore(self.store).rows()
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        """Committed checkpoints, oldest first: step, time, size in bytes, writer, save seconds."""
+        return [
+            {"step": m.step, "time": m.created_at, "size": m.size, "writer": m.writer,
+             "save_seconds": m.save_seconds}
+            for m in sorted(self.layout.checkpoint_store().committed(), key=lambda m: (m.step, m.created_at))
+        ]
+
+    def latest_step(self) -> int | None:
+        return self.layout.latest_step()
+
+    # ------------------------------------------------------------------ ledger questions
+    def count(self, outcomes: Iterable[Outcome], segment_index: int | None = None, since: float | None = None) -> int:
+        """Ledger rows with one of ``outcomes`` (of one segment, if given) that ended at or after ``since``."""
+        wanted = {Outcome(o).value for o in outcomes}
+        return sum(
+            1 for r in self.ledger_rows()
+            if r.outcome in wanted
+            and (segment_index is None or r.segment_index == segment_index)
+            and (since is None or r.ended_at >= since)
+        )
+
+    def totals(self, now: float, rows: list[LedgerRow] | None = None) -> dict[str, Any]:
+        """Ledger totals plus the counts and times the finish task, the demo and the UI show."""
+        rows = self.ledger_rows() if rows is None else rows
+        out = summarize(rows).to_dict()
+        started = min((r.started_at for r in rows), default=now)
+        out.update(
+            lost=sum(r.outcome == Outcome.LOST.value for r in rows),
+            failures=sum(r.outcome == Outcome.FAILED.value for r in rows),
+            # time spent on steps that were kept (the goodput numerator)
+            useful_step_seconds=round(sum(r.steps_done * (r.step_seconds or 0.0) for r in rows), 3),
+            wall_seconds=round(max(0.0, max((r.ended_at for r in rows), default=now) - started), 3),
+            rows=[r.to_dict() for r in rows],
+        )
+        return out
+
+    # ------------------------------------------------------------------ the timeline
+    def attempts(self, now: float) -> list[AttemptView]:
+        """Every attempt of the job, oldest first, merged from launch record, status, heartbeat and ledger."""
+        launches, statuses, beats = self.launches(), self.statuses(), self.heartbeats()
+        rows = {r.attempt_id: r for r in self.ledger_rows()}
+        out = []
+        for aid in sorted(set(launches) | set(rows) | set(statuses)):
+            launch, st, hb, row = launches.get(aid, {}), statuses.get(aid), beats.get(aid), rows.get(aid)
+            offer = launch.get("offer") or {}
+            started = row.started_at if row else launch.get("billed_from") or (st.started_at if st else None)
+            ended = row.ended_at if row else (st.ended_at if st else None)
+            outcome = row.outcome if row else (st.outcome if st else "running")
+            price = row.price_per_hour if row else offer.get("price_per_hour")
+            cost = row.cost if row else (
+                max(0.0, now - started) / 3600.0 * price if started is not None and price is not None
+                and outcome == "running" else None
+            )
+            resume = launch.get("resume_step")
+            out.append(AttemptView(
+                attempt_id=aid,
+                segment_index=row.segment_index if row else launch.get("segment_index"),
+                instance_id=row.instance_id if row else launch.get("instance_id"),
+                instance_type=row.instance_type if row else offer.get("instance_type"),
+                zone=row.zone if row else offer.get("zone"),
+                market=row.market if row else offer.get("market"),
+                price_per_hour=price,
+                on_demand_price_per_hour=row.on_demand_price_per_hour if row else offer.get("on_demand_price_per_hour"),
+                started_at=started,
+                ended_at=ended,
+                outcome=outcome,
+                resume_step=resume,
+                end_step=launch.get("end_step"),
+                current_step=hb.step if hb else None,
+                steps_done=row.steps_done if row else (max(0, hb.step - resume) if hb and resume is not None else None),
+                steps_lost=row.steps_lost if row else None,
+                cost=cost,
+                step_seconds=row.step_seconds if row and row.step_seconds else (hb.step_time_ewma if hb else None),
+                new_instance=(row.new_instance if row
+                              else (not launch.get("reused_instance", False) if launch else None)),
+            ))
+        return sorted(out, key=lambda a: (a.started_at if a.started_at is not None else float("inf"), a.attempt_id))
+
+    def progress_series(self, attempts: list[AttemptView], checkpoints: list[dict[str, Any]], now: float) -> list[dict]:
+        """Points ``(time, committed step, cost so far)`` for the chart: one per checkpoint, attempt start and end.
+
+        Cost between points grows with the attempts that were running then (each billed from its start).
+        """
+        times = sorted({c["time"] for c in checkpoints} | {a.ended_at for a in attempts if a.ended_at}
+                       | {a.started_at for a in attempts if a.started_at} | ({now} if any(
+                           a.outcome == "running" for a in attempts) else set()))
+        points = []
+        # retention prunes old checkpoints, so progress also comes from each ended attempt's kept steps
+        kept = [(a.ended_at, (a.resume_step or 0) + (a.steps_done or 0)) for a in attempts
+                if a.ended_at is not None and a.outcome != "running"]
+        for t in times:
+            step = max([c["step"] for c in checkpoints if c["time"] <= t] + [s for e, s in kept if e <= t] + [0])
+            cost = 0.0
+            for a in attempts:
+                if a.started_at is None or a.price_per_hour is None or a.started_at > t:
+                    continue
+                if a.ended_at is not None and a.ended_at <= t:
+                    cost += a.cost or 0.0
+                else:
+                    cost += (t - a.started_at) / 3600.0 * a.price_per_hour
+            points.append({"time": t, "step": step, "cost": round(cost, 6)})
+        return points
+
+    # ------------------------------------------------------------------ everything, for the UI
+    def snapshot(self, now: float, total_steps: int | None = None, mtbf_seconds: float | None = None) -> dict[str, Any]:
+        """Where the job stands: progress, cost, savings, attempts, checkpoints, chart points, estimate.
+
+        :param mtbf_seconds: a prior for the current pool's mean time between preemptions, when the caller
+            knows one better than the operator's in the segment requests (the estimate benchmark: the
+            injector's); like that one, it is blended with the preemptions the job has seen.
+        """
+        summary = self.summary()
+        requests = self.requests()
+        attempts = self.attempts(now)
+        checkpoints = self.checkpoints()
+        totals = self.totals(now)
+        record = self.job_record() or {}
+        if total_steps is None:
+            total_steps = (summary or {}).get("total_steps") or record.get("total_steps") or next(
+                (r.total_steps for r in reversed(requests) if r.total_steps), None)
+        committed = max((c["step"] for c in checkpoints), default=None)
+        running = [a for a in attempts if a.outcome == "running"]
+        current = max([committed or 0] + [a.current_step or 0 for a in running])
+        # the running attempt's cost so far belongs in "cost so far", at its offer's price
+        live_cost = sum(a.cost or 0.0 for a in running)
+        live_on_demand = sum(
+            (a.steps_done or 0) * (a.step_seconds or 0.0) / 3600.0 * (a.on_demand_price_per_hour or 0.0)
+            for a in running
+        )
+        cost = totals["cost"] + live_cost
+        on_demand = totals["on_demand_cost"] + live_on_demand
+        state = "finished" if summary else ("running" if running else ("waiting" if attempts else "not started"))
+        segment_ends = sorted({r.end_step for r in requests})
+        estimate = None
+        if total_steps:
+            paces = [
+                AttemptPace(
+                    steps=a.steps_done or 0, step_seconds=a.step_seconds,
+                    seconds=max(0.0, (a.ended_at or now) - (a.started_at or now)),
+                    preempted=a.is_preemption, finished=a.outcome != "running",
+                    new_instance=a.new_instance is not False,
+                ) for a in attempts if a.outcome != Outcome.FAILED.value
+            ]
+            mtbf = self._mtbf(requests, attempts, now, mtbf_seconds)
+            offer_price = running[-1].price_per_hour if running else (attempts[-1].price_per_hour if attempts else None)
+            segments_left = sum(1 for end in segment_ends if end > current) - (1 if running else 0)
+            if segment_ends and segment_ends[-1] < total_steps:  # segments not requested yet
+                per = max(1, segment_ends[0] - (requests[0].start_step if requests else 0))
+                segments_left += -(-(total_steps - max(segment_ends[-1], current)) // per)
+            estimate = estimate_remaining(
+                paces, done_steps=min(current, total_steps), total_steps=total_steps,
+                segments_left=max(0, segments_left), mtbf_seconds=mtbf, price_per_hour=offer_price,
+            ).to_dict()
+        return {
+            "job_uri": self.uri,
+            "state": state,
+            "total_steps": total_steps,
+            "committed_step": committed,
+            "current_step": current,
+            "progress": round(min(1.0, current / total_steps), 4) if total_steps else None,
+            "cost": round(cost, 6),
+            "on_demand_cost": round(on_demand, 6),
+            "savings": round(on_demand - cost, 6),
+            "savings_fraction": round((on_demand - cost) / on_demand, 4) if on_demand > 0 else 0.0,
+            "preemptions": sum(a.is_preemption for a in attempts),
+            "steps_lost": totals["steps_lost"],
+            "attempts": [a.to_dict() for a in attempts],
+            "checkpoints": checkpoints,
+            "series": self.progress_series(attempts, checkpoints, now),
+            "estimate": estimate,
+            "summary": summary,
+            "gpus": record.get("gpus"),
+            "backend": record.get("backend"),
+        }
+
+    @staticmethod
+    def _mtbf(requests: list[SegmentRequest], attempts: list[AttemptView], now: float,
+              prior: float | None = None) -> float | None:
+        """MTBF of the current pool: a prior (given, else the operator's in the newest request) blended with
+        the preemptions this job has seen over its time on instances; None when the job runs on demand."""
+        if attempts and attempts[-1].market == "on-demand":
+            return None
+        if prior is None:
+            prior = next((r.mtbf_seconds for r in reversed(requests) if r.mtbf_seconds), None)
+        seen = sum(a.is_preemption for a in attempts)
+        seconds = sum(max(0.0, (a.ended_at or now) - a.started_at) for a in attempts if a.started_at is not None)
+        if prior is None:
+            return seconds / seen if seen else None
+        return estimate_mtbf(prior, seen, seconds)
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
+
+
+def progress_line(snap: dict[str, Any]) -> str:
+    """One line for a task log: ``%``, steps/s, ETA and cost so far (from :meth:`JobView.snapshot`)."""
+    est = snap.get("estimate") or {}
+    step = est.get("step_seconds")
+    pct = f"{100 * snap['progress']:.1f} %" if snap.get("progress") is not None else "?"
+    return (
+        f"progress: step {snap.get('current_step')} of {snap.get('total_steps') or '?'} ({pct}), "
+        f"{(1 / step) if step else 0:.2f} steps/s, ETA {_clock(est.get('remaining_seconds'))}, "
+        f"cost so far ${snap.get('cost', 0.0):.4f} (remaining ~${est.get('remaining_cost') or 0.0:.4f}), "
+        f"{snap.get('preemptions', 0)} preemptions"
+    )

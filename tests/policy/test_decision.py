@@ -1,0 +1,150 @@
+"""The one decision function (policy/decision.py) and what it derives from observed pool events."""
+from __future__ import annotations
+
+import pytest
+
+from airflow_spot.policy.deadline import WAIT, DeadlineParams, DeadlineState, Observation, slack_budget
+from airflow_spot.policy.decision import DecisionParams, decide_attempt
+from airflow_spot.policy.observations import JobObservation, PoolEvent, expected_outage_seconds, pool_views
+from airflow_spot.policy.offers import Market, Offer
+
+H = 3600.0
+R = 0.2 * H  # one restart
+
+
+def spot(zone: str, price: float = 1.0, region: str | None = None) -> Offer:
+    return Offer("p3.2xlarge", region or zone[:-1], zone, Market.SPOT, price, 3.0, "V100", 1, 16.0,
+                 relative_throughput=1.0, preemption_rate_per_hour=0.25)
+
+
+ON_DEMAND = Offer("p3.2xlarge", "us-west-2", "us-west-2", Market.ON_DEMAND, 3.0, 3.0, "V100", 1, 16.0)
+A, B, C = spot("us-west-2a"), spot("us-west-2b"), spot("us-west-2c")
+PARAMS = DecisionParams(deadline=DeadlineParams(restart_overhead_seconds=R))
+
+
+def job(now, events=(), *, work_done=0.0, work_h=48.0, deadline_h=52.0, offers=(A, B, C, ON_DEMAND), **kw):
+    return JobObservation(now=now, started_at=0.0, deadline_at=None if deadline_h is None else deadline_h * H,
+                          work_done=work_done,
+                          work_total=work_h * H, offers=list(offers), events=list(events), **kw)
+
+
+# ---------------------------------------------------------------- what events say
+
+
+def test_a_pool_is_up_after_a_launch_down_after_a_refusal_and_worth_a_new_try_later():
+    ev = [PoolEvent(A.pool, "launched", 0.0), PoolEvent(B.pool, "refused", 100.0)]
+    v = pool_views(ev, 150.0, [A.pool, B.pool, C.pool], recheck_seconds=120.0)
+    assert (v[A.pool].state, v[B.pool].state, v[C.pool].state) == ("up", "down", "unknown")
+    assert v[A.pool].up_seconds(150.0) == 150.0
+    assert pool_views(ev, 221.0, [B.pool], recheck_seconds=120.0)[B.pool].state == "unknown"
+    # the future is not seen
+    assert pool_views(ev, 50.0, [B.pool])[B.pool].state == "unknown"
+
+
+def test_up_time_counts_from_the_first_up_event_after_the_last_loss():
+    ev = [PoolEvent(A.pool, "launched", 0.0), PoolEvent(A.pool, "preempted", 1000.0),
+          PoolEvent(A.pool, "refused", 1100.0), PoolEvent(A.pool, "probe-up", 1500.0),
+          PoolEvent(A.pool, "probe-up", 2400.0)]
+    v = pool_views(ev, 3000.0, [A.pool])[A.pool]
+    assert v.state == "up" and v.up_since == 1500.0
+    # an outage is measured from the loss to the next up-event seen shortly after someone looked
+    assert v.outages == (500.0,)
+
+
+def test_an_outage_nobody_watched_is_not_measured():
+    ev = [PoolEvent(A.pool, "preempted", 0.0), PoolEvent(A.pool, "probe-up", 5 * H)]
+    assert pool_views(ev, 6 * H, [A.pool], watch_seconds=900.0)[A.pool].outages == ()
+
+
+def test_expected_outage_blends_the_prior_with_what_was_seen():
+    v = pool_views([PoolEvent(A.pool, "refused", 0.0), PoolEvent(A.pool, "launched", 600.0)], 700.0, [A.pool])
+    assert expected_outage_seconds(v.values(), prior_seconds=1800.0, prior_weight=2.0) == pytest.approx(
+        (2 * 1800.0 + 600.0) / 3)
+    assert expected_outage_seconds([], prior_seconds=1800.0) == 1800.0
+
+
+def test_bad_events_are_refused_with_the_valid_kinds():
+    with pytest.raises(ValueError, match="valid kinds"):
+        PoolEvent(A.pool, "gone", 0.0)
+
+
+# ---------------------------------------------------------------- the decision
+
+
+def all_refused(at):
+    return [PoolEvent(o.pool, "refused", at) for o in (A, B, C)]
+
+
+def test_an_early_short_outage_of_every_zone_is_waited_out_not_paid_on_demand():
+    """48 h of work, 52 h deadline, 6 minutes in, every zone refuses: 3.9 h of slack is less than the fixed
+    waiting reserve (0.10 x 48 h), which sent slack-budget to on-demand at once; the expected outage
+    (30 min prior) fits in the slack left after a restart and the spot reserve, so the job waits."""
+    now = 0.1 * H
+    d = decide_attempt(job(now, all_refused(now - 120) + all_refused(now)), params=PARAMS)
+    assert d.market == WAIT and "expected" in d.reason
+    # the same moment without an expected outage length (the fixed reserve alone): on-demand once the
+    # 60 s grace is over
+    obs = Observation(0.0, 52 * H, 0.0, 48 * H, spot_available=False, no_spot_seconds=120.0)
+    assert slack_budget(DeadlineState(), obs, now, PARAMS.deadline).market == Market.ON_DEMAND.value
+
+
+def test_an_outage_longer_than_expected_goes_on_demand_when_the_slack_is_tight():
+    # refused since 0.1 h, still refused 40 minutes later: past the expected 30 min
+    ev = all_refused(0.1 * H) + all_refused(0.1 * H + 40 * 60)
+    d = decide_attempt(job(0.1 * H + 40 * 60, ev), params=PARAMS)
+    assert d.market == Market.ON_DEMAND.value
+
+
+def test_a_tight_job_does_not_wait_an_outage_it_cannot_afford():
+    # 48 h of work, 49 h deadline: after the restart and the spot reserve no slack is left to wait
+    now = 0.1 * H
+    d = decide_attempt(job(now, all_refused(now - 120) + all_refused(now), deadline_h=49.0), params=PARAMS)
+    assert d.market == Market.ON_DEMAND.value
+
+
+def test_spot_offers_are_ranked_by_observed_state_price_and_up_time_not_list_order():
+    cheap = spot("us-west-2d", price=0.9)
+    ev = [PoolEvent(A.pool, "launched", 0.0), PoolEvent(B.pool, "probe-up", 3 * H),
+          PoolEvent(C.pool, "refused", 4 * H - 10)]
+    for offers in ([A, B, C, cheap, ON_DEMAND], [cheap, C, B, A, ON_DEMAND]):
+        d = decide_attempt(job(4 * H, ev, offers=offers, deadline_h=None), params=PARAMS)
+        # believed up first (A up 4 h before B up 1 h at the same price), the unknown cheap pool, then
+        # the pool that just refused
+        assert [o.pool for o in d.ranked] == [A.pool, B.pool, cheap.pool, C.pool]
+
+
+def test_leaving_on_demand_needs_a_pool_seen_up_long_enough():
+    base = dict(work_done=10 * H, work_h=20.0, deadline_h=40.0, running="on-demand")
+    fresh = [PoolEvent(A.pool, "probe-up", 10 * H - 600)]
+    settled = [PoolEvent(A.pool, "probe-up", 9 * H), PoolEvent(A.pool, "probe-up", 10 * H - 60)]
+    assert decide_attempt(job(10 * H, fresh, **base), params=PARAMS).market == Market.ON_DEMAND.value
+    assert decide_attempt(job(10 * H, settled, **base), params=PARAMS).market == Market.SPOT.value
+
+
+def test_on_demand_with_stale_spot_knowledge_asks_for_a_probe_only_when_it_could_leave():
+    base = dict(work_done=10 * H, work_h=20.0, running="on-demand")
+    stale = [PoolEvent(A.pool, "refused", 8 * H)]
+    assert decide_attempt(job(10 * H, stale, deadline_h=40.0, **base), params=PARAMS).probe
+    recent = [PoolEvent(A.pool, "probe-down", 10 * H - 60)]
+    assert not decide_attempt(job(10 * H, recent, deadline_h=40.0, **base), params=PARAMS).probe
+    # 10 h of work left and 10.6 h to the deadline: 0.6 h of slack pays no switch (restart + floor +
+    # spot reserve = 0.8 h), so no probe either
+    assert not decide_attempt(job(10 * H, stale, deadline_h=20.6, **base), params=PARAMS).probe
+
+
+def test_a_pool_in_another_region_pays_for_moving_the_checkpoint():
+    east = spot("us-east-1a", price=0.95)
+    p = DecisionParams(deadline=DeadlineParams(restart_overhead_seconds=R), transfer_dollars=5.0,
+                       home_region="us-west-2")
+    d = decide_attempt(job(0.0, offers=[east, A, ON_DEMAND], deadline_h=None), params=p)
+    assert d.ranked[0].pool == A.pool  # 5 % cheaper per hour does not pay a $5 move for 48 h of work
+    cheap_move = DecisionParams(deadline=DeadlineParams(restart_overhead_seconds=R), transfer_dollars=0.5,
+                                home_region="us-west-2")
+    d = decide_attempt(job(0.0, offers=[east, A, ON_DEMAND], deadline_h=None), params=cheap_move)
+    assert d.ranked[0].pool == east.pool
+
+
+def test_the_job_sees_its_own_running_instance_as_up():
+    d = decide_attempt(job(5 * H, [PoolEvent(A.pool, "launched", 0.0)], work_done=5 * H, running="spot",
+                           running_pool=A.pool), params=PARAMS)
+    assert d.market == Market.SPOT.value and d.spot_up_seconds == 5 * H

@@ -1,0 +1,152 @@
+"""`ours` as the operators run it (observed events only), the baselines' stated pick rule, multi-node
+traces, per-zone prices and the hindsight column of `airflow-spot simulate`."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_spot.cli import main
+from airflow_spot.market.traces import SpotTrace, TraceError, parse_trace
+from airflow_spot.policy.offers import Market, Offer
+from airflow_spot.simulate.controllers import controllers
+from airflow_spot.simulate.engine import JobSpec, SimPool, simulate
+from airflow_spot.simulate.report import build_pools, read_prices, run_one
+
+SPOT, OD = 1.2, 3.6
+ON_DEMAND = Offer("p3.2xlarge", "us-west-2", "us-west-2", Market.ON_DEMAND, OD, OD, "V100", 1, 16.0)
+
+
+def pool(zone, values, price=SPOT):
+    trace = SpotTrace(name=zone, zone=zone, gap_seconds=60.0, values=tuple(values))
+    return SimPool(trace, Offer("p3.2xlarge", zone[:-1], zone, Market.SPOT, price, OD, "V100", 1, 16.0))
+
+
+def test_ours_learns_capacity_only_by_trying():
+    # down for 21 min, then up; no deadline: ours retries every minute and is refused until minute 21
+    spec = JobSpec(work_hours=10 / 60, save_cost_seconds=0.0, restart_overhead_hours=1 / 60)
+    c = controllers.get("ours")()
+    r = simulate(spec, [pool("us-west-2b", [0] * 21 + [1] * 60)], ON_DEMAND, c, max_hours=2.0)
+    # of the run of refusals the first and the newest are kept (all the decision reads of a run)
+    assert [(e.kind, e.at / 60) for e in c.events] == [("refused", 0), ("refused", 20), ("launched", 21)]
+    assert r.rows[0].started_at == 21 * 60 and r.on_demand_hours == 0
+
+
+def test_probes_on_on_demand_are_charged():
+    # 3 h of work, 4 h deadline; the pool is down 20-100 min: ours goes on-demand, probes every 15 min
+    # once a switch could pay off, and leaves on-demand after seeing the pool up 45 min
+    spec = JobSpec(work_hours=3, deadline_hours=4, save_cost_seconds=0.0, restart_overhead_hours=0.1)
+    trace = [1] * 20 + [0] * 80 + [1] * 200
+    c = controllers.get("ours")()
+    r = simulate(spec, [pool("us-west-2b", trace)], ON_DEMAND, c, max_hours=5.0)
+    ups = [e.at for e in c.events if e.kind == "probe-up"]
+    assert r.deadline_met and c.probes_made >= 3 and c.probes_accepted >= 3
+    assert c.probe_cost == pytest.approx(c.probes_accepted * SPOT / 60)  # one billed minute per accepted probe
+    assert r.cost == pytest.approx(sum(x.cost for x in r.rows) + c.probe_cost)
+    spot2 = r.rows[-1]
+    assert spot2.market == "spot" and spot2.started_at - ups[0] >= 45 * 60
+    nop = controllers.get("ours-no-probe")()
+    assert simulate(spec, [pool("us-west-2b", trace)], ON_DEMAND, nop, max_hours=5.0).rows[-1].market == "on-demand"
+
+
+def test_a_second_job_of_the_deployment_sees_the_first_ones_events():
+    spec = JobSpec(work_hours=10 / 60, save_cost_seconds=0.0, restart_overhead_hours=1 / 60)
+    pools = [pool("us-west-2b", [0] * 21 + [1] * 60)]
+    one, two = run_one(spec, pools, ON_DEMAND, "ours", jobs=1), run_one(spec, pools, ON_DEMAND, "ours", jobs=2)
+    assert one.cost == pytest.approx(two.cost)  # same outcome: the first job's refusals are no news
+    c = controllers.get("ours")()
+    c.shared = list(controllers.get("ours")().events)
+    assert c.shared == []
+
+
+@pytest.mark.parametrize("name", ["greedy", "up-any-zone", "fixed-one-zone"])
+def test_baselines_do_not_depend_on_the_order_zones_are_listed_in(name):
+    # b is cheaper and up from the start; a is dearer; whichever comes first in the list, b is taken
+    spec = JobSpec(work_hours=10 / 60, deadline_hours=1.0, save_cost_seconds=0.0, restart_overhead_hours=1 / 60)
+    a, b = pool("us-west-2a", [1] * 90, price=1.5), pool("us-west-2b", [1] * 90, price=1.0)
+    results = [simulate(spec, ps, ON_DEMAND, controllers.get(name)(), max_hours=1.5) for ps in ([a, b], [b, a])]
+    assert [r.rows[0].zone for r in results] == ["us-west-2b", "us-west-2b"]
+    assert results[0].cost == pytest.approx(results[1].cost)
+
+
+def test_equal_prices_take_the_pool_up_the_longest():
+    spec = JobSpec(work_hours=10 / 60, deadline_hours=1.0, save_cost_seconds=0.0, restart_overhead_hours=1 / 60)
+    # at the job's start (tick 5) a has been up 2 ticks, b 5
+    a, b = pool("us-west-2a", [0] * 3 + [1] * 90), pool("us-west-2b", [1] * 95)
+    r = simulate(spec, [a, b], ON_DEMAND, controllers.get("greedy")(), offset_ticks=5, max_hours=1.5)
+    assert r.rows[0].zone == "us-west-2b"
+
+
+def test_multi_node_traces_load_as_counts_and_a_gang_needs_all_its_nodes():
+    name = "availability/4-node/aws-10-26-2022/us-west-2a_v100_1.json"  # the N of an N-node folder bounds counts
+    t = parse_trace({"metadata": {"gap_seconds": 60}, "data": [4, 2, 0, 3]}, name=name)
+    assert t.max_count == 4 and t.up_for(3) == (True, False, False, True) and t.up_fraction() == 0.75
+    for bad in ([1, -1], [1, 5]):
+        with pytest.raises(TraceError, match="whole count of instances from 0 to 4"):
+            parse_trace({"metadata": {"gap_seconds": 60}, "data": bad}, name=name)
+    with pytest.raises(TraceError, match="N-node"):  # a one-node trace holds 0/1 only
+        parse_trace({"metadata": {"gap_seconds": 60}, "data": [4, 2]}, name="us-west-2a_v100_4.json")
+    # 2 instances for 10 min: the pool holds 2 for 5 min, then 1: the gang is preempted at minute 5
+    spec = JobSpec(work_hours=10 / 60, save_cost_seconds=0.0, restart_overhead_hours=1 / 60, nodes=2)
+    trace = SpotTrace("z", "us-west-2b", 60.0, (2,) * 5 + (1,) * 10 + (2,) * 60)
+    pools, od = build_pools([trace], spot_price=1.0, on_demand_price=3.0, nodes=2)
+    assert pools[0].offer.price_per_hour == 2.0 and od.price_per_hour == 6.0  # the gang's price
+    r = simulate(spec, pools, od, controllers.get("oracle-age")(), max_hours=1.0)
+    assert r.rows[0].outcome == "preempted" and r.rows[0].ended_at == 5 * 60
+    assert r.rows[1].started_at == 15 * 60
+    single = simulate(JobSpec(work_hours=10 / 60, save_cost_seconds=0.0, restart_overhead_hours=1 / 60),
+                      pools, od, controllers.get("oracle-age")(), max_hours=1.0)
+    assert single.preemptions == 0
+
+
+def test_prices_file(tmp_path):
+    f = tmp_path / "p.csv"
+    f.write_text("zone,spot,on_demand\nus-west-2b,0.9,3.06\nus-east-1a,0.7,3.2\n")
+    assert read_prices(f) == {"us-west-2b": (0.9, 3.06), "us-east-1a": (0.7, 3.2)}
+    for bad, msg in (("us-west-2b,x,3\n", "must be numbers"), ("us-west-2b,1\n", "zone,spot,on_demand"),
+                     ("us-west-2b,0,3\n", "positive"), ("a,1,2\na,1,2\n", "twice")):
+        f.write_text(bad)
+        with pytest.raises(ValueError, match=msg):
+            read_prices(f)
+    traces = [SpotTrace("z", "us-west-2b", 60.0, (1, 1)), SpotTrace("y", "us-east-1a", 60.0, (1, 1))]
+    f.write_text("us-west-2b,0.9,3.06\nus-east-1a,0.7,3.2\n")
+    pools, od = build_pools(traces, spot_price=None, on_demand_price=None, prices=read_prices(f))
+    assert [p.offer.price_per_hour for p in pools] == [0.9, 0.7]
+    assert (od.region, od.price_per_hour) == ("us-west-2", 3.06)  # the cheapest on-demand
+    f.write_text("us-west-2b,0.9,3.06\n")
+    with pytest.raises(ValueError, match="no line for zones"):
+        build_pools(traces, spot_price=None, on_demand_price=None, prices=read_prices(f))
+
+
+def test_cross_region_moves_are_charged(tmp_path):
+    spec = JobSpec(work_hours=20 / 60, deadline_hours=2.0, save_cost_seconds=0.0, restart_overhead_hours=1 / 60,
+                   transfer_seconds=300.0, transfer_dollars=0.5)
+    west = pool("us-west-2b", [1] * 10 + [0] * 200)
+    east = SimPool(SpotTrace("e", "us-east-1a", 60.0, (0,) * 5 + (1,) * 205),
+                   Offer("p3.2xlarge", "us-east-1", "us-east-1a", Market.SPOT, SPOT, OD, "V100", 1, 16.0))
+    r = simulate(spec, [west, east], ON_DEMAND, controllers.get("oracle-age")(), max_hours=3.0)
+    assert [x.region for x in r.rows] == ["us-west-2", "us-east-1"]
+    # 1 + 9 min in the west; in the east 1 min restart + 5 min transfer + 11 min of work, plus $0.5
+    assert r.rows[1].ended_at - r.rows[1].started_at == pytest.approx((1 + 5 + 11) * 60)
+    assert r.cost == pytest.approx(sum(x.cost for x in r.rows) + 0.5)
+
+
+def test_cli_hindsight_column_prices_and_nodes(tmp_path, capsys):
+    d = tmp_path / "traces"
+    d.mkdir()
+    (d / "us-west-2b_v100_2.json").write_text(json.dumps({"metadata": {"gap_seconds": 60},
+                                                          "data": [2] * 30 + [1] * 30 + [2] * 120}))
+    prices = tmp_path / "prices.csv"
+    prices.write_text("us-west-2b,1.0,3.0\n")
+    args = ["simulate", "--work-hours", "1", "--deadline-hours", "1.5", "--restart-overhead-hours", "0.05",
+            "--traces", str(d), "--prices", str(prices), "--nodes", "2", "--policies", "ours,greedy,hindsight"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "x hindsight" in out and "hindsight optimum = $" in out and "2 node(s)" in out
+    row = next(line for line in out.splitlines() if line.startswith("hindsight"))
+    assert row.split()[3] == "1.000"  # hindsight / hindsight
+    assert main(args[:-2] + ["--nodes", "3"]) == 2
+    assert "never show that many" in capsys.readouterr().err
+    assert main(["simulate", "--work-hours", "1", "--traces", str(d), "--prices", str(prices),
+                 "--policies", "hindsight"]) == 2
+    assert "needs a deadline" in capsys.readouterr().err

@@ -1,0 +1,85 @@
+"""The read-only job view: one answer, read from the store, for the operators, the trigger and the UI."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from airflow_spot.operators.attempt_record import AttemptLaunch
+from airflow_spot.policy.ledger import LedgerRow, summarize
+from airflow_spot.storage.job_view import JobView, progress_line
+from airflow_spot.storage.ledger_store import LedgerStore
+from airflow_spot.storage.object_store import open_store
+from airflow_spot.storage.protocol import AttemptStatus, Heartbeat, JobLayout, Outcome
+
+T0 = 1_700_000_000.0
+OFFER = {
+    "instance_type": "g5.xlarge", "region": "us-east-1", "zone": "use1-az1", "market": "spot",
+    "price_per_hour": 0.36, "on_demand_price_per_hour": 1.006, "gpu_name": "A10G", "gpu_count": 1,
+    "gpu_memory_gib": 24.0, "relative_throughput": 0.9, "preemption_rate_per_hour": 0.2,
+}
+
+
+def row(aid: str, seg: int, start: float, end: float, outcome: str, kept: int, lost: int = 0) -> LedgerRow:
+    return LedgerRow(attempt_id=aid, instance_id="i-" + aid, instance_type="g5.xlarge", zone="use1-az1",
+                     market="spot", price_per_hour=0.36, on_demand_price_per_hour=1.006, started_at=start,
+                     ended_at=end, steps_done=kept, outcome=outcome, segment_index=seg, steps_lost=lost,
+                     step_seconds=1.0)
+
+
+@pytest.fixture
+def view(tmp_path) -> JobView:
+    store = open_store(f"file://{tmp_path}")
+    layout = JobLayout(store)
+    ledger = LedgerStore(store)
+    for aid, seg, resume, start in (("s0.try1", 0, 0, T0), ("s0.try2", 0, 40, T0 + 100), ("s1.try1", 1, 100, T0 + 200)):
+        AttemptLaunch(aid, seg, seg * 100, seg * 100 + 100, "i-" + aid, OFFER, start, start, False, 1, aid[:2],
+                      resume_step=resume).write(store)
+    ledger.write(row("s0.try1", 0, T0, T0 + 90, "preempted", 40, lost=5))
+    ledger.write(row("s0.try2", 0, T0 + 100, T0 + 170, "completed", 60))
+    layout.write_status(AttemptStatus("s0.try2", "completed", 0, T0 + 100, T0 + 170, 100))
+    layout.write_heartbeat(Heartbeat("s1.try1", step=130, time=T0 + 240, step_time_ewma=1.0))
+    cps = layout.checkpoint_store(writer="s1.try1")
+    for step in (40, 100, 120):
+        cps.save(step, lambda f: f.write(io.BytesIO(b"w" * 2048).getvalue()))
+    store.put_bytes(JobLayout.JOB_KEY, json.dumps({"started_at": T0, "total_steps": 300}).encode())
+    return JobView(store)
+
+
+def test_attempts_merge_launch_ledger_status_and_heartbeat(view):
+    attempts = {a.attempt_id: a for a in view.attempts(now=T0 + 250)}
+    assert list(attempts) == ["s0.try1", "s0.try2", "s1.try1"]
+    first, running = attempts["s0.try1"], attempts["s1.try1"]
+    assert first.is_preemption and first.steps_done == 40 and first.steps_lost == 5
+    assert running.outcome == "running" and running.current_step == 130 and running.steps_done == 30
+    assert running.cost == pytest.approx(50 / 3600 * 0.36)  # billed from its start until now
+    assert attempts["s0.try2"].outcome == "completed" and attempts["s0.try2"].ended_at == T0 + 170
+
+
+def test_totals_are_the_ledgers_and_counts_filter_by_outcome_segment_and_time(view):
+    totals = view.totals(now=T0 + 250)
+    assert totals["cost"] == pytest.approx(summarize(view.ledger_rows()).cost, abs=1e-6)
+    assert totals["preemptions"] == 1 and totals["attempts"] == 2 and totals["wall_seconds"] == 170
+    assert view.count([Outcome.PREEMPTED, Outcome.LOST]) == 1
+    assert view.count([Outcome.COMPLETED], segment_index=1) == 0
+    assert view.count([Outcome.PREEMPTED], since=T0 + 95) == 0
+
+
+def test_snapshot_progress_cost_estimate_and_series(view):
+    snap = view.snapshot(now=T0 + 250)
+    assert snap["state"] == "running" and snap["total_steps"] == 300
+    assert snap["current_step"] == 130 and snap["committed_step"] == 120
+    assert snap["progress"] == pytest.approx(130 / 300, abs=1e-4)
+    assert snap["cost"] > view.totals(T0 + 250)["cost"]  # the running attempt's cost so far is included
+    assert snap["estimate"]["remaining_steps"] == 170 and snap["estimate"]["step_seconds"] == 1.0
+    steps = [p["step"] for p in snap["series"]]
+    assert steps == sorted(steps) and steps[-1] == 120
+    assert snap["series"][1]["step"] == 40  # the preempted attempt's kept steps, though no checkpoint is left
+    line = progress_line(snap)
+    assert "step 130 of 300 (43.3 %)" in line and "1.00 steps/s" in line and "1 preemptions" in line
+
+
+def test_a_job_without_objects_is_not_started(tmp_path):
+    snap = JobView(open_store(f"file://{tmp_path}")).snapshot(now=T0)
+    assert snap["state"] == "not started" and snap["attempts"] == [] and snap["progress"] is None

@@ -1,0 +1,29 @@
+"""A malformed checkpoint URI is reported as what it is (issue 8: "s3:/bad" was said to have no scheme)."""
+from __future__ import annotations
+
+import pytest
+
+from airflow_spot.storage.object_store import StoreConfigError, open_store
+
+
+@pytest.mark.parametrize("uri,fix", [("s3:/bad", "s3://bad"), ("s3:bad/x", "s3://bad/x"), ("file:/tmp/x", "file:///tmp/x")])
+def test_scheme_without_slashes_is_named_at_run_time_and_at_parse_time(uri, fix):
+    from airflow_spot.operators.validation import SpotTrainingConfigError, validate_checkpoint_uri
+
+    with pytest.raises(StoreConfigError) as at_run:
+        open_store(uri)
+    with pytest.raises(SpotTrainingConfigError) as at_parse:
+        validate_checkpoint_uri(uri)
+    for err in (at_run, at_parse):
+        message = str(err.value)
+        assert "no scheme" not in message
+        assert f"has the scheme {uri.split(':')[0]!r} but not the '//'" in message and f"write {fix}" in message
+
+
+def test_other_uri_messages_are_unchanged():
+    with pytest.raises(StoreConfigError, match="needs a bucket"):
+        open_store("s3://")
+    with pytest.raises(StoreConfigError, match="unsupported checkpoint URI scheme 'gs'"):
+        open_store("gs://bucket/x")
+    with pytest.raises(StoreConfigError, match="must be absolute"):
+        open_store("file://host/x")

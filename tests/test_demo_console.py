@@ -1,0 +1,65 @@
+"""What ``airflow-spot demo`` prints, and that everything else goes to its log file."""
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+from airflow_spot.demo_console import ProgressPrinter, attempt_line, quiet_output, simulated_savings
+from airflow_spot.policy.ledger import LedgerRow
+from airflow_spot.storage.ledger_store import LedgerStore
+from airflow_spot.storage.object_store import open_store
+
+
+def test_a_preemption_is_one_line_saying_where_when_and_the_steps_kept():
+    a = {"attempt_id": "s0.try1", "segment_index": 0, "instance_type": "g5.xlarge", "zone": "use1-az1",
+         "market": "spot", "started_at": 1000.0, "ended_at": 1004.5, "outcome": "preempted", "preemption": True,
+         "resume_step": 20, "steps_done": 35, "steps_lost": 2}
+    line = attempt_line(a, 600, 0.01, 10.0)
+    assert "\n" not in line
+    assert "preempted" in line and "g5.xlarge in use1-az1 (spot)" in line and "after 4.5 s" in line
+    assert "35 steps kept (next try resumes from step 55), 2 lost" in line
+
+
+def test_a_completed_segment_line_has_progress_rate_cost_and_eta():
+    a = {"segment_index": 1, "instance_type": "g4dn.xlarge", "zone": "z", "market": "spot", "started_at": 0.0,
+         "ended_at": 10.0, "outcome": "completed", "preemption": False, "resume_step": 200, "steps_done": 200}
+    line = attempt_line(a, 600, 0.0153, 20.0, eta_seconds=12.0)
+    assert "steps 200->400" in line and "66.7 % of the job" in line and "20.0 steps/s" in line
+    assert "cost so far $0.0153" in line and "ETA 12 s" in line
+
+
+def test_quiet_output_sends_this_process_and_its_children_to_the_log(tmp_path):
+    log = tmp_path / "demo.log"
+    with quiet_output(log) as console:
+        os.write(1, b"airflow says hello\n")  # fd 1, where Airflow's stdout goes (pytest swaps sys.stdout)
+        print("to the terminal", file=console)
+        subprocess.run([sys.executable, "-c", "import sys; print('child out'); print('Traceback', file=sys.stderr)"],
+                       check=True)
+    text = log.read_text()
+    assert "airflow says hello" in text and "child out" in text and "Traceback" in text
+    assert "to the terminal" not in text
+
+
+def test_progress_printer_prints_each_ended_attempt_once(tmp_path):
+    jobs = tmp_path / "jobs" / "dag"
+    jobs.mkdir(parents=True)
+    out = io.StringIO()
+    printer = ProgressPrinter(jobs, out)  # directories present before the run are not this run's
+    run = jobs / "run1"
+    store = open_store(f"file://{run}")
+    for aid, outcome, kept in (("s0.try1", "preempted", 10), ("s0.try2", "completed", 90)):
+        LedgerStore(store).write(LedgerRow(aid, "i-" + aid, "g5.xlarge", "z", "spot", 0.36, 1.0, 0.0, 5.0, kept,
+                                           outcome, step_seconds=0.05))
+    printer.poll()
+    printer.poll()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and "preemption" in lines[0] and "segment 0" in lines[1]
+
+
+def test_the_48h_trace_figure_is_computed_by_the_simulator():
+    sim = simulated_savings()
+    assert "error" not in sim, sim
+    assert sim["completed"] and 0 < sim["cost"] < sim["on_demand_cost"]
+    assert sim["savings_fraction"] == 1 - sim["cost"] / sim["on_demand_cost"]

@@ -1,0 +1,162 @@
+"""The Spot Training plugin inside Airflow's real API app: every route with and without a token, and what
+the JSON says about a job whose store holds real protocol objects (launch records, ledger rows, a
+heartbeat, committed checkpoints) and whose DAG run pushed the XComs a segment and the finish task push."""
+from __future__ import annotations
+
+import io
+import json
+import time
+from datetime import datetime
+
+import pytest
+from airflow_fixtures import airflow_db, run_dag  # noqa: F401
+
+from airflow_spot.operators.attempt_record import AttemptLaunch
+from airflow_spot.policy.ledger import LedgerRow
+from airflow_spot.policy.offers import GpuRequest
+from airflow_spot.storage.ledger_store import LedgerStore
+from airflow_spot.storage.object_store import open_store
+from airflow_spot.storage.protocol import Heartbeat, JobLayout
+
+DAG_ID = "ui_api_job"
+T0 = 1_800_000_000.0
+OFFER = {
+    "instance_type": "g4dn.xlarge", "region": "us-east-1", "zone": "us-east-1a", "market": "spot",
+    "price_per_hour": 0.2, "on_demand_price_per_hour": 0.526, "gpu_name": "T4", "gpu_count": 1,
+    "gpu_memory_gib": 16.0, "relative_throughput": 0.4, "preemption_rate_per_hour": 0.1,
+}
+
+
+def seed_store(root) -> str:
+    """A job of 300 steps: segment 0 preempted at step 60 then done, segment 1 running at step 150."""
+    uri = f"file://{root}"
+    store = open_store(uri)
+    layout = JobLayout(store)
+    store.put_bytes(JobLayout.JOB_KEY, json.dumps({
+        "started_at": T0, "deadline_committed": False, "gpus": GpuRequest(count=1, min_memory_gib=16).to_dict(),
+        "total_steps": 300, "backend": "local",
+    }).encode())
+    attempts = [  # id, segment, resume, end, start, end time, outcome, kept, lost
+        ("train.segment_000.try1", 0, 0, 100, T0, T0 + 400, "preempted", 60, 7),
+        ("train.segment_000.try2", 0, 60, 100, T0 + 420, T0 + 700, "completed", 40, 0),
+        ("train.segment_001.try1", 1, 100, 200, T0 + 700, None, None, None, None),
+    ]
+    for aid, seg, resume, end, start, stop, outcome, kept, lost in attempts:
+        AttemptLaunch(aid, seg, seg * 100, end, f"i-{aid[-4:]}", OFFER, start, start, False, 1, aid.rsplit(".", 1)[0],
+                      resume_step=resume).write(store)
+        if outcome:
+            LedgerStore(store).write(LedgerRow(
+                attempt_id=aid, instance_id=f"i-{aid[-4:]}", instance_type="g4dn.xlarge", zone="us-east-1a",
+                market="spot", price_per_hour=0.2, on_demand_price_per_hour=0.526, started_at=start, ended_at=stop,
+                steps_done=kept, outcome=outcome, segment_index=seg, steps_lost=lost, step_seconds=5.0,
+            ))
+    layout.write_heartbeat(Heartbeat(attempt_id="train.segment_001.try1", step=150, time=time.time(),
+                                     step_time_ewma=5.0, last_committed_step=140))
+    cps = layout.checkpoint_store(writer="train.segment_001.try1")
+    for step in (60, 100, 140):
+        cps.save(step, lambda f, s=step: f.write(io.BytesIO(b"x" * (1000 + s)).getvalue()))
+    return uri
+
+
+@pytest.fixture(scope="module")
+def client(airflow_db, tmp_path_factory):  # noqa: F811
+    from airflow.sdk import DAG, task
+    from fastapi.testclient import TestClient
+
+    uri = seed_store(tmp_path_factory.mktemp("job"))
+    with DAG(DAG_ID, schedule=None, start_date=datetime(2024, 1, 1)) as dag:
+        @task(task_id="train.segment_001")
+        def segment(**context):  # pushes what SpotAttemptLink.persist pushes when an attempt starts
+            from airflow_spot.links.attempt import SpotAttemptLink
+
+            SpotAttemptLink.persist(context, uri, "train.segment_001.try1", None)
+
+        segment()
+    dag_run = run_dag(dag)
+    assert str(getattr(dag_run.state, "value", dag_run.state)) == "success"
+
+    from airflow.api_fastapi.app import create_app, get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    app = create_app("core")
+    c = TestClient(app)
+    c.token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="tester", role="admin"))
+    c.run_id = dag_run.run_id
+    c.uri = uri
+    return c
+
+
+def routes(run_id: str) -> list[str]:
+    return ["/spot/", "/spot/api/jobs", f"/spot/api/jobs/{DAG_ID}/{run_id}", f"/spot/jobs/{DAG_ID}/{run_id}"]
+
+
+def test_every_route_refuses_a_request_without_a_token(client):
+    for route in routes(client.run_id) + ["/spot/jobs", "/spot/api/jobs/nope/nope"]:
+        assert client.get(route).status_code == 401, route
+        # Airflow answers a malformed token with 403 (it was read, and refused)
+        assert client.get(route, headers={"Authorization": "Bearer not-a-token"}).status_code in (401, 403), route
+
+
+def test_no_unauthenticated_schema_or_docs_are_served(client):
+    for route in ("/spot/docs", "/spot/redoc", "/spot/openapi.json"):
+        assert client.get(route).status_code in (401, 404), route
+
+
+def test_every_route_answers_with_a_token(client):
+    auth = {"Authorization": f"Bearer {client.token}"}
+    for route in routes(client.run_id):
+        r = client.get(route, headers=auth)
+        assert r.status_code == 200, (route, r.text[:300])
+    assert client.get("/spot/api/jobs/nope/nope", headers=auth).status_code == 404
+
+
+def test_the_job_list_finds_the_job_through_its_xcom(client):
+    jobs = client.get("/spot/api/jobs", headers={"Authorization": f"Bearer {client.token}"}).json()
+    job = next(j for j in jobs if j["dag_id"] == DAG_ID)
+    assert job["run_id"] == client.run_id and job["job_uri"] == client.uri
+    # the store still shows a running attempt, but Airflow says the run is over: Airflow's word wins
+    assert job["state"] == "success"
+    assert job["progress"] == pytest.approx(150 / 300)
+    assert job["preemptions"] == 1
+    assert job["cost"] > 0
+
+
+def test_one_job_has_timeline_checkpoints_totals_estimate_and_offers(client):
+    auth = {"Authorization": f"Bearer {client.token}"}
+    j = client.get(f"/spot/api/jobs/{DAG_ID}/{client.run_id}", headers=auth).json()
+    outcomes = [(a["attempt_id"], a["outcome"], a["preemption"]) for a in j["attempts"]]
+    assert outcomes == [
+        ("train.segment_000.try1", "preempted", True),
+        ("train.segment_000.try2", "completed", False),
+        ("train.segment_001.try1", "running", False),
+    ]
+    assert j["attempts"][0]["steps_lost"] == 7 and j["attempts"][0]["steps_done"] == 60
+    assert j["attempts"][2]["steps_done"] == 50  # heartbeat at 150, resumed at 100
+    assert [c["step"] for c in j["checkpoints"]] == [60, 100, 140]
+    assert all(c["size"] > 1000 for c in j["checkpoints"])
+    # ledger: 400 s + 280 s at $0.2/h, plus the running attempt billed from T0+700 until now
+    finished = (400 + 280) / 3600 * 0.2
+    assert j["cost"] > finished
+    assert j["on_demand_cost"] > 0 and j["savings"] == pytest.approx(j["on_demand_cost"] - j["cost"])
+    est = j["estimate"]
+    assert est["remaining_steps"] == 150 and est["step_seconds"] == pytest.approx(5.0)
+    assert est["remaining_seconds"] >= 150 * 5.0 and est["remaining_cost"] > 0
+    assert j["series"] and j["series"][-1]["step"] == 140
+    assert j["offers"], j["offers_note"]
+    costs = [o["expected_cost"] for o in j["offers"]]
+    assert costs == sorted(costs) and all(o["gpu_memory_gib"] >= 16 for o in j["offers"])
+
+
+def test_the_page_shows_segments_preemptions_and_savings(client):
+    html = client.get(f"/spot/jobs/{DAG_ID}/{client.run_id}", headers={"Authorization": f"Bearer {client.token}"}).text
+    assert html.count('class="attempt ') == 3
+    assert "preemption" in html and "savings" in html and "<svg" in html
+    assert 'http-equiv="refresh"' not in html  # the run is over: no reloading
+
+
+def test_a_running_job_page_reloads_itself_and_a_finished_one_does_not():
+    from airflow_spot.ui.page import job_page
+
+    snap = {"state": "running", "attempts": [], "checkpoints": [], "series": []}
+    assert 'http-equiv="refresh"' in job_page("d", "r", snap, [])
+    assert 'http-equiv="refresh"' not in job_page("d", "r", {**snap, "state": "finished"}, [])
