@@ -42,7 +42,7 @@ from airflow_spot.links.attempt import SpotAttemptLink, SpotJobLink
 from airflow_spot.operators import accounting, planning
 from airflow_spot.operators.attempt_record import AttemptLaunch, read_job, write_job
 from airflow_spot.operators.retry import segment_retry_policy
-from airflow_spot.operators.validation import validate_gpus
+from airflow_spot.operators.validation import validate_gpus, validate_step_profile
 from airflow_spot.policy.offers import GpuRequest, Market
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError
 from airflow_spot.storage.protocol import JobLayout, Outcome, SegmentRequest, safe_id
@@ -121,9 +121,14 @@ class SpotSegmentOperator(BaseOperator):
         them (launch and terminate at once, billed the minimum) so it can tell when a pool has settled.
     :param deferrable: wait in the triggerer (True) or in a worker slot (False); ``None`` (default) means
         True unless ``[operators] default_deferrable`` is set explicitly (see :func:`default_deferrable`).
+    :param step_profile: seconds per training step the job was measured at, per GPU model (e.g.
+        ``{"T4": 0.42}``, from ``airflow-spot estimate --profile-command``); the UI's ranking of instance
+        types before the job starts scales it by the catalog's relative throughputs (optional).
     """
 
-    template_fields: Sequence[str] = ("command", "checkpoint_uri", "env", "cwd", "warm_start_uri")
+    # ``spot_job`` is a template field so that it is in the serialized DAG: the UI plugin ranks offers for a
+    # job from it before the job's first attempt (airflow_spot/ui/prestart.py); it holds no template
+    template_fields: Sequence[str] = ("command", "checkpoint_uri", "env", "cwd", "warm_start_uri", "spot_job")
     template_fields_renderers = {"command": "json", "env": "json"}
     ui_color = "#fde8c8"
     operator_extra_links = (SpotAttemptLink(), SpotJobLink())
@@ -163,6 +168,7 @@ class SpotSegmentOperator(BaseOperator):
         warm_process: bool = True,
         availability_uri: str | None = None,
         probe_spot: bool = True,
+        step_profile: dict[str, float] | None = None,
         **kwargs: Any,
     ) -> None:
         # Airflow's own retry policy decides how each failure is retried (operators/retry.py); a policy
@@ -201,6 +207,11 @@ class SpotSegmentOperator(BaseOperator):
         self.warm_process = bool(warm_process)
         self.availability_uri = availability_uri
         self.probe_spot = bool(probe_spot)
+        self.spot_job = {  # what the job asks for, readable from the serialized DAG before it starts
+            "job_name": job_name, "gpus": self.gpus.to_dict(), "total_steps": self.total_steps,
+            "backend": backend, "market_options": self.market_options, "aws_conn_id": aws_conn_id,
+            "step_profile": validate_step_profile(step_profile),
+        }
 
     # ------------------------------------------------------------------ helpers
     @property

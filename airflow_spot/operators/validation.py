@@ -149,6 +149,25 @@ def validate_retry_delay(retry_delay: Any) -> None:
         )
 
 
+def validate_step_profile(profile: Any) -> dict[str, float]:
+    """``{"T4": 0.42}``: seconds per step measured per GPU model of the catalog (empty when not given)."""
+    from airflow_spot.market.throughput import RELATIVE_THROUGHPUT_PER_GPU
+
+    if profile is None:
+        return {}
+    if not isinstance(profile, dict):
+        raise SpotTrainingConfigError(f"step_profile must be a dict like {{'T4': 0.42}}, got {profile!r}")
+    out = {}
+    for gpu, seconds in profile.items():
+        if gpu not in RELATIVE_THROUGHPUT_PER_GPU:
+            raise SpotTrainingConfigError(
+                f"step_profile: unknown GPU {gpu!r}; known: {', '.join(RELATIVE_THROUGHPUT_PER_GPU)}")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < float("inf"):
+            raise SpotTrainingConfigError(f"step_profile[{gpu!r}] must be seconds per step > 0, got {seconds!r}")
+        out[str(gpu)] = float(seconds)
+    return out
+
+
 def validate_gpus(gpus: Any) -> GpuRequest:
     if gpus is None:
         return GpuRequest()

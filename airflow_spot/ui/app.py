@@ -6,7 +6,9 @@ request without a valid token — ``Authorization: Bearer`` or the UI's ``_token
 * ``GET /spot/`` and ``GET /spot/jobs``: the list of jobs (HTML);
 * ``GET /spot/jobs/{dag_id}/{run_id}``: one job's page (HTML);
 * ``GET /spot/api/jobs``: the list as JSON (DAG, run, state, progress, cost, savings);
-* ``GET /spot/api/jobs/{dag_id}/{run_id}``: one job as JSON (everything the page shows).
+* ``GET /spot/api/jobs/{dag_id}/{run_id}``: one job as JSON (everything the page shows); before the job's
+  first attempt (its DAG run queued, or its store still empty) it holds the offline ranking of instance
+  types for the job's GPU request (``ranking``, :mod:`airflow_spot.ui.prestart`).
 
 It reads Airflow's DB (to find jobs, :mod:`airflow_spot.ui.jobs`), the job's store and the market's
 offers (catalog prices for ``local``); it never launches or terminates anything.
@@ -21,7 +23,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from airflow_spot.ui import page
+from airflow_spot.ui import page, prestart
 from airflow_spot.ui.jobs import JobRef, find_jobs, job_row, open_view
 
 log = logging.getLogger(__name__)
@@ -81,19 +83,53 @@ def cheapest_offers(job: JobRef, snap: dict[str, Any], limit: int = OFFERS_SHOWN
     return [{**e.to_dict(), "steps": remaining} for e in ranked[:limit]], None
 
 
-def job_detail(job: JobRef) -> dict[str, Any]:
+def job_detail(job: JobRef, session=None) -> dict[str, Any]:
     snap = open_view(job).snapshot(time.time())
     snap["state"] = _state(job, snap["state"])
     offers, why = cheapest_offers(job, snap)
-    return {"dag_id": job.dag_id, "run_id": job.run_id, "run_state": job.run_state, **snap,
-            "offers": offers, "offers_note": why}
+    detail = {"dag_id": job.dag_id, "run_id": job.run_id, "run_state": job.run_state, **snap,
+              "offers": offers, "offers_note": why, "ranking": None}
+    if not snap["attempts"]:  # the job's store is still empty: the offline ranking, as before it starts
+        spec = (prestart.job_spec(session, job.dag_id) if session is not None else None) or (
+            {"gpus": snap["gpus"], "total_steps": snap["total_steps"], "backend": snap.get("backend") or job.backend,
+             "aws_conn_id": job.aws_conn_id} if snap.get("gpus") and snap.get("total_steps") else None)
+        detail["ranking"] = prestart.ranking(spec) if spec else None
+    return detail
 
 
-def _one(session, dag_id: str, run_id: str) -> JobRef:
+def not_started_detail(session, dag_id: str, run_id: str) -> dict[str, Any] | None:
+    """A DAG run of a spot training DAG whose job has no attempt yet (queued, or before its first launch):
+    the job's request from the serialized DAG and the offline ranking of instance types for it."""
+    from airflow.models.dagrun import DagRun
+    from sqlalchemy import select
+
+    run = session.execute(select(DagRun.state).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)).first()
+    if run is None:
+        return None
+    spec = prestart.job_spec(session, dag_id)
+    if spec is None:
+        return None
+    state = run.state.value if hasattr(run.state, "value") else run.state
+    total = int(spec["total_steps"])
+    return {
+        "dag_id": dag_id, "run_id": run_id, "run_state": state, "job_uri": None, "state": "not started",
+        "total_steps": total, "committed_step": None, "current_step": 0, "progress": 0.0, "cost": 0.0,
+        "on_demand_cost": 0.0, "savings": 0.0, "savings_fraction": 0.0, "preemptions": 0, "steps_lost": 0,
+        "attempts": [], "checkpoints": [], "series": [], "estimate": None, "summary": None,
+        "gpus": spec["gpus"], "backend": spec.get("backend"), "offers": [],
+        "offers_note": "The job has not started: its ranking of instance types is above.",
+        "ranking": prestart.ranking(spec),
+    }
+
+
+def _detail(session, dag_id: str, run_id: str) -> dict[str, Any]:
     jobs = find_jobs(session, dag_id=dag_id, run_id=run_id, limit=1)
-    if not jobs:
-        raise HTTPException(404, f"no spot training job in DAG {dag_id!r} run {run_id!r} (none has started yet?)")
-    return jobs[0]
+    if jobs:
+        return job_detail(jobs[0], session)
+    detail = not_started_detail(session, dag_id, run_id)
+    if detail is None:
+        raise HTTPException(404, f"no spot training job in DAG {dag_id!r} run {run_id!r}")
+    return detail
 
 
 def _rows(session) -> list[dict[str, Any]]:
@@ -116,7 +152,7 @@ def create_app() -> FastAPI:
 
     @app.get("/api/jobs/{dag_id}/{run_id}")
     def get_job(dag_id: str, run_id: str, session: SessionDep) -> dict[str, Any]:
-        return job_detail(_one(session, dag_id, run_id))
+        return _detail(session, dag_id, run_id)
 
     @app.get("/", response_class=HTMLResponse)
     def index(session: SessionDep) -> str:
@@ -129,11 +165,11 @@ def create_app() -> FastAPI:
     @app.get("/jobs/{dag_id}/{run_id}", response_class=HTMLResponse)
     def job_html(dag_id: str, run_id: str, session: SessionDep) -> str:
         try:
-            detail = job_detail(_one(session, dag_id, run_id))
+            detail = _detail(session, dag_id, run_id)
         except HTTPException as exc:
             return HTMLResponse(page.jobs_page([]).replace("No spot training job has started yet.", exc.detail),
                                 status_code=exc.status_code)
-        return page.job_page(dag_id, run_id, detail, detail["offers"], detail["offers_note"])
+        return page.job_page(dag_id, run_id, detail, detail["offers"], detail["offers_note"], detail.get("ranking"))
 
     return app
 

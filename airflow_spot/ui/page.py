@@ -152,9 +152,43 @@ def _offer_rows(offers: list[dict[str, Any]]) -> str:
     return "".join(out)
 
 
+def ranking_html(ranking: dict[str, Any] | None) -> str:
+    """The offline ranking of instance types before the job starts (:mod:`airflow_spot.ui.prestart`)."""
+    if not ranking:
+        return ""
+    rows = ranking.get("offers") or []
+    head = "<h2>Ranking of instance types before the job starts</h2>"
+    basis = f"<p class=muted id=ranking-basis>{escape(ranking.get('basis') or '')}</p>"
+    if not rows:
+        return f"{head}<p class=muted id=ranking>{escape(ranking.get('note') or 'No offer known.')}</p>"
+    out = []
+    for i, o in enumerate(rows, 1):
+        band = "" if o.get("uncertainty") is None else f" ±{100 * o['uncertainty']:.0f} %"
+        hours = "–" if o.get("hours") is None else _duration(o["hours"] * 3600)
+        rel = "–" if o.get("relative_cost") is None else f"{o['relative_cost']:.2f}×"
+        out.append(
+            f"<tr class=ranked><td class=n>{i}</td><td>{escape(o['instance_type'])}</td><td>{escape(o['zone'])}</td>"
+            f"<td>{escape(o['market'])}</td><td>{escape(o['gpu_name'])} x{o['gpu_count']}</td>"
+            f"<td class=n>{_money(o['price_per_hour'])}/h</td><td class=n>{hours}</td>"
+            f"<td class=n>{_money(o.get('expected_cost'))}</td><td class=n>{rel}{band}</td></tr>"
+        )
+    close = ""
+    if len(rows) > 1 and rows[0].get("relative_cost") is not None:
+        band = max(rows[0].get("uncertainty") or 0.0, rows[1].get("uncertainty") or 0.0)
+        if rows[1]["relative_cost"] - 1.0 < band:
+            close = (f"<p class=muted id=ranking-close>The first two are {100 * (rows[1]['relative_cost'] - 1):.0f} % "
+                     f"apart, within the stated ±{100 * band:.0f} %: their order is not certain.</p>")
+    return (
+        f"{head}{basis}<table id=ranking><tr><th>#</th><th>instance</th><th>zone</th><th>market</th><th>GPU</th>"
+        f"<th>price</th><th>time for {ranking.get('steps', '?')} steps</th><th>expected cost</th>"
+        f"<th>cost vs best</th></tr>" + "".join(out) + f"</table>{close}"
+    )
+
+
 def job_page(dag_id: str, run_id: str, snap: dict[str, Any], offers: list[dict[str, Any]] | None,
-             offers_error: str | None = None) -> str:
-    """One job: cards, progress, estimate, chart, attempts timeline, checkpoints, offers."""
+             offers_error: str | None = None, ranking: dict[str, Any] | None = None) -> str:
+    """One job: cards, progress, estimate, chart, attempts timeline, checkpoints, offers (and, before the
+    job's first attempt, the offline ranking of instance types)."""
     est = snap.get("estimate") or {}
     total = snap.get("total_steps")
     progress = snap.get("progress")
@@ -211,8 +245,10 @@ def job_page(dag_id: str, run_id: str, snap: dict[str, Any], offers: list[dict[s
     body = (
         f"<p><a href='/spot/'>&larr; all jobs</a></p><h1>{escape(dag_id)} / {escape(run_id)}</h1>"
         f"<p class=muted>store: {escape(str(snap.get('job_uri')))}</p><div class=cards>{card_html}</div>"
+        f"{ranking_html(ranking)}"
         f"<h2>Progress</h2>{bar}{basis}<h2>Cost and progress over time</h2>{chart_svg(snap.get('series') or [], total)}"
         f"<h2>Attempts</h2>{timeline}{summary_note}<h2>Checkpoints</h2>{cp_table}"
         f"<h2>Cheapest offers now for this job's GPU request</h2>{offer_html}"
     )
-    return _doc(f"Spot Training: {dag_id} / {run_id}", body, refresh=snap.get("state") in ("running", "waiting"))
+    return _doc(f"Spot Training: {dag_id} / {run_id}", body, refresh=snap.get("state") in ("running", "waiting") or (
+        snap.get("state") == "not started" and snap.get("run_state") in ("queued", "running")))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import math
+import os
 import time
 from datetime import datetime
 
@@ -160,3 +162,106 @@ def test_a_running_job_page_reloads_itself_and_a_finished_one_does_not():
     snap = {"state": "running", "attempts": [], "checkpoints": [], "series": []}
     assert 'http-equiv="refresh"' in job_page("d", "r", snap, [])
     assert 'http-equiv="refresh"' not in job_page("d", "r", {**snap, "state": "finished"}, [])
+
+
+# ------------------------------------------------------------------ before the job's first attempt
+PRESTART_DAG = "ui_api_not_started"
+PROFILE = {"T4": 0.5}  # seconds per step the job declares it measured on a T4
+PRESTART_STEPS = 36_000
+
+
+@pytest.fixture(scope="module")
+def queued_run(client, tmp_path_factory):
+    """A DAG with a SpotTraining job, serialized into the DB, and a run of it triggered through Airflow's
+    REST API: queued (the DAG is paused, no scheduler), so no task has run and the job has no XCom and
+    no store."""
+    from airflow_fixtures import build_dag
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+
+    from airflow_spot.policy.offers import GpuRequest
+
+    root = tmp_path_factory.mktemp("prestart")
+    dag = build_dag(PRESTART_DAG, root, command=["python", "train.py"], total_steps=PRESTART_STEPS,
+                    steps_per_segment=12_000, gpus=GpuRequest(count=1, min_memory_gib=16),
+                    segment_options={"step_profile": PROFILE, "poll_interval": 0.2})
+    DagBundlesManager().sync_bundles_to_db()
+    bag = DagBag(dag_folder=os.devnull)
+    bag.bag_dag(dag)
+    sync_bag_to_db(bag, "dags-folder", None)
+    r = client.post(f"/api/v2/dags/{PRESTART_DAG}/dagRuns", json={"logical_date": None},
+                    headers={"Authorization": f"Bearer {client.token}"})
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "queued"
+    return r.json()["dag_run_id"]
+
+
+def test_a_queued_job_shows_the_offline_ranking_for_its_gpu_request(client, queued_run):
+    from airflow_spot.market import get_market
+    from airflow_spot.market.throughput import instance_throughput
+    from airflow_spot.policy.estimate import PRIOR_RELATIVE_ERROR
+
+    auth = {"Authorization": f"Bearer {client.token}"}
+    assert client.get(f"/spot/api/jobs/{PRESTART_DAG}/{queued_run}").status_code == 401
+    j = client.get(f"/spot/api/jobs/{PRESTART_DAG}/{queued_run}", headers=auth).json()
+    assert j["state"] == "not started" and j["run_state"] == "queued" and j["attempts"] == []
+    assert j["total_steps"] == PRESTART_STEPS and j["gpus"]["min_memory_gib"] == 16
+    ranking = j["ranking"]
+    assert ranking["steps"] == PRESTART_STEPS and ranking["step_profile"] == PROFILE
+    rows = ranking["offers"]
+    assert rows and all(o["gpu_memory_gib"] >= 16 for o in rows)
+    costs = [o["expected_cost"] for o in rows]
+    assert costs == sorted(costs) and rows[0]["relative_cost"] == 1.0
+    # hand-computed from the market the page asks: the declared T4 step time scaled by throughput, priced
+    # with the preemption overhead; T4 offers carry only the profile's noise, others the catalog's too
+    market = get_market("local")
+    for o in rows:
+        x = instance_throughput(o["gpu_name"], o["gpu_count"])
+        assert o["step_seconds"] == pytest.approx(0.5 * instance_throughput("T4", 1) / x, rel=1e-4)
+        assert o["hours"] == pytest.approx(PRESTART_STEPS * o["step_seconds"] / 3600, rel=1e-4)
+        expected = o["hours"] * o["price_per_hour"] * (1 + o["preemption_rate_per_hour"] * 600 / 3600)
+        assert o["expected_cost"] == pytest.approx(expected, rel=1e-3)
+        on_t4 = abs(x - instance_throughput("T4", 1)) < 1e-9
+        assert o["uncertainty"] == pytest.approx(0.05 if on_t4 else math.hypot(0.05, PRIOR_RELATIVE_ERROR), abs=1e-4)
+    # the first offer is the cheapest of every offer the market has for the request (not only the shown ones)
+    from airflow_spot.policy.offers import GpuRequest
+
+    everything = market.offers(GpuRequest(count=1, min_memory_gib=16))
+    cheapest = min(0.5 * instance_throughput("T4", 1) / o.relative_throughput * PRESTART_STEPS / 3600
+                   * o.price_per_hour * (1 + o.preemption_rate_per_hour * 600 / 3600) for o in everything)
+    assert rows[0]["expected_cost"] == pytest.approx(cheapest, rel=1e-3)
+
+
+def test_the_queued_jobs_page_shows_the_ranking_with_its_uncertainty(client, queued_run):
+    auth = {"Authorization": f"Bearer {client.token}"}
+    html = client.get(f"/spot/jobs/{PRESTART_DAG}/{queued_run}", headers=auth).text
+    rows = client.get(f"/spot/api/jobs/{PRESTART_DAG}/{queued_run}", headers=auth).json()["ranking"]["offers"]
+    assert "Ranking of instance types before the job starts" in html
+    assert html.count("<tr class=ranked>") == len(rows) >= 2
+    for o in rows:  # each row's instance type and its stated uncertainty band
+        assert o["instance_type"] in html and f"±{100 * o['uncertainty']:.0f} %" in html
+    assert "declared step time T4 0.5 s" in html
+    assert 'http-equiv="refresh"' in html  # queued: the page reloads until the job starts
+
+
+def test_a_job_without_a_declared_profile_is_ranked_by_cost_per_unit_of_work():
+    from airflow_spot.market import get_market
+    from airflow_spot.policy.estimate import PRIOR_RELATIVE_ERROR
+    from airflow_spot.ui.prestart import ranking
+
+    r = ranking({"gpus": GpuRequest(count=1, min_memory_gib=16).to_dict(), "total_steps": 1000}, get_market("local"))
+    rows = r["offers"]
+    assert rows and all(o["expected_cost"] is None and o["hours"] is None for o in rows)
+    rel = [o["relative_cost"] for o in rows]
+    assert rel[0] == 1.0 and rel == sorted(rel)
+    assert all(o["uncertainty"] == pytest.approx(PRIOR_RELATIVE_ERROR) for o in rows)
+    # the order is by price per unit of catalog throughput, preemption overhead included
+    per_work = [o["price_per_hour"] / o["relative_throughput"] * (1 + o["preemption_rate_per_hour"] / 6)
+                for o in rows]
+    assert [p / per_work[0] for p in per_work] == pytest.approx(rel, rel=1e-3)
+
+
+def test_a_run_of_a_dag_without_a_spot_job_is_not_found(client):
+    auth = {"Authorization": f"Bearer {client.token}"}
+    # the DAG of the started job exists, but this run does not
+    assert client.get(f"/spot/api/jobs/{DAG_ID}/no-such-run", headers=auth).status_code == 404
