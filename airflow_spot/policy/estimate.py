@@ -78,20 +78,28 @@ def fit_step_time(measured: Mapping[float, float]) -> StepTimeModel:
 WARMUP_STEPS = 20
 #: restart overhead assumed before the job has shown one (boot + restore + warm-up)
 DEFAULT_RESTART_OVERHEAD_SECONDS = 60.0
+#: share of segment boundaries assumed to move to a fresh instance before the job has crossed one: the
+#: operator keeps the running instance for the next segment while its offer stays within the reuse
+#: tolerance (operators/segment.py), so a boundary is a warm one unless the job shows otherwise
+DEFAULT_NEW_INSTANCE_SHARE = 0.0
 
 
 @dataclass(frozen=True)
 class AttemptPace:
     """What one attempt of a job showed about its pace (from its ledger row or its live heartbeat).
 
-    :param steps: steps the attempt kept (a finished attempt: its ledger row's ``steps_done``, so the
-        steps a preemption lost count as overhead) or has trained so far (the running attempt).
+    :param steps: steps the attempt kept (a finished attempt: its ledger row's ``steps_done``) or has
+        trained so far (the running attempt).
     :param step_seconds: the attempt's step-time EWMA at its last heartbeat (None: no heartbeat).
     :param seconds: wall time of the attempt so far (billed start to end, or to now while running).
     :param preempted: the attempt ended in a preemption or a lost instance.
     :param finished: the attempt has ended (False for the running one).
     :param save_fraction: seconds training stalls for saves per second of training (save cost / interval).
     :param new_instance: the attempt started a fresh instance (False: it continued on a warm one).
+    :param notice_seconds: seconds from the attempt's start to its preemption notice (None: no notice).
+    :param steps_lost: steps the attempt trained past its last checkpoint and lost.
+    :param gap_before: seconds from the previous attempt's end to this one's start (scheduling, retry
+        delay, launch); None for the job's first attempt.
     """
 
     steps: int
@@ -101,6 +109,26 @@ class AttemptPace:
     finished: bool = True
     save_fraction: float = 0.0
     new_instance: bool = True
+    notice_seconds: float | None = None
+    steps_lost: int = 0
+    gap_before: float | None = None
+
+
+@dataclass(frozen=True)
+class JobOverheads:
+    """What the job's own attempts measured, in seconds (see :func:`measure_overheads`)."""
+
+    startup: float  # a fresh instance: launch to its first training step (boot, python, restore, warm-up)
+    tail: float  # preemption notice to the attempt's end (notice window, final save, shutdown)
+    gap_after_preemption: float  # an attempt's end to the next one's start after a preemption
+    gap_after_boundary: float  # the same after a completed segment
+    warm_boundary: float  # a segment boundary on a warm instance: gap plus the next attempt's own overhead
+    new_instance_share: float  # fraction of completed boundaries that moved to a fresh instance
+    lost_per_preemption: float  # training a preemption threw away (steps past the last checkpoint)
+    samples: int  # attempts that gave an exact start-up figure
+
+    def to_dict(self) -> dict:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
 
 
 @dataclass(frozen=True)
@@ -116,6 +144,11 @@ class RemainingEstimate:
     remaining_seconds: float | None
     remaining_cost: float | None
     basis: str
+    #: the current attempt's own start-up still to come (or a new attempt's, between attempts)
+    current_seconds: float = 0.0
+    #: expected seconds one preemption adds (its tail, lost work, and the restart with its own failures)
+    per_preemption_seconds: float = 0.0
+    overheads: dict | None = None
 
     def to_dict(self) -> dict:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -127,22 +160,95 @@ def robust_step_seconds(paces: list[AttemptPace], warmup_steps: int = WARMUP_STE
     An attempt's EWMA only counts once it has run more than ``warmup_steps`` steps (before that the
     warm-up dominates it); of the ``recent`` newest such attempts the median is taken, so one slow or
     fast attempt (a noisy neighbour, a warm cache) does not swing the estimate. Falls back to the newest
-    EWMA when no attempt is past its warm-up yet.
+    EWMA when no attempt is past its warm-up yet. A running attempt past its warm-up gives the pace
+    itself: the steps left run on that process first, at the machine's present speed (a neighbour's load
+    that slowed it since the last attempt is not averaged away).
     """
     if warmup_steps < 0 or recent < 1:
         raise ValueError(f"warmup_steps must be >= 0 and recent >= 1, got {warmup_steps!r}, {recent!r}")
     known = [p for p in paces if p.step_seconds and p.step_seconds > 0]
+    if known and not known[-1].finished and known[-1].steps > warmup_steps and known[-1] is paces[-1]:
+        return known[-1].step_seconds
     warm = [p.step_seconds for p in known if p.steps > warmup_steps][-recent:]
     if not warm:
         return known[-1].step_seconds if known else None
-    warm = sorted(warm)
-    mid = len(warm) // 2
-    return warm[mid] if len(warm) % 2 else (warm[mid - 1] + warm[mid]) / 2
+    return statistics.median(warm)
 
 
-def _overhead(p: AttemptPace, step_seconds: float) -> float:
-    """Wall time of an attempt not spent on its steps: boot, restore, warm-up, saves, lost work, gaps."""
-    return max(0.0, p.seconds - p.steps * step_seconds)
+def _median(values: list[float], default: float) -> float:
+    return statistics.median(values) if values else default
+
+
+def measure_overheads(paces: list[AttemptPace], step: float,
+                      default_startup: float = DEFAULT_RESTART_OVERHEAD_SECONDS,
+                      default_new_instance_share: float = DEFAULT_NEW_INSTANCE_SHARE) -> JobOverheads:
+    """The job's own overheads, from its attempts (oldest first).
+
+    * start-up: a fresh instance's time before training — exact from an attempt that trained (a completed
+      one: its time not spent on kept steps; a preempted one: its notice time less its steps; the running
+      one: its time so far less its steps), each attempt's steps at its own measured pace. A preempted attempt that never trained only says start-up took
+      longer than its notice time: such lower bounds above the exact median join the median (a machine
+      that got slower is not hidden by older, faster start-ups). ``default_startup`` before any figure.
+    * tail: notice to end of preempted attempts; gaps: end of one attempt to the start of the next.
+    * a warm boundary: the gap after a completed segment plus the next (warm) attempt's own overhead;
+      the share of boundaries that moved to a fresh instance (``default_new_instance_share`` before any).
+    """
+    exact: list[float] = []
+    bounds: list[float] = []
+    tails, gaps_p, gaps_b, warm, lost, moved = [], [], [], [], [], []
+    for i, p in enumerate(paces):
+        prev = paces[i - 1] if i else None
+        own = p.step_seconds or step  # an attempt's steps at its own pace (the machine's speed moves)
+        if p.new_instance:
+            if p.preempted and p.finished:
+                if p.steps > 0 and p.notice_seconds is not None:
+                    exact.append(max(0.0, p.notice_seconds - p.steps * own))
+                elif p.steps == 0:
+                    bounds.append(p.notice_seconds if p.notice_seconds is not None else p.seconds)
+            elif p.steps > 0:
+                exact.append(max(0.0, p.seconds - p.steps * own))
+        if p.preempted and p.finished:
+            if p.notice_seconds is not None:
+                tails.append(max(0.0, p.seconds - p.notice_seconds))
+            lost.append(p.steps_lost * step)
+        if prev is not None and prev.finished and p.gap_before is not None:
+            (gaps_p if prev.preempted else gaps_b).append(max(0.0, p.gap_before))
+            if not prev.preempted:
+                moved.append(1.0 if p.new_instance else 0.0)
+                if not p.new_instance and (p.finished or p.steps > 0):
+                    warm.append(max(0.0, p.gap_before) + max(0.0, p.seconds - p.steps * own)
+                                if p.finished else max(0.0, p.gap_before))
+    startup = _median(exact, default_startup)
+    later = [b for b in bounds if b > startup]
+    if later:
+        startup = statistics.median(exact + later) if exact else max(default_startup, statistics.median(later))
+    all_gaps = gaps_p + gaps_b
+    gap_p = _median(gaps_p, _median(all_gaps, 0.0))
+    gap_b = _median(gaps_b, _median(all_gaps, 0.0))
+    return JobOverheads(
+        startup=startup, tail=_median(tails, 0.0), gap_after_preemption=gap_p, gap_after_boundary=gap_b,
+        warm_boundary=_median(warm, gap_b),
+        new_instance_share=(sum(moved) / len(moved)) if moved else default_new_instance_share,
+        lost_per_preemption=(sum(lost) / len(lost)) if lost else 0.0, samples=len(exact),
+    )
+
+
+def start_seconds(startup: float, gap: float, tail: float, mtbf: float | None) -> tuple[float, float]:
+    """Expected seconds to get a fresh instance to its first training step, and the preemptions on the way.
+
+    The pool preempts at rate ``1/M`` from the instance's launch (its start-up is exposed too): a start
+    survives with probability ``p = exp(-s/M)``; each failed one costs its expected life ``E[L | L < s] =
+    M - s p / (1 - p)``, its tail and a gap, and the number of failures before a success is geometric,
+    ``(1 - p) / p`` on average. On demand (``M`` None): ``gap + s``.
+    """
+    if not mtbf:
+        return gap + startup, 0.0
+    p = math.exp(-startup / mtbf)
+    if p >= 1.0:
+        return gap + startup, 0.0
+    failures = (1 - p) / p
+    life = mtbf - startup * p / (1 - p)
+    return gap + startup + failures * (life + tail + gap), failures
 
 
 def estimate_remaining(
@@ -155,21 +261,30 @@ def estimate_remaining(
     price_per_hour: float | None,
     warmup_steps: int = WARMUP_STEPS,
     default_restart_seconds: float = DEFAULT_RESTART_OVERHEAD_SECONDS,
+    idle_seconds: float = 0.0,
 ) -> RemainingEstimate:
-    """Remaining time and cost of a running job.
+    """Remaining time and cost of a running job, from the job's own measured overheads.
 
-    ``remaining = steps left x step time x (1 + save stall) + segment boundaries left x the job's measured
-    boundary overhead + expected preemptions x the job's measured cost of one preemption``, with
-    ``expected preemptions = time left on spot / MTBF`` of the current pool. Overheads are means over the
-    job's own finished attempts (a preempted attempt's overhead is its start plus its lost steps and
-    notice window); a fresh start costs what the job's new-instance attempts spent outside training (the
-    running one's start-up counts once it trains); before any is seen, ``default_restart_seconds``.
+    ``remaining = W + n x (lost + tail + start) + boundaries + the current attempt's start-up still due``:
+
+    * ``W`` = steps left x robust step time (warm-up excluded) x (1 + save stall);
+    * ``n = W / (M - lost)`` preemptions while training (rate ``1/M``, the lost work is redone, exposed);
+    * ``start`` = the expected time to the first step of a fresh instance, start-ups that are themselves
+      preempted included (:func:`start_seconds`);
+    * each segment boundary left costs the job's measured warm boundary, or a fresh start for the share
+      of boundaries that moved to a new instance;
+    * a running attempt that has not trained yet still owes ``s - elapsed`` of its start-up (and, if the
+      pool strikes before, a restart); with no attempt running (``idle_seconds`` since the last one ended),
+      a whole start is due, less the gap already waited.
+
+    All overheads come from :func:`measure_overheads` over ``paces``; ``mtbf_seconds`` is the current
+    pool's (None: on demand, no preemption).
 
     :param paces: the job's attempts, oldest first (the running one last, ``finished=False``).
     :param done_steps: steps done so far (the running attempt's current step).
     :param segments_left: segment boundaries still to cross (each a new attempt).
-    :param mtbf_seconds: mean time between preemptions of the current pool; None for on-demand.
     :param price_per_hour: price of the current (or next) offer; None leaves the cost unknown.
+    :param idle_seconds: seconds since the last attempt ended, when none is running.
     """
     if total_steps <= 0 or done_steps < 0 or segments_left < 0:
         raise ValueError(
@@ -185,36 +300,63 @@ def estimate_remaining(
                                  "no step time measured yet")
     if remaining_steps == 0:
         return RemainingEstimate(0, step, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "all steps done")
+    o = measure_overheads(paces, step, default_restart_seconds)
+    mtbf = mtbf_seconds or None
     save = [p.save_fraction for p in paces if p.save_fraction > 0][-3:]
     compute = remaining_steps * step * (1 + (sum(save) / len(save) if save else 0.0))
-    finished = [p for p in paces if p.finished]
-    # what a fresh start costs: the overhead of new-instance attempts that were not cut short, or of the
-    # running one once it trains (boot, restore and warm-up so far); a preset only before either exists
-    starts = [_overhead(p, step) for p in paces if p.new_instance and not p.preempted and (p.finished or p.steps)]
-    restart = statistics.median(starts) if starts else default_restart_seconds
-    clean = [_overhead(p, step) for p in finished if not p.preempted]
-    boundary = sum(clean) / len(clean) if clean else restart
-    # a preempted attempt's overhead is its own start plus its lost steps and notice window: in expectation
-    # what one preemption adds (the next attempt's start replaces this one's)
-    hit = [_overhead(p, step) for p in finished if p.preempted]
-    per_preemption = sum(hit) / len(hit) if hit else restart
-    boundaries = segments_left * boundary
-    expected = 0.0
-    if mtbf_seconds:
-        # Preemptions also strike the time they add (a geometric series: T / (M - o)). The inflation is
-        # capped at 2x: when a preemption costs more than half the MTBF, how uncertain the rate is dominates
-        # and the uncapped series (unbounded as o -> M) would swing the estimate by multiples.
-        expected = (compute + boundaries) / max(mtbf_seconds - per_preemption, mtbf_seconds / 2)
-    total = compute + boundaries + expected * per_preemption
+    start_p, fails_p = start_seconds(o.startup, o.gap_after_preemption, o.tail, mtbf)
+    start_b, fails_b = start_seconds(o.startup, o.gap_after_boundary, o.tail, mtbf)
+    # a segment boundary: on the same warm instance, or (the job's measured share) on a fresh one
+    share = o.new_instance_share
+    boundaries = segments_left * ((1 - share) * o.warm_boundary + share * start_b)
+    preemptions = segments_left * share * fails_b
+    if mtbf:
+        # preemptions while training; the lost work is trained again (and exposed again)
+        lost = min(o.lost_per_preemption, mtbf / 2)
+        training_hits = compute / (mtbf - lost)
+    else:
+        training_hits = 0.0
+    per_hit = lost + o.tail + start_p if mtbf else 0.0
+    # the attempt now under way (or the one about to be launched) may still owe its start-up
+    running = paces[-1] if paces and not paces[-1].finished else None
+    current = current_plain = 0.0
+    if running is not None and running.steps == 0 and running.new_instance:
+        left = current_plain = max(0.0, o.startup - running.seconds)
+        if mtbf and left > 0:
+            q = 1 - math.exp(-left / mtbf)  # the pool strikes before the first step
+            current = mtbf * q + q * (o.tail + start_p)
+            preemptions += q * (1 + fails_p)
+        else:
+            current = left
+    elif running is None and paces:
+        last = paces[-1]
+        gap_waited = max(0.0, idle_seconds)
+        start, fails = (start_p, fails_p) if last.preempted else (start_b, fails_b)
+        gap = o.gap_after_preemption if last.preempted else o.gap_after_boundary
+        if last.preempted or share > 0:
+            current = max(0.0, start - gap_waited)
+            current_plain = max(0.0, gap + o.startup - gap_waited)
+            preemptions += fails
+    preemption_seconds = training_hits * per_hit
+    expected = training_hits * (1 + fails_p) + preemptions
+    total = compute + boundaries + preemption_seconds + current
     cost = total / 3600.0 * price_per_hour if price_per_hour is not None else None
     basis = (
         f"{remaining_steps} steps x {step:.4f} s/step (median EWMA past {warmup_steps} warm-up steps)"
-        f" + {segments_left} boundaries x {boundary:.1f} s"
-        + (f" + {expected:.2f} expected preemptions x {per_preemption:.1f} s (MTBF {mtbf_seconds:.0f} s)"
-           if mtbf_seconds else " (on-demand: no preemptions expected)")
+        f" + {segments_left} boundaries x {boundaries / segments_left if segments_left else 0.0:.1f} s"
+        + (f" + {training_hits:.2f} preemptions while training x {per_hit:.1f} s (lost {lost:.1f} + tail "
+           f"{o.tail:.1f} + restart {start_p:.1f} s: start-up {o.startup:.1f} s survives the MTBF of "
+           f"{mtbf:.0f} s with p={math.exp(-o.startup / mtbf):.2f})" if mtbf
+           else " (on-demand: no preemptions expected)")
+        + (f" + {current:.1f} s of start-up still due" if current else "")
     )
-    return RemainingEstimate(remaining_steps, step, compute, boundaries, expected * per_preemption, expected,
-                             total, cost, basis)
+    # what the preemptions add on top of the same work on an instance that is never preempted
+    plain = compute + segments_left * ((1 - share) * o.warm_boundary + share * (o.gap_after_boundary + o.startup))
+    per_preemption = total - plain - current_plain
+    return RemainingEstimate(remaining_steps, step, compute, boundaries, preemption_seconds, expected,
+                             total, cost, basis, current_seconds=current,
+                             per_preemption_seconds=per_preemption / expected if expected > 0 else 0.0,
+                             overheads=o.to_dict())
 
 
 # ---------------------------------------------------------------------------------------- offline

@@ -47,6 +47,8 @@ class AttemptView:
     cost: float | None
     step_seconds: float | None
     new_instance: bool | None
+    #: when the preemption notice reached the training process (ledger row; None: no notice seen)
+    notice_at: float | None = None
 
     @property
     def is_preemption(self) -> bool:
@@ -206,6 +208,7 @@ class JobView:
                 step_seconds=row.step_seconds if row and row.step_seconds else (hb.step_time_ewma if hb else None),
                 new_instance=(row.new_instance if row
                               else (not launch.get("reused_instance", False) if launch else None)),
+                notice_at=row.notice_at if row else None,
             ))
         return sorted(out, key=lambda a: (a.started_at if a.started_at is not None else float("inf"), a.attempt_id))
 
@@ -266,14 +269,23 @@ class JobView:
         segment_ends = sorted({r.end_step for r in requests})
         estimate = None
         if total_steps:
-            paces = [
-                AttemptPace(
-                    steps=a.steps_done or 0, step_seconds=a.step_seconds,
-                    seconds=max(0.0, (a.ended_at or now) - (a.started_at or now)),
-                    preempted=a.is_preemption, finished=a.outcome != "running",
-                    new_instance=a.new_instance is not False,
-                ) for a in attempts if a.outcome != Outcome.FAILED.value
-            ]
+            paces, previous_end = [], None
+            for a in attempts:
+                if a.outcome != Outcome.FAILED.value:
+                    paces.append(AttemptPace(
+                        steps=a.steps_done or 0, step_seconds=a.step_seconds,
+                        seconds=max(0.0, (a.ended_at or now) - (a.started_at or now)),
+                        preempted=a.is_preemption, finished=a.outcome != "running",
+                        new_instance=a.new_instance is not False,
+                        notice_seconds=(max(0.0, a.notice_at - a.started_at)
+                                        if a.notice_at is not None and a.started_at is not None else None),
+                        steps_lost=a.steps_lost or 0,
+                        gap_before=(a.started_at - previous_end
+                                    if previous_end is not None and a.started_at is not None else None),
+                    ))
+                previous_end = a.ended_at if a.ended_at is not None else previous_end
+            ended = [a.ended_at for a in attempts if a.ended_at is not None]
+            idle = max(0.0, now - max(ended)) if ended and not running else 0.0
             mtbf = self._mtbf(requests, attempts, now, mtbf_seconds)
             offer_price = running[-1].price_per_hour if running else (attempts[-1].price_per_hour if attempts else None)
             segments_left = sum(1 for end in segment_ends if end > current) - (1 if running else 0)
@@ -283,6 +295,7 @@ class JobView:
             estimate = estimate_remaining(
                 paces, done_steps=min(current, total_steps), total_steps=total_steps,
                 segments_left=max(0, segments_left), mtbf_seconds=mtbf, price_per_hour=offer_price,
+                idle_seconds=idle,
             ).to_dict()
         return {
             "job_uri": self.uri,
@@ -316,7 +329,9 @@ class JobView:
         if prior is None:
             prior = next((r.mtbf_seconds for r in reversed(requests) if r.mtbf_seconds), None)
         seen = sum(a.is_preemption for a in attempts)
-        seconds = sum(max(0.0, (a.ended_at or now) - a.started_at) for a in attempts if a.started_at is not None)
+        # time exposed to the pool: launch to the notice (the notice window after it is not), or to the end
+        seconds = sum(max(0.0, (a.notice_at or a.ended_at or now) - a.started_at)
+                      for a in attempts if a.started_at is not None)
         if prior is None:
             return seconds / seen if seen else None
         return estimate_mtbf(prior, seen, seconds)

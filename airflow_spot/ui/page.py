@@ -173,11 +173,10 @@ def ranking_html(ranking: dict[str, Any] | None) -> str:
             f"<td class=n>{_money(o.get('expected_cost'))}</td><td class=n>{rel}{band}</td></tr>"
         )
     close = ""
-    if len(rows) > 1 and rows[0].get("relative_cost") is not None:
+    if ranking.get("top_uncertain"):
         band = max(rows[0].get("uncertainty") or 0.0, rows[1].get("uncertainty") or 0.0)
-        if rows[1]["relative_cost"] - 1.0 < band:
-            close = (f"<p class=muted id=ranking-close>The first two are {100 * (rows[1]['relative_cost'] - 1):.0f} % "
-                     f"apart, within the stated ±{100 * band:.0f} %: their order is not certain.</p>")
+        close = (f"<p class=muted id=ranking-close>The first two are {100 * (rows[1]['relative_cost'] - 1):.0f} % "
+                 f"apart, within the stated ±{100 * band:.0f} %: their order is not certain.</p>")
     return (
         f"{head}{basis}<table id=ranking><tr><th>#</th><th>instance</th><th>zone</th><th>market</th><th>GPU</th>"
         f"<th>price</th><th>time for {ranking.get('steps', '?')} steps</th><th>expected cost</th>"

@@ -42,8 +42,9 @@ def ranking(spec: dict[str, Any], market=None, steps: int | None = None, limit: 
 
     :param market: the market to ask (default: the job's backend's, through :class:`SpotHook`).
     :param steps: steps to price (default: the job's total).
-    :returns: ``{"steps", "basis", "offers": [...], "note"}``; each offer has ``expected_cost`` and
-        ``hours`` when the job declares a profile, ``relative_cost`` (1.0 = best) always, and ``uncertainty``.
+    :returns: ``{"steps", "basis", "offers": [...], "note", "top_uncertain"}``; each offer has
+        ``expected_cost`` and ``hours`` when the job declares a profile, ``relative_cost`` (1.0 = best)
+        always, and ``uncertainty``; ``top_uncertain``: the first two are closer than their uncertainty.
     """
     from airflow_spot.market.throughput import instance_throughput
     from airflow_spot.policy.estimate import PRIOR_RELATIVE_ERROR, StepTimeModel, fit_step_time, rank_offers_for_job
@@ -88,10 +89,11 @@ def ranking(spec: dict[str, Any], market=None, steps: int | None = None, limit: 
         if not profile:
             row["hours"] = row["expected_cost"] = None
         out["offers"].append(row)
+    out["top_uncertain"] = top_uncertain(out["offers"])
     return out
 
 
-def ranking_uncertain(rows: list[dict[str, Any]]) -> bool:
+def top_uncertain(rows: list[dict[str, Any]]) -> bool:
     """Whether the first two offers' costs are closer than their stated uncertainty (the order may swap)."""
     if len(rows) < 2 or rows[0].get("relative_cost") is None:
         return False

@@ -10,8 +10,10 @@ from airflow_spot.policy.estimate import (
     AttemptPace,
     StepTimeModel,
     estimate_remaining,
+    measure_overheads,
     rank_offers_for_job,
     robust_step_seconds,
+    start_seconds,
 )
 from airflow_spot.policy.offers import Market, Offer
 
@@ -27,45 +29,139 @@ def test_step_time_is_the_median_so_one_odd_attempt_does_not_swing_it():
     assert robust_step_seconds(paces) == pytest.approx(0.11)
 
 
+def test_a_running_attempt_past_its_warm_up_gives_the_present_pace():
+    # the machine got slower: the running process's own EWMA, not the median of the older attempts
+    paces = [AttemptPace(200, 0.10, 25), AttemptPace(180, 0.11, 25), AttemptPace(50, 0.15, 9, finished=False)]
+    assert robust_step_seconds(paces, warmup_steps=20) == pytest.approx(0.15)
+
+
 def test_step_time_falls_back_to_the_newest_ewma_before_any_warm_attempt():
     assert robust_step_seconds([AttemptPace(3, 0.4, 2, finished=False)]) == 0.4
     assert robust_step_seconds([]) is None
 
 
-def test_remaining_time_adds_boundaries_and_expected_preemptions():
-    # finished: a clean segment of 100 steps at 0.1 s that took 12 s (2 s overhead), and a preempted one
-    # that kept 50 steps in 9 s (4 s overhead: lost steps and the notice)
-    paces = [AttemptPace(100, 0.1, 12.0), AttemptPace(50, 0.1, 9.0, preempted=True),
-             AttemptPace(30, 0.1, 4.0, finished=False)]
-    est = estimate_remaining(paces, done_steps=180, total_steps=400, segments_left=2, mtbf_seconds=100.0,
+# A job's history, oldest first (0.1 s per step everywhere):
+#   A fresh instance, completed 100 steps in 14 s                     -> start-up 14 - 10 = 4 s
+#   B warm instance 2 s later, completed 100 steps in 11 s            -> warm boundary 2 + (11 - 10) = 3 s
+#   C fresh instance 1 s later, notice at 10 s after 50 steps, ended at 12 s, 3 steps lost
+#                                                                      -> start-up 10 - 5 = 5 s, tail 2 s
+#   D fresh instance 3 s later, notice at 2 s before any step, ended at 4 s -> start-up > 2 s (below the
+#                                                                      median: ignored), tail 2 s
+#   E fresh instance 3 s later, running: 20 steps in 6 s               -> start-up 6 - 2 = 4 s
+HISTORY = [
+    AttemptPace(100, 0.1, 14.0),
+    AttemptPace(100, 0.1, 11.0, new_instance=False, gap_before=2.0),
+    AttemptPace(50, 0.1, 12.0, preempted=True, notice_seconds=10.0, steps_lost=3, gap_before=1.0),
+    AttemptPace(0, None, 4.0, preempted=True, notice_seconds=2.0, gap_before=3.0),
+    AttemptPace(20, 0.1, 6.0, finished=False, gap_before=3.0),
+]
+
+
+def test_overheads_are_measured_from_the_jobs_own_attempts():
+    o = measure_overheads(HISTORY, 0.1)
+    assert o.startup == pytest.approx(4.0)  # median of 4, 5, 4
+    assert o.tail == pytest.approx(2.0)
+    assert o.gap_after_preemption == pytest.approx(3.0) and o.gap_after_boundary == pytest.approx(1.5)
+    assert o.warm_boundary == pytest.approx(3.0)
+    assert o.new_instance_share == pytest.approx(0.5)  # A->B stayed warm, B->C moved
+    assert o.lost_per_preemption == pytest.approx(0.15)  # (3 steps x 0.1 s + 0) / 2 preemptions
+    assert o.samples == 3
+
+
+def test_each_attempt_s_start_up_is_its_time_less_its_steps_at_its_own_pace():
+    # the machine slowed from 0.1 to 0.13 s/step: A's 300 steps took 30 s of its 38 s, so 8 s start-up
+    # (at today's pace they would "take" 39 s and the start-up would vanish)
+    paces = [AttemptPace(300, 0.10, 38.0), AttemptPace(100, 0.13, 13.0, new_instance=False, finished=False,
+                                                         gap_before=0.0)]
+    assert measure_overheads(paces, 0.13).startup == pytest.approx(8.0)
+
+
+def test_before_any_boundary_the_next_segment_is_assumed_to_stay_on_the_warm_instance():
+    # the operator reuses the running instance while its offer stays within tolerance
+    o = measure_overheads([AttemptPace(0, None, 3.0, preempted=True, notice_seconds=2.0),
+                           AttemptPace(50, 0.1, 9.0, finished=False, gap_before=4.0)], 0.1)
+    assert o.new_instance_share == 0.0 and o.startup == pytest.approx(4.0)
+    assert o.warm_boundary == pytest.approx(4.0)  # no boundary gap seen: the gaps seen so far
+
+
+def test_a_start_up_longer_than_seen_is_taken_from_attempts_that_never_trained():
+    # two fresh attempts trained after 4 s of start-up; three later ones were preempted at 9, 10 and 12 s
+    # without a step: the machine got slower, start-up is longer than those
+    paces = [AttemptPace(100, 0.1, 14.0), AttemptPace(100, 0.1, 14.0)] + [
+        AttemptPace(0, None, t + 1, preempted=True, notice_seconds=t) for t in (9.0, 10.0, 12.0)]
+    assert measure_overheads(paces, 0.1).startup == pytest.approx(9.0)  # median of 4, 4, 9, 10, 12
+
+
+def test_a_fresh_start_costs_the_expected_time_to_an_uninterrupted_start_up():
+    # no gap, no tail: the textbook (e^(s/M) - 1) M for s seconds without a preemption at rate 1/M
+    start, failures = start_seconds(20.0, 0.0, 0.0, 10.0)
+    assert start == pytest.approx((math.exp(2.0) - 1) * 10.0)
+    assert failures == pytest.approx(math.exp(2.0) - 1)
+    # each failed start also pays its tail and a gap: s=4, gap 3, tail 2, M=40
+    p = math.exp(-0.1)
+    start, failures = start_seconds(4.0, 3.0, 2.0, 40.0)
+    assert start == pytest.approx(3 + 4 + (1 - p) / p * ((40 - 4 * p / (1 - p)) + 2 + 3))
+    assert start == pytest.approx(7.7327, abs=1e-3)
+    assert start_seconds(4.0, 3.0, 2.0, None) == (7.0, 0.0)  # on demand
+
+
+def test_on_demand_remaining_time_is_steps_plus_the_measured_boundaries():
+    est = estimate_remaining(HISTORY, done_steps=300, total_steps=500, segments_left=1, mtbf_seconds=None,
                              price_per_hour=3.6)
-    compute, boundary, per_preemption = 220 * 0.1, 2.0, 4.0
-    base = compute + 2 * boundary
-    expected = base / (100.0 - per_preemption)
-    assert est.remaining_steps == 220
-    assert est.expected_preemptions == pytest.approx(expected)
-    assert est.remaining_seconds == pytest.approx(base + expected * per_preemption)
-    assert est.remaining_cost == pytest.approx(est.remaining_seconds / 3600 * 3.6)
+    # 200 steps x 0.1 s + one boundary: half warm (3 s), half a fresh start (gap 1.5 + start-up 4)
+    assert est.remaining_seconds == pytest.approx(20.0 + 0.5 * 3.0 + 0.5 * 5.5)
+    assert est.remaining_seconds == pytest.approx(24.25)
+    assert est.expected_preemptions == 0 and est.remaining_cost == pytest.approx(24.25 / 3600 * 3.6)
 
 
-def test_a_fresh_start_is_priced_from_the_running_attempts_start_up_before_any_clean_attempt():
-    # only a preempted attempt so far; the running one has trained 50 steps at 0.1 s in 8 s: 3 s start-up
-    paces = [AttemptPace(0, 0.1, 5.0, preempted=True), AttemptPace(50, 0.1, 8.0, finished=False)]
-    est = estimate_remaining(paces, done_steps=50, total_steps=150, segments_left=1, mtbf_seconds=None,
-                             price_per_hour=1.0, warmup_steps=0)
-    assert est.boundary_seconds == pytest.approx(3.0)  # not the 60 s preset
-    assert est.remaining_seconds == pytest.approx(100 * 0.1 + 3.0)
+def test_spot_remaining_time_adds_the_expected_preemptions_at_their_measured_cost():
+    m = 40.0
+    est = estimate_remaining(HISTORY, done_steps=300, total_steps=500, segments_left=1, mtbf_seconds=m,
+                             price_per_hour=None)
+    s, tail, lost = 4.0, 2.0, 0.15
+    start_p, fails_p = start_seconds(s, 3.0, tail, m)
+    start_b, fails_b = start_seconds(s, 1.5, tail, m)
+    hits = 20.0 / (m - lost)  # preemptions while training the 200 steps left (and the work they lose)
+    expected = 20.0 + 0.5 * 3.0 + 0.5 * start_b + hits * (lost + tail + start_p)
+    assert est.remaining_seconds == pytest.approx(expected)
+    assert est.expected_preemptions == pytest.approx(hits * (1 + fails_p) + 0.5 * fails_b)
+    # what a preemption adds, on average: the estimate's extra time over an instance never preempted
+    plain = 20.0 + 0.5 * 3.0 + 0.5 * (1.5 + s)
+    assert est.per_preemption_seconds == pytest.approx((expected - plain) / est.expected_preemptions)
+    assert est.remaining_seconds > 24.25
 
 
-def test_on_demand_expects_no_preemption_and_a_finished_job_nothing():
-    paces = [AttemptPace(100, 0.1, 10.0)]
-    on_demand = estimate_remaining(paces, done_steps=0, total_steps=100, segments_left=0, mtbf_seconds=None,
+def test_an_attempt_still_starting_owes_the_rest_of_its_start_up():
+    paces = HISTORY[:4] + [AttemptPace(0, None, 1.0, finished=False, gap_before=3.0)]
+    on_demand = estimate_remaining(paces, done_steps=280, total_steps=500, segments_left=0, mtbf_seconds=None,
                                    price_per_hour=None)
-    assert on_demand.expected_preemptions == 0 and on_demand.remaining_seconds == pytest.approx(10.0)
-    assert on_demand.remaining_cost is None
-    done = estimate_remaining(paces, done_steps=100, total_steps=100, segments_left=0, mtbf_seconds=50.0,
+    # start-up: median of A (4 s) and C (5 s); 1 s of it gone
+    assert on_demand.current_seconds == pytest.approx(3.5)
+    assert on_demand.remaining_seconds == pytest.approx(22.0 + 3.5)
+    m = 40.0
+    spot = estimate_remaining(paces, done_steps=280, total_steps=500, segments_left=0, mtbf_seconds=m,
+                              price_per_hour=None)
+    q = 1 - math.exp(-3.5 / m)
+    start_p, _ = start_seconds(4.5, 3.0, 2.0, m)
+    assert spot.current_seconds == pytest.approx(m * q + q * (2.0 + start_p))
+
+
+def test_between_attempts_a_whole_start_is_due_less_the_gap_already_waited():
+    paces = HISTORY[:4]  # D was preempted; nothing running yet, 1 s since it ended
+    est = estimate_remaining(paces, done_steps=250, total_steps=500, segments_left=0, mtbf_seconds=None,
+                             price_per_hour=None, idle_seconds=1.0)
+    # start-up: median of A (4 s) and C (5 s); gap after a preemption 3 s, 1 s of it waited
+    assert est.current_seconds == pytest.approx(3.0 - 1.0 + 4.5)
+    assert est.remaining_seconds == pytest.approx(25.0 + 6.5)
+
+
+def test_a_finished_job_has_nothing_left_and_no_step_time_means_no_estimate():
+    done = estimate_remaining(HISTORY, done_steps=500, total_steps=500, segments_left=0, mtbf_seconds=50.0,
                               price_per_hour=1.0)
     assert done.remaining_seconds == 0.0
+    none = estimate_remaining([AttemptPace(0, None, 3.0, finished=False)], done_steps=0, total_steps=10,
+                              segments_left=0, mtbf_seconds=50.0, price_per_hour=1.0)
+    assert none.remaining_seconds is None and none.basis == "no step time measured yet"
 
 
 def test_bad_estimate_arguments_say_what_is_wrong():

@@ -212,6 +212,8 @@ def test_a_queued_job_shows_the_offline_ranking_for_its_gpu_request(client, queu
     assert rows and all(o["gpu_memory_gib"] >= 16 for o in rows)
     costs = [o["expected_cost"] for o in rows]
     assert costs == sorted(costs) and rows[0]["relative_cost"] == 1.0
+    assert ranking["top_uncertain"] == (rows[1]["relative_cost"] - 1 < max(rows[0]["uncertainty"],
+                                                                          rows[1]["uncertainty"]))
     # hand-computed from the market the page asks: the declared T4 step time scaled by throughput, priced
     # with the preemption overhead; T4 offers carry only the profile's noise, others the catalog's too
     market = get_market("local")
@@ -240,6 +242,9 @@ def test_the_queued_jobs_page_shows_the_ranking_with_its_uncertainty(client, que
     assert html.count("<tr class=ranked>") == len(rows) >= 2
     for o in rows:  # each row's instance type and its stated uncertainty band
         assert o["instance_type"] in html and f"±{100 * o['uncertainty']:.0f} %" in html
+    # the page says so when the first two are closer than their stated uncertainty
+    close = rows[1]["relative_cost"] - 1 < max(rows[0]["uncertainty"], rows[1]["uncertainty"])
+    assert ("id=ranking-close" in html) == close
     assert "declared step time T4 0.5 s" in html
     assert 'http-equiv="refresh"' in html  # queued: the page reloads until the job starts
 
@@ -265,3 +270,16 @@ def test_a_run_of_a_dag_without_a_spot_job_is_not_found(client):
     auth = {"Authorization": f"Bearer {client.token}"}
     # the DAG of the started job exists, but this run does not
     assert client.get(f"/spot/api/jobs/{DAG_ID}/no-such-run", headers=auth).status_code == 404
+
+
+@pytest.mark.parametrize("profile, message", [
+    ({"TPU": 0.4}, "unknown GPU 'TPU'"), ({"T4": 0}, "must be seconds per step > 0"), ([0.4], "must be a dict"),
+])
+def test_a_bad_step_profile_fails_when_the_dag_is_parsed(tmp_path, profile, message):
+    from airflow_fixtures import build_dag
+
+    from airflow_spot.operators.validation import SpotTrainingConfigError
+
+    with pytest.raises(SpotTrainingConfigError, match=message):
+        build_dag("bad_profile", tmp_path, command=["python", "train.py"], total_steps=10, steps_per_segment=5,
+                  segment_options={"step_profile": profile})
