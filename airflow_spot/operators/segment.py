@@ -44,6 +44,7 @@ from airflow_spot.operators.attempt_record import AttemptLaunch, read_job, write
 from airflow_spot.operators.retry import segment_retry_policy
 from airflow_spot.operators.validation import validate_gpus, validate_step_profile
 from airflow_spot.policy.offers import GpuRequest, Market
+from airflow_spot.storage.checkpoint import NoUsableCheckpointError
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError
 from airflow_spot.storage.protocol import JobLayout, Outcome, SegmentRequest, safe_id
 from airflow_spot.triggers.completion import summarize
@@ -82,6 +83,15 @@ def default_deferrable() -> bool:
 def job_tags(dag_id: str, run_id: str, job_name: str) -> dict[str, str]:
     """Tags that find every instance of one job (warm reuse, final cleanup, ``reap``)."""
     return {TAG_DAG: dag_id, TAG_RUN: run_id, TAG_JOB: job_name}
+
+
+def newest_usable_step(store: ObjectStore) -> int | None:
+    """The job's newest checkpoint step; a store whose checkpoints are all broken fails the task without
+    retries (a retry would find the same store), with the error that says how to recover."""
+    try:
+        return JobLayout(store).latest_step()
+    except NoUsableCheckpointError as exc:
+        raise AirflowFailException(str(exc)) from None
 
 
 class SpotSegmentOperator(BaseOperator):
@@ -271,7 +281,7 @@ class SpotSegmentOperator(BaseOperator):
         resumed = self._reattach(context, store)
         if resumed is not None:
             return self._wait(context, resumed)
-        latest = JobLayout(store).latest_step()
+        latest = newest_usable_step(store)
         if latest is not None and latest >= self.end_step:
             self.log.info(
                 "segment %d [%d, %d) is already done: the job's newest checkpoint is at step %d; nothing to run",
@@ -562,7 +572,7 @@ class SpotSegmentOperator(BaseOperator):
         launch = AttemptLaunch.read(store, attempt_id)
         if launch is None:
             raise AirflowException(f"attempt {attempt_id} has no launch record in {store.uri}; cannot account for it")
-        latest = JobLayout(store).latest_step()
+        latest = newest_usable_step(store)
         if outcome is Outcome.COMPLETED and (latest is None or latest < self.end_step):
             outcome = Outcome.FAILED
             event["error_tail"] = (

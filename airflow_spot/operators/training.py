@@ -25,7 +25,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_spot.backends.base import InstanceState
 from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.operators import accounting
-from airflow_spot.operators.segment import SpotSegmentOperator, job_tags
+from airflow_spot.operators.segment import SpotSegmentOperator, job_tags, newest_usable_step
 from airflow_spot.operators.validation import (
     SpotTrainingConfigError,
     normalize_command,
@@ -98,7 +98,7 @@ class SpotJobSummaryOperator(BaseOperator):
             self.log.info("terminating the job's instances: %s", leftover)
             backend.terminate(leftover)
         store = hook.get_store(self.checkpoint_uri)
-        latest = JobLayout(store).latest_step()
+        latest = newest_usable_step(store)
         summary = accounting.summarize(store, now=time.time())
         summary.update(
             # the UI finds a job through this field of the XCom summary (see airflow_spot/ui/jobs.py)

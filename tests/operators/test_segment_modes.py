@@ -105,3 +105,22 @@ def test_on_kill_terminates_the_awaited_instance(tmp_path):
     op.on_kill()
     assert InstanceState(backend.describe([info.instance_id])[info.instance_id].state) is InstanceState.TERMINATED
     assert not group_alive(backend.record(info.instance_id).pgid)
+
+
+def test_a_store_whose_checkpoints_all_fail_to_verify_fails_without_retry_or_launch(airflow_db, tmp_path):  # noqa: F811
+    from airflow_spot.storage.object_store import open_store
+    from airflow_spot.storage.protocol import JobLayout
+
+    root = tmp_path / "jobs" / "broken"
+    ckpts = JobLayout(open_store(f"file://{root}")).checkpoint_store()
+    ckpts.save(5, lambda f: f.write(b"weights"))
+    (manifest,) = root.glob("checkpoints/*/MANIFEST.json")
+    manifest.write_text(manifest.read_text().replace('"step": 5', '"step": 6'))  # no longer matches its checksum
+    dag = build_dag(
+        "mode_broken_store", tmp_path, command=protocol_command(), total_steps=10, steps_per_segment=10,
+        checkpoint_uri=f"file://{root}", backend_options=backend_options(tmp_path), max_preemptions=3,
+    )
+    dr = run_dag(dag)
+    assert ti_states(dr)["train.segment_000"] == ("failed", 1)  # a retry would find the same store
+    assert instance_count(tmp_path) == 0  # nothing launched to start again from step 0
+    assert manifest.exists()  # and nothing deleted
