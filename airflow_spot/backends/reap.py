@@ -14,13 +14,13 @@ and the DAG-run states from Airflow's metadata database.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 from collections.abc import Callable
 
 from airflow_spot.backends.base import Backend, InstanceInfo, InstanceState, backend_names, get_backend
+from airflow_spot.cli_types import json_object
 
 #: instance tags naming the DAG run that launched an instance (set by the operators)
 TAG_DAG = "airflow-spot:dag"
@@ -37,16 +37,6 @@ def _tag(text: str) -> tuple[str, str]:
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"--tag wants KEY=VALUE, got {text!r}")
     return key, value
-
-
-def _options(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"--backend-options must be a JSON object: {exc}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"--backend-options must be a JSON object, got {text!r}")
-    return value
 
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -90,7 +80,7 @@ def backend_options_problem(name: str, options: dict, exc: Exception) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="local", help=f"backend to search ({', '.join(backend_names())})")
-    parser.add_argument("--backend-options", type=_options, default={}, metavar="JSON",
+    parser.add_argument("--backend-options", type=json_object("--backend-options"), default={}, metavar="JSON",
                         help="the backend's kwargs as a JSON object, e.g. '{\"state_dir\": \"/tmp/x\"}'")
     parser.add_argument("--older-than", type=_duration("--older-than"), default=0.0, metavar="SECONDS",
                         help="only instances launched at least this long ago")

@@ -13,12 +13,12 @@ quantity the operators rank by.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from airflow_spot.backends.base import backend_class, backend_names
 from airflow_spot.policy.offer_ranking import cost_per_step, rank_offers
 from airflow_spot.policy.offers import GpuRequest, Market
+from airflow_spot.cli_types import json_object
 
 
 def _names(text: str) -> list[str]:
@@ -26,16 +26,6 @@ def _names(text: str) -> list[str]:
     if not values:
         raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
     return values
-
-
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"--market-options must be a JSON object: {exc}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"--market-options must be a JSON object, got {text!r}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-seconds", type=float, default=1.0,
                         help="seconds one training step takes on one V100, for the $/step column (default 1)")
     parser.add_argument("--limit", type=int, default=20, help="print at most this many offers (default 20)")
-    parser.add_argument("--market-options", type=_json_object, default={}, metavar="JSON",
+    parser.add_argument("--market-options", type=json_object("--market-options"), default={}, metavar="JSON",
                         help="the market's kwargs, e.g. '{\"price_ttl_seconds\": 60}'")
     parser.add_argument("--aws-conn-id", default="aws_default", help="Airflow AWS connection for cloud backends")
 

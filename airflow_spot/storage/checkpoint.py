@@ -45,7 +45,7 @@ from airflow_spot.storage.manifest import (  # re-exported: callers import them 
     is_int,
     manifest_checksum,
 )
-from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
+from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, store_errors
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ class CheckpointStore:
             ) from None
         except CheckpointError:
             raise
-        except _store_errors() as exc:
+        except store_errors() as exc:
             raise CheckpointSaveError(
                 f"cannot save the checkpoint at step {step} to {self.store.uri}: {type(exc).__name__}: {exc}. "
                 "The store refused the write (read-only, full, unreachable, or the directory was removed); "
@@ -297,7 +297,7 @@ class CheckpointStore:
                     return manifest, self.fetch_verified(manifest, manifest.files[0], read)
                 except CheckpointError as exc:
                     problem = str(exc)
-                except _store_errors() as exc:
+                except store_errors() as exc:
                     raise CheckpointError(
                         f"cannot read checkpoint {self.store.uri}/{status.directory}: {type(exc).__name__}: {exc}; "
                         "the store is unreachable or refuses reads: retry once it is back"
@@ -368,12 +368,6 @@ class CheckpointStore:
         self.store.delete(doomed)
         self.store.tidy()
         return doomed
-
-
-def _store_errors() -> tuple[type[BaseException], ...]:
-    from airflow_spot.storage.object_store import store_errors
-
-    return store_errors()
 
 
 __all__ = [

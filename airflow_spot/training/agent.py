@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, open_store
+from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, open_store, store_errors
 from airflow_spot.storage.protocol import (
     PREEMPTED_EXIT_CODE,
     AttemptStatus,
@@ -57,19 +57,8 @@ AGENT_EXIT_FILE = "agent_exit.json"
 MAX_ERROR_BACKOFF_SECONDS = 5.0
 
 
-def _store_errors() -> tuple[type[BaseException], ...]:
-    """What a store call raises when the store is unreachable or refuses: the agent waits those out."""
-    errors: list[type[BaseException]] = [OSError]
-    try:
-        from botocore.exceptions import BotoCoreError, ClientError
-    except ImportError:  # an instance with file:// stores only
-        pass
-    else:
-        errors += [BotoCoreError, ClientError]
-    return tuple(errors)
-
-
-STORE_ERRORS = _store_errors()
+#: what a store call raises when the store is unreachable or refuses: the agent waits those out
+STORE_ERRORS = store_errors()
 
 
 def agent_key(instance_id: str) -> str:

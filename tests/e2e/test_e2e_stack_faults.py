@@ -77,13 +77,18 @@ def finish_checks(stack, dag_id: str, run_id: str, reference) -> None:
     assert wait_no_instance_processes(stack) == [], "instance processes left after the run"
 
 
+def start_mid_segment(stack, dag, name: str, state: str, min_step: int) -> tuple[str, str]:
+    """Trigger ``dag`` and return once its first segment is ``state`` and its first try trained ``min_step``."""
+    stack.wait_dag(dag.dag_id)
+    run_id = stack.trigger(dag.dag_id, run_id=new_run_id(name))
+    stack.wait_task(dag.dag_id, run_id, SEGMENT.format(0), {state}, timeout=90)
+    wait_heartbeat(stack, dag.dag_id, run_id, attempt_id(0, 1), min_step=min_step)
+    return dag.dag_id, run_id
+
+
 def test_scheduler_killed_mid_segment(airflow_stack, reference):
     stack = airflow_stack
-    dag_id = fault_dags.scheduler_dag.dag_id
-    stack.wait_dag(dag_id)
-    run_id = stack.trigger(dag_id, run_id=new_run_id("sched"))
-    stack.wait_task(dag_id, run_id, SEGMENT.format(0), {"deferred"}, timeout=90)
-    wait_heartbeat(stack, dag_id, run_id, attempt_id(0, 1), min_step=5)
+    dag_id, run_id = start_mid_segment(stack, fault_dags.scheduler_dag, "sched", "deferred", min_step=5)
     stack.kill("scheduler")
     # the segment ends while no scheduler runs (the triggerer ends the task itself); then one comes back
     wait_status(stack, dag_id, run_id, attempt_id(0, 1))
@@ -97,11 +102,7 @@ def test_scheduler_killed_mid_segment(airflow_stack, reference):
 
 def test_worker_killed_while_a_segment_waits_in_it(airflow_stack, reference):
     stack = airflow_stack
-    dag_id = fault_dags.worker_dag.dag_id
-    stack.wait_dag(dag_id)
-    run_id = stack.trigger(dag_id, run_id=new_run_id("worker"))
-    stack.wait_task(dag_id, run_id, SEGMENT.format(0), {"running"}, timeout=90)
-    wait_heartbeat(stack, dag_id, run_id, attempt_id(0, 1), min_step=5)
+    dag_id, run_id = start_mid_segment(stack, fault_dags.worker_dag, "worker", "running", min_step=5)
     killed = stack.kill("worker")
     assert killed, "the worker's session had no process to kill"
     stack.restart("worker")
@@ -119,11 +120,7 @@ def test_worker_killed_while_a_segment_waits_in_it(airflow_stack, reference):
 
 def test_agent_killed_mid_segment(airflow_stack, reference):
     stack = airflow_stack
-    dag_id = fault_dags.agent_dag.dag_id
-    stack.wait_dag(dag_id)
-    run_id = stack.trigger(dag_id, run_id=new_run_id("agent"))
-    stack.wait_task(dag_id, run_id, SEGMENT.format(0), {"deferred"}, timeout=90)
-    wait_heartbeat(stack, dag_id, run_id, attempt_id(0, 1), min_step=10)
+    dag_id, run_id = start_mid_segment(stack, fault_dags.agent_dag, "agent", "deferred", min_step=10)
     (record,) = job_instances(stack, dag_id, run_id)
     os.kill(record["agent"]["pid"], signal.SIGKILL)
     assert stack.wait_run(dag_id, run_id, timeout=240) == "success", stack.task_instances(dag_id, run_id)

@@ -132,8 +132,8 @@ def test_cross_region_moves_are_charged(tmp_path):
 
 
 def test_cli_hindsight_column_prices_and_nodes(tmp_path, capsys):
-    d = tmp_path / "traces"
-    d.mkdir()
+    d = tmp_path / "availability" / "2-node"  # counts up to 2 are valid under a 2-node folder
+    d.mkdir(parents=True)
     (d / "us-west-2b_v100_2.json").write_text(json.dumps({"metadata": {"gap_seconds": 60},
                                                           "data": [2] * 30 + [1] * 30 + [2] * 120}))
     prices = tmp_path / "prices.csv"
