@@ -149,6 +149,9 @@ class RemainingEstimate:
     #: expected seconds one preemption adds (its tail, lost work, and the restart with its own failures)
     per_preemption_seconds: float = 0.0
     overheads: dict | None = None
+    #: the spread the pool's luck alone gives the remaining time: preemptions come as a Poisson count, so
+    #: about ``sqrt(expected) x per_preemption_seconds`` either side (one standard deviation)
+    spread_seconds: float = 0.0
 
     def to_dict(self) -> dict:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -352,11 +355,10 @@ def estimate_remaining(
     )
     # what the preemptions add on top of the same work on an instance that is never preempted
     plain = compute + segments_left * ((1 - share) * o.warm_boundary + share * (o.gap_after_boundary + o.startup))
-    per_preemption = total - plain - current_plain
+    per_preemption = (total - plain - current_plain) / expected if expected > 0 else 0.0
     return RemainingEstimate(remaining_steps, step, compute, boundaries, preemption_seconds, expected,
-                             total, cost, basis, current_seconds=current,
-                             per_preemption_seconds=per_preemption / expected if expected > 0 else 0.0,
-                             overheads=o.to_dict())
+                             total, cost, basis, current_seconds=current, per_preemption_seconds=per_preemption,
+                             overheads=o.to_dict(), spread_seconds=math.sqrt(expected) * per_preemption)
 
 
 # ---------------------------------------------------------------------------------------- offline

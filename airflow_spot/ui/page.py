@@ -200,7 +200,9 @@ def job_page(dag_id: str, run_id: str, snap: dict[str, Any], offers: list[dict[s
         ("savings", f"{_money(snap.get('savings'))} ({100 * (snap.get('savings_fraction') or 0):.1f} %)"),
         ("preemptions", str(snap.get("preemptions", 0))),
         ("steps lost", str(snap.get("steps_lost", 0))),
-        ("remaining time", _duration(est.get("remaining_seconds")) if snap.get("state") != "finished" else "done"),
+        ("remaining time", (_duration(est.get("remaining_seconds")) + (
+            f" ± {_duration(est['spread_seconds'])}" if est.get("spread_seconds") else ""))
+         if snap.get("state") != "finished" else "done"),
         ("remaining cost", _money(est.get("remaining_cost")) if snap.get("state") != "finished" else "$0"),
     ]
     card_html = "".join(

@@ -128,6 +128,8 @@ def test_spot_remaining_time_adds_the_expected_preemptions_at_their_measured_cos
     # what a preemption adds, on average: the estimate's extra time over an instance never preempted
     plain = 20.0 + 0.5 * 3.0 + 0.5 * (1.5 + s)
     assert est.per_preemption_seconds == pytest.approx((expected - plain) / est.expected_preemptions)
+    # the pool's luck: a Poisson count of preemptions, one standard deviation either side
+    assert est.spread_seconds == pytest.approx(math.sqrt(est.expected_preemptions) * est.per_preemption_seconds)
     assert est.remaining_seconds > 24.25
 
 
