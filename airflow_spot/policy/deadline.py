@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from airflow_spot.policy.offer_ranking import risk_multiplier
 from airflow_spot.policy.offers import Market
 from airflow_spot.policy.registry import PolicyRegistry
 
@@ -54,6 +55,11 @@ class DeadlineParams:
         floor and the switch's own restart, before leaving on-demand for spot (future preemptions' restarts).
     :param floor_restarts: ``slack-budget``: the hard floor in restarts; at or below it the job commits
         to on-demand. Above 1 so a spot instance preempted at the floor can still restart on-demand.
+    :param spot_reserve_age_seconds: ``slack-budget``: None (the reserve is ``spot_reserve_per_work``
+        whatever the pool), or the reserve scales with the pool's preemption hazard given how long it has
+        been up (``spot_up_seconds``, decreasing): ``spot_reserve_per_work * (1 + c / (age + c / 4))`` with
+        ``c`` this many seconds (:func:`airflow_spot.policy.offer_ranking.risk_multiplier`): a pool up for
+        hours is expected to preempt less, so leaving on-demand for it keeps less slack for restarts.
     :param min_spot_up_seconds: ``slack-budget``: leave on-demand only for a pool that has been up this
         long (a pool that just came back tends to go again soon).
     :param outage_grace_seconds: ``slack-budget``: an idle job without waiting budget still waits this
@@ -65,6 +71,7 @@ class DeadlineParams:
     reserve_per_work: float = 0.06
     wait_reserve_per_work: float = 0.10
     spot_reserve_per_work: float = 0.03
+    spot_reserve_age_seconds: float | None = None
     floor_restarts: float = 1.5
     min_spot_up_seconds: float = 0.75 * 3600.0
     outage_grace_seconds: float = 60.0
@@ -78,6 +85,8 @@ class DeadlineParams:
             raise ValueError(f"reserve_per_work must be >= 0, got {self.reserve_per_work!r}")
         if self.safety_restarts < 0:
             raise ValueError(f"safety_restarts must be >= 0, got {self.safety_restarts!r}")
+        if self.spot_reserve_age_seconds is not None and self.spot_reserve_age_seconds <= 0:
+            raise ValueError(f"spot_reserve_age_seconds must be > 0 or None, got {self.spot_reserve_age_seconds!r}")
         for name in ("wait_reserve_per_work", "spot_reserve_per_work", "floor_restarts", "min_spot_up_seconds",
                      "outage_grace_seconds"):
             if getattr(self, name) < 0:
@@ -215,6 +224,16 @@ def slack_reserve(state: DeadlineState, obs: Observation, now: float, params: De
     return Decision(WAIT, f"no spot, {spare:+.0f}s spare slack: wait for spot", state)
 
 
+def spot_reserve_per_work(params: DeadlineParams, spot_up_seconds: float | None) -> float:
+    """Slack kept per second of work left for the restarts of future preemptions when leaving on-demand
+    for a pool up ``spot_up_seconds``: ``spot_reserve_per_work``, scaled with
+    ``spot_reserve_age_seconds`` by the pool's hazard relative to its long-run rate (spot capacity that
+    has lasted hours tends to last: the traces' up periods have a decreasing hazard)."""
+    if params.spot_reserve_age_seconds is None or spot_up_seconds is None:
+        return params.spot_reserve_per_work
+    return params.spot_reserve_per_work * risk_multiplier(spot_up_seconds, params.spot_reserve_age_seconds)
+
+
 @deadline_policies.register("slack-budget", default=True)
 def slack_budget(state: DeadlineState, obs: Observation, now: float, params: DeadlineParams) -> Decision:
     """Slack spent where it buys the most spot time; the rule, with ``S`` the slack, ``W`` the work left,
@@ -225,7 +244,9 @@ def slack_budget(state: DeadlineState, obs: Observation, now: float, params: Dea
     * spot available, job idle: take it if ``S - r >= F`` (the start leaves a restart for a preemption),
       else on-demand;
     * spot available, job on on-demand: switch only if ``S - r - F >= spot_reserve_per_work * W`` (the
-      switch's restart plus the restarts of future preemptions are paid for) and the pool has been up
+      switch's restart plus the restarts of future preemptions are paid for; with
+      ``spot_reserve_age_seconds`` the reserve falls as the pool's observed up-time grows, see
+      :func:`spot_reserve_per_work`) and the pool has been up
       ``min_spot_up_seconds`` (``spot_up_seconds``; a fresh pool is likely to go again before the
       switch's restart pays off);
     * no spot, on on-demand: stay — stopping to idle would pay a second restart when the outage goes on;
@@ -251,7 +272,7 @@ def slack_budget(state: DeadlineState, obs: Observation, now: float, params: Dea
     if running is Market.SPOT and obs.spot_available:
         return Decision(Market.SPOT.value, f"on spot, slack {left:.0f}s", state)
     if obs.spot_available and running is Market.ON_DEMAND:
-        spare = left - r - floor - params.spot_reserve_per_work * work_left
+        spare = left - r - floor - spot_reserve_per_work(params, obs.spot_up_seconds) * work_left
         if spare < 0:
             return Decision(Market.ON_DEMAND.value, f"on-demand: a switch would leave {spare:+.0f}s spare slack", state)
         age = obs.spot_up_seconds

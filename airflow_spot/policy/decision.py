@@ -16,8 +16,10 @@ every pool has refused the job (``no_spot_seconds``); the expected outage length
 
 Ranking of spot offers: pools believed up, then unknown ones, then those that just refused; within a
 group the cheapest per unit of work (:func:`~airflow_spot.policy.offer_ranking.cost_per_step`, each
-pool's preemption risk raised while its observed up-time is short), then the longest observed up-time,
-then the pool name. Prices may differ per region; moving the job's checkpoint to another region than
+pool's preemption risk raised while its observed up-time is short; a pool not seen up since it was last
+seen down is priced as if it came back right after that down-event — the most it can have been up — so
+a pool that just refused or preempted the job ranks after one never seen down), then the longest
+observed up-time, then the pool name. Prices may differ per region; moving the job's checkpoint to another region than
 the one it is in costs ``transfer_seconds`` of restart and ``transfer_dollars`` (:class:`DecisionParams`),
 which the ranking adds per unit of work left.
 
@@ -36,9 +38,10 @@ from airflow_spot.policy.offers import Market, Offer
 _STATE_ORDER = {"up": 0, "unknown": 1, "down": 2}
 
 #: constants of the deadline rule where they differ from ``oracle-age``'s (chosen on the even hourly
-#: offsets at 52 h of the bundled traces, ``benchmarks/results_simulate.md``): seeing pools only by trying
-#: them, a switch to spot pays more restarts than the oracle's, so more slack is kept for them
-OBSERVED_DEADLINE_DEFAULTS = {"spot_reserve_per_work": 0.05}
+#: offsets at 52 h of the bundled traces, ``benchmarks/results_simulate.md``): the slack kept for future
+#: preemptions when leaving on-demand scales with the pool's hazard given its observed up-time (0.03
+#: at 45 min, 0.02 at 3 h, -> 0.015 per second of work left)
+OBSERVED_DEADLINE_DEFAULTS = {"spot_reserve_per_work": 0.015, "spot_reserve_age_seconds": 3600.0}
 
 
 def observed_deadline_params(**overrides) -> DeadlineParams:
@@ -55,7 +58,10 @@ class DecisionParams:
         worth another try (an idle job retries about this often).
     :param watch_seconds: an outage is measured only when someone saw the pool down this shortly before
         it came back.
-    :param prior_outage_seconds: the expected outage length before any outage was observed.
+    :param prior_outage_seconds: the expected outage length before any outage was observed (weighted as two
+        outages). 0 by default: with no outage seen, an idle job waits only the deadline rule's grace
+        (on the bundled traces, 52 h even offsets, a 30 min prior cost 1.215 -> 1.196 x hindsight; 5 and
+        20 min cost more still: waiting without evidence spends slack the restarts need)
     :param probe_every_seconds: on on-demand, ask for a probe of the spot pools when the newest spot
         observation is this old (executors that cannot probe ignore it).
     :param transfer_seconds: restart time added when the next instance is in another region than the
@@ -69,7 +75,7 @@ class DecisionParams:
     policy: str = "slack-budget"
     recheck_seconds: float = 60.0
     watch_seconds: float = 900.0
-    prior_outage_seconds: float = 1800.0
+    prior_outage_seconds: float = 0.0
     probe_every_seconds: float = 900.0
     transfer_seconds: float = 0.0
     transfer_dollars: float = 0.0
@@ -115,7 +121,11 @@ def rank_observed(
         v = views.get(o.pool)
         state = v.state if (v is not None and o.is_spot) else ("up" if not o.is_spot else "unknown")
         age = v.up_seconds(now) if v is not None and o.is_spot else None
-        cost = cost_per_step(o, params.ranking, age if o.is_spot else None) + _move_penalty(o, params, work_left)
+        risk_age = age
+        if age is None and v is not None and o.is_spot:
+            # a pool last seen down is, if back, at most this old: priced as a pool that came back then
+            risk_age = v.up_seconds_at_most(now)
+        cost = cost_per_step(o, params.ranking, risk_age if o.is_spot else None) + _move_penalty(o, params, work_left)
         return (_STATE_ORDER[state], round(cost, 9), -(age or 0.0), o.pool)
 
     return sorted(offers, key=key)

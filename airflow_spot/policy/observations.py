@@ -66,9 +66,18 @@ class PoolView:
     up_since: float | None
     down_since: float | None
     outages: tuple[float, ...] = ()
+    #: the newest down-event (refusal, preemption, probe that found no capacity), or None
+    last_down: float | None = None
 
     def up_seconds(self, now: float) -> float | None:
         return None if self.up_since is None else max(0.0, now - self.up_since)
+
+    def up_seconds_at_most(self, now: float) -> float | None:
+        """For a pool not seen up since it was last seen down: if it is up now, it came back after that
+        down-event, so it has been up at most this long (None when it was never seen down)."""
+        if self.up_since is not None or self.last_down is None:
+            return None
+        return max(0.0, now - self.last_down)
 
 
 def pool_views(
@@ -113,7 +122,7 @@ def pool_views(
             state = "down"
         else:
             state = "unknown"
-        out[pool] = PoolView(pool, state, up_since, down_since, tuple(outages))
+        out[pool] = PoolView(pool, state, up_since, down_since, tuple(outages), last_down)
     return out
 
 

@@ -41,7 +41,7 @@ class ObservedController:
     prior_mtbf_hours: float = 3.6
     #: the decision's constants (DecisionParams fields other than the deadline's and the transfer's)
     probe_every_seconds: float = 900.0
-    prior_outage_seconds: float = 1800.0
+    prior_outage_seconds: float = DecisionParams.prior_outage_seconds
     #: DeadlineParams fields to override (the restart is the job's)
     deadline_overrides: dict = field(default_factory=dict)
     #: the job's own events

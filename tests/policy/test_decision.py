@@ -75,23 +75,40 @@ def all_refused(at):
     return [PoolEvent(o.pool, "refused", at) for o in (A, B, C)]
 
 
-def test_an_early_short_outage_of_every_zone_is_waited_out_not_paid_on_demand():
+def test_an_early_short_outage_of_every_zone_is_waited_out_when_outages_were_seen_short():
     """48 h of work, 52 h deadline, 6 minutes in, every zone refuses: 3.9 h of slack is less than the fixed
-    waiting reserve (0.10 x 48 h), which sent slack-budget to on-demand at once; the expected outage
-    (30 min prior) fits in the slack left after a restart and the spot reserve, so the job waits."""
+    waiting reserve (0.10 x 48 h), which sent slack-budget to on-demand at once. The deployment's log holds
+    two watched outages, of 1500 s and 1200 s: the expected outage, shrunk towards the 0 s prior (weight 2),
+    is (1500 + 1200) / 4 = 675 s; 120 s have been waited, and the slack after the floor, a restart and the
+    spot reserve (14040 - 1080 - 720 - 0.03 x 172800 = 7056 s) pays the 555 s left: the job waits."""
+    seen = [PoolEvent(A.pool, "preempted", -2 * H, job="other"), PoolEvent(A.pool, "refused", -2 * H + 900, job="other"),
+            PoolEvent(A.pool, "launched", -2 * H + 1500, job="other"),
+            PoolEvent(B.pool, "preempted", -H, job="other"), PoolEvent(B.pool, "refused", -H + 600, job="other"),
+            PoolEvent(B.pool, "launched", -H + 1200, job="other")]
     now = 0.1 * H
-    d = decide_attempt(job(now, all_refused(now - 120) + all_refused(now)), params=PARAMS)
+    refusals = all_refused(now - 120) + all_refused(now)
+    d = decide_attempt(job(now, seen + refusals), params=PARAMS)
+    assert d.expected_outage_seconds == pytest.approx(675.0)
     assert d.market == WAIT and "expected" in d.reason
-    # the same moment without an expected outage length (the fixed reserve alone): on-demand once the
-    # 60 s grace is over
+    # once the expected outage has been waited out, on-demand
+    later = refusals + all_refused(now - 120 + 700)
+    assert decide_attempt(job(now - 120 + 700, seen + later), params=PARAMS).market == Market.ON_DEMAND.value
+    # no outage seen anywhere: no evidence that waiting pays, on-demand once the 60 s grace is over
+    d = decide_attempt(job(now, refusals), params=PARAMS)
+    assert d.expected_outage_seconds == 0.0 and d.market == Market.ON_DEMAND.value
+    # the same moment without an expected outage length (the fixed reserve alone): on-demand too
     obs = Observation(0.0, 52 * H, 0.0, 48 * H, spot_available=False, no_spot_seconds=120.0)
     assert slack_budget(DeadlineState(), obs, now, PARAMS.deadline).market == Market.ON_DEMAND.value
+    # a prior can still be given (a deployment that knows its outages are short)
+    p = DecisionParams(deadline=DeadlineParams(restart_overhead_seconds=R), prior_outage_seconds=1800.0)
+    assert decide_attempt(job(now, refusals), params=p).market == WAIT
 
 
 def test_an_outage_longer_than_expected_goes_on_demand_when_the_slack_is_tight():
-    # refused since 0.1 h, still refused 40 minutes later: past the expected 30 min
+    # refused since 0.1 h, still refused 40 minutes later: past the expected 30 min (a 30 min prior)
     ev = all_refused(0.1 * H) + all_refused(0.1 * H + 40 * 60)
-    d = decide_attempt(job(0.1 * H + 40 * 60, ev), params=PARAMS)
+    p = DecisionParams(deadline=DeadlineParams(restart_overhead_seconds=R), prior_outage_seconds=1800.0)
+    d = decide_attempt(job(0.1 * H + 40 * 60, ev), params=p)
     assert d.market == Market.ON_DEMAND.value
 
 
@@ -148,3 +165,43 @@ def test_the_job_sees_its_own_running_instance_as_up():
     d = decide_attempt(job(5 * H, [PoolEvent(A.pool, "launched", 0.0)], work_done=5 * H, running="spot",
                            running_pool=A.pool), params=PARAMS)
     assert d.market == Market.SPOT.value and d.spot_up_seconds == 5 * H
+
+
+def test_a_pool_last_seen_down_ranks_by_the_most_it_can_have_been_up():
+    """A refused 20 min ago and B 3 h ago (both older than the 60 s recheck: unknown now); C was never
+    seen. If A is back, it came back within the last 20 min: priced as a pool up at most 1200 s (risk x
+    (1 + 1800 / (1200 + 450)) = 2.09 with the 1800 s cool-down), B as up at most 3 h (x 1.16), C at its
+    long-run rate (x 1): C, B, A, not the names' order (which tried A, the pool that just refused, first)."""
+    now = 5 * H
+    ev = [PoolEvent(A.pool, "refused", now - 1200), PoolEvent(B.pool, "preempted", now - 3 * H)]
+    views = pool_views(ev, now, [A.pool, B.pool, C.pool], recheck_seconds=60.0)
+    assert [views[o.pool].state for o in (A, B, C)] == ["unknown"] * 3
+    assert views[A.pool].up_seconds_at_most(now) == 1200.0 and views[C.pool].up_seconds_at_most(now) is None
+    for offers in ([A, B, C, ON_DEMAND], [C, B, A, ON_DEMAND]):
+        d = decide_attempt(job(now, ev, offers=offers, deadline_h=None), params=PARAMS)
+        assert [o.pool for o in d.ranked] == [C.pool, B.pool, A.pool]
+    # seen up again: the observed up-time counts, not the bound
+    assert pool_views(ev + [PoolEvent(A.pool, "probe-up", now - 60)], now, [A.pool])[A.pool].up_seconds_at_most(now) is None
+
+
+def test_leaving_on_demand_keeps_less_slack_for_a_pool_up_longer():
+    """On on-demand, 20 h of work left (72000 s), 3400 s of slack; restart 720 s, floor 1080 s; reserve
+    0.015 per second of work scaled by 1 + 3600 / (age + 900): a pool up 1 h needs
+    720 + 1080 + 0.015 x 1.8 x 72000 = 3744 s (stay), one up 6 h 720 + 1080 + 0.015 x 1.16 x 72000 =
+    3052.8 s (switch)."""
+    from airflow_spot.policy.deadline import spot_reserve_per_work
+
+    p = DeadlineParams(restart_overhead_seconds=R, spot_reserve_per_work=0.015, spot_reserve_age_seconds=3600.0)
+    assert spot_reserve_per_work(p, 2700.0) == pytest.approx(0.03)
+    assert spot_reserve_per_work(p, 6 * H) == pytest.approx(0.015 * 1.16)
+    assert spot_reserve_per_work(p, None) == 0.015
+    assert spot_reserve_per_work(DeadlineParams(spot_reserve_per_work=0.05), 6 * H) == 0.05  # off: flat
+    params = DecisionParams(deadline=p)
+    deadline_h = (36000 + 72000 + 3400) / H
+    for age, market in ((1 * H, Market.ON_DEMAND.value), (6 * H, Market.SPOT.value)):
+        ev = [PoolEvent(A.pool, "probe-up", 10 * H - age), PoolEvent(A.pool, "probe-up", 10 * H - 30)]
+        d = decide_attempt(job(10 * H, ev, work_done=10 * H, work_h=30.0, deadline_h=deadline_h,
+                               running="on-demand"), params=params)
+        assert d.market == market, (age, d.reason)
+    with pytest.raises(ValueError, match="spot_reserve_age_seconds"):
+        DeadlineParams(spot_reserve_age_seconds=0.0)
