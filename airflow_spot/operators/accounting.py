@@ -55,6 +55,7 @@ def record_attempt(
         steps_lost=max(0, int(last_step) - committed) if last_step is not None else 0,
         gpu_count=offer.gpu_count,
         step_seconds=event.get("step_time_ewma"),
+        notice_at=event.get("notice_at"),
     )
     LedgerStore(store).write(row)
     return row.to_dict()

@@ -60,6 +60,8 @@ class LedgerRow:
     steps_lost: int = 0
     gpu_count: int = 1
     step_seconds: float | None = None
+    #: when the instance's preemption notice reached the training process (None: no notice seen)
+    notice_at: float | None = None
     schema_version: int = LEDGER_SCHEMA_VERSION
 
     def __post_init__(self) -> None:

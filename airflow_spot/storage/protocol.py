@@ -125,6 +125,10 @@ class Heartbeat(_Record):
     pid: int | None = None
     save_cost_seconds: float | None = None
     interval_seconds: float | None = None
+    #: when the training process saw a preemption notice (EC2: IMDS ``spot/instance-action``; local: the
+    #: notice file; SIGTERM), so the Airflow side sees it before the attempt ends; ``notice`` its detail
+    notice_at: float | None = None
+    notice: str | None = None
 
 
 @dataclass

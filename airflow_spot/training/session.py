@@ -140,6 +140,7 @@ class SpotSession:
         self.mtbf = self.prior_mtbf
         self.saves = {"periodic": 0, "insurance": 0, "emergency": 0, "final": 0}
         self.notice: str | None = None  # detail of the preemption notice, once seen
+        self.notice_at: float | None = None  # wall-clock time it was seen (rides along with heartbeats)
         self._insurance = False
         self._lock = threading.Lock()
         self._hb_stop = threading.Event()
@@ -210,6 +211,7 @@ class SpotSession:
     def _on_notice(self, kind: str, detail: str) -> None:
         if kind == PREEMPTION and self.notice is None:
             self.notice = detail or "preemption notice"
+            self.notice_at = time.time()
             log.warning("preemption notice: %s; saving at the end of this step", self.notice)
         elif kind == REBALANCE:
             log.warning("rebalance recommendation: taking an insurance checkpoint")
@@ -465,6 +467,7 @@ class SpotSession:
 
     def _emergency_exit(self) -> None:
         started = time.monotonic()
+        self._write_heartbeat()  # the notice reaches the Airflow side now, not after the save
         self.writer.wait()
         if self.writer.last_committed_step != self.step and self.restored_step != self.step:
             self._save("emergency", wait=True)
@@ -491,6 +494,8 @@ class SpotSession:
             pid=os.getpid(),
             save_cost_seconds=self.save_cost_ewma,
             interval_seconds=self.interval,
+            notice_at=self.notice_at,
+            notice=self.notice,
         )
         try:
             with self._lock:

@@ -48,6 +48,7 @@ def summarize(
         "latest_step": latest,
         "steps_done": row.get("steps_done"),
         "steps_lost": row.get("steps_lost"),
+        "notice_at": row.get("notice_at"),
         "billed_seconds": row.get("billed_seconds"),
         "attempt_cost": row.get("cost"),
         "job_cost_so_far": totals.get("cost"),

@@ -7,7 +7,9 @@ picks the attempt up where it stands. It yields exactly one event, ``status`` be
 * ``completed`` / ``preempted`` / ``failed``: the agent's final status object says so;
 * ``preempted``: the instance was reclaimed by the market before the agent could write a status;
 * ``lost``: the instance is gone for another reason, or neither heartbeat nor agent progress was seen
-  within the timeout, or the attempt ran past ``max_attempt_seconds``.
+  within the timeout, or the attempt ran past ``max_attempt_seconds``. One failed or incomplete describe,
+  or one failed store read, never decides: an instance absent from the backend's answers, or a store that
+  cannot be read, ends the attempt only after lasting past the heartbeat window.
 
 With ``end_from_trigger`` (what the operator asks for when it defers), a ``completed`` attempt whose
 checkpoint reached ``end_step`` is accounted for here (:mod:`airflow_spot.triggers.completion`) and the
@@ -18,6 +20,7 @@ back to the worker as before.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import time
@@ -53,6 +56,9 @@ class Observation:
     #: ``heartbeat`` then hold the last ones read), and the store has failed for ``store_failing_for`` s
     store_error: str | None = None
     store_failing_for: float = 0.0
+    #: seconds the instance has been absent from every describe that answered, since the first such
+    #: round of this wait (0 while the backend knows it; a failed describe neither starts nor ends it)
+    instance_unknown_for: float = 0.0
 
 
 def classify(
@@ -83,16 +89,25 @@ def classify(
             return Outcome.LOST, f"attempt ran longer than max_attempt_seconds={max_attempt_seconds:.0f}"
         return None
     inst = obs.instance
+    hb = obs.heartbeat
     if obs.instance_error is not None:
         pass  # a failed describe says nothing about the instance: only the timeouts below can decide
     elif not obs.instance_known or inst is None:
-        return Outcome.LOST, "instance is unknown to the backend and the attempt has no status"
+        # Absent from a describe that answered is not the cloud saying the instance is gone: EC2's describe
+        # lags RunInstances for a while (eventual consistency) and one answer may miss an id. The absence
+        # decides only once it has lasted past the heartbeat window with no heartbeat inside that window
+        # either (a fresh heartbeat means the agent runs: the silence rules below decide, as always).
+        silent = hb is None or obs.now - max(hb.time, requested_at) > heartbeat_timeout
+        if silent and obs.instance_unknown_for > heartbeat_timeout:
+            return Outcome.LOST, (
+                f"instance unknown to the backend for {obs.instance_unknown_for:.0f}s (window "
+                f"{heartbeat_timeout:.0f}s) and no heartbeat in that window; the attempt has no status"
+            )
     elif InstanceState(inst.state).is_terminal():
         if TerminationReason(inst.reason) is TerminationReason.PREEMPTED:
             return Outcome.PREEMPTED, "instance was reclaimed by the market before the agent wrote a status"
         reason = TerminationReason(inst.reason).value or "unknown"
         return Outcome.LOST, f"instance terminated (reason: {reason}) without a status for this attempt"
-    hb = obs.heartbeat
     if hb is None:
         if obs.now - requested_at > startup_timeout:
             return Outcome.LOST, (
@@ -161,6 +176,9 @@ class SegmentTrigger(BaseTrigger):
         #: last status/heartbeat read and since when reads fail (kept across polls of one run only)
         self._last_read: tuple[AttemptStatus | None, Heartbeat | None] = (None, None)
         self._store_failing_since: float | None = None
+        #: when the instance was first absent from a describe that answered (None: known, or not yet asked)
+        self._unknown_since: float | None = None
+        self._notice_logged = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -203,6 +221,17 @@ class SegmentTrigger(BaseTrigger):
         # Instance first, store second: a status written just before the instance died is then seen.
         # The instance comes from the shared per-scope poller: one batched describe for all triggers.
         seen = await subscription.next()
+        if seen.error is None:  # a failed describe neither starts nor ends an absence
+            if seen.known:
+                if self._unknown_since is not None:
+                    self.log.info("attempt %s: instance %s is known to the backend again", self.attempt_id,
+                                  self.instance_id)
+                self._unknown_since = None
+            elif self._unknown_since is None:
+                self._unknown_since = seen.at
+                self.log.warning("attempt %s: instance %s is absent from the backend's describe; still waiting "
+                                 "(a loss needs the cloud to say so, or heartbeats silent past %.0fs)",
+                                 self.attempt_id, self.instance_id, self.heartbeat_timeout)
         store_error, failing_for = None, 0.0
         try:
             status, heartbeat = await asyncio.to_thread(self._read_store, layout)
@@ -214,6 +243,7 @@ class SegmentTrigger(BaseTrigger):
             store_error, failing_for = f"{type(exc).__name__}: {exc}", now - self._store_failing_since
             self.log.warning("attempt %s: cannot read its status/heartbeat (%s) for %.0fs; still waiting",
                              self.attempt_id, store_error, failing_for)
+        self._log_notice(heartbeat)
         return Observation(
             now=time.time(),
             status=status,
@@ -223,7 +253,39 @@ class SegmentTrigger(BaseTrigger):
             instance_error=seen.error,
             store_error=store_error,
             store_failing_for=failing_for,
+            instance_unknown_for=0.0 if self._unknown_since is None else time.time() - self._unknown_since,
         )
+
+    #: under a preemption notice the status comes within seconds: read it this often, not once per poll
+    NOTICE_READ_SECONDS = 0.25
+
+    async def _await_status_after_notice(self, layout: JobLayout, obs: Observation) -> Observation:
+        """The instance is under a preemption notice and its emergency save is under way: read the status
+        every :attr:`NOTICE_READ_SECONDS` for up to one poll interval instead of waiting for the next round
+        (the retry starts that much sooner). Store reads only: the describe stays with the shared poller."""
+        deadline = time.monotonic() + self.poll_interval
+        while time.monotonic() < deadline:
+            await asyncio.sleep(min(self.NOTICE_READ_SECONDS, max(0.0, deadline - time.monotonic())))
+            try:
+                status, heartbeat = await asyncio.to_thread(self._read_store, layout)
+            except Exception:  # noqa: BLE001 - the regular observation handles (and times) store errors
+                break
+            if status is not None:
+                self._last_read = (status, heartbeat)
+                return dataclasses.replace(obs, now=time.time(), status=status, heartbeat=heartbeat or obs.heartbeat)
+        return obs
+
+    def _log_notice(self, hb: Heartbeat | None) -> None:
+        """Say once in the task's log that the instance got its preemption notice (the training process
+        reports it in its heartbeat: on EC2 only the instance can read ``spot/instance-action``)."""
+        if hb is None or hb.notice_at is None or self._notice_logged:
+            return
+        self._notice_logged = True
+        self.log.warning(
+            "attempt %s: instance %s got a preemption notice at %s (%s), %.1fs ago; the emergency checkpoint "
+            "is being saved (step %s, last committed %s)", self.attempt_id, self.instance_id,
+            time.strftime("%H:%M:%S", time.gmtime(hb.notice_at)) + " UTC", hb.notice or "notice",
+            time.time() - hb.notice_at, hb.step, hb.last_committed_step)
 
     def _max_polls(self) -> int:
         remaining = self.requested_at + self.max_attempt_seconds - time.time()
@@ -242,6 +304,9 @@ class SegmentTrigger(BaseTrigger):
             for _ in range(self._max_polls()):
                 obs = await self._observe(layout, subscription)  # paced by the poller's rounds
                 verdict = self._classify(obs)
+                if verdict is None and obs.status is None and obs.heartbeat and obs.heartbeat.notice_at:
+                    obs = await self._await_status_after_notice(layout, obs)
+                    verdict = self._classify(obs)
                 if verdict is not None:
                     break
                 await self._log_progress(store)
@@ -330,7 +395,9 @@ class SegmentTrigger(BaseTrigger):
             "ended_at": status.ended_at if status else (obs.now if obs else time.time()),
             "instance_state": InstanceState(inst.state).value if inst else None,
             "instance_reason": TerminationReason(inst.reason).value if inst else None,
-            "notice_at": inst.notice_at if inst else None,
+            # the backend's record of the notice (local), else the training process's (EC2: via IMDS)
+            "notice_at": (inst.notice_at if inst and inst.notice_at is not None
+                          else hb.notice_at if hb else None),
         }
 
     async def on_kill(self) -> None:

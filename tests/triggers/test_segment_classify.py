@@ -47,8 +47,22 @@ def test_terminated_for_another_reason_without_status_is_lost(reason):
     assert verdict[0] is Outcome.LOST and reason.value in verdict[1]
 
 
-def test_unknown_instance_is_lost():
-    assert classify(obs(T0 + 1, known=False), **LIMITS)[0] is Outcome.LOST
+def test_unknown_instance_is_lost_only_after_the_heartbeat_window_without_heartbeats():
+    def unknown(now, unknown_for, hb=None):
+        return Observation(now=now, status=None, heartbeat=hb, instance=None, instance_known=False,
+                           instance_unknown_for=unknown_for)
+
+    # one describe that missed the id (EC2's eventual consistency right after RunInstances): keep waiting
+    assert classify(unknown(T0 + 1, 0.0), **LIMITS) is None
+    assert classify(unknown(T0 + 19, 19.0), **LIMITS) is None
+    # absent past the window (20 s) and no heartbeat: lost, before the 60 s startup window
+    verdict = classify(unknown(T0 + 21, 21.0), **LIMITS)
+    assert verdict[0] is Outcome.LOST and "unknown to the backend for 21s (window 20s)" in verdict[1]
+    # absent as long, but the agent heartbeats: it runs, so keep waiting ...
+    assert classify(unknown(T0 + 40, 40.0, Heartbeat("a", step=5, time=T0 + 35)), **LIMITS) is None
+    # ... until the heartbeats stop past the window
+    verdict = classify(unknown(T0 + 60, 60.0, Heartbeat("a", step=5, time=T0 + 35)), **LIMITS)
+    assert verdict[0] is Outcome.LOST
 
 
 def test_startup_timeout_without_any_heartbeat():
