@@ -46,6 +46,8 @@ TAG_OFFER = "airflow-spot:offer"
 TAG_TOKEN = "airflow-spot:token"
 #: EC2 tag values hold at most 256 characters
 _TAG_VALUE_MAX = 256
+#: EC2 refuses a request with more filter values than this (``FilterLimitExceeded``)
+MAX_FILTER_VALUES = 200
 
 _STATES = {
     "pending": InstanceState.PENDING,
@@ -290,12 +292,17 @@ class Ec2Backend(Backend):
     # ------------------------------------------------------------------ describe / list
     @staticmethod
     def _filters(instance_ids: list[str]) -> list[dict]:
-        # A filter, not InstanceIds: an unknown id is simply absent instead of failing the whole batch.
-        return [{"Name": "instance-id", "Values": list(instance_ids)}]
+        """One paginated describe for any number of ids. A filter, not ``InstanceIds``: an unknown id is
+        simply absent instead of failing the whole batch. EC2 takes at most 200 filter values per call, so
+        beyond that the filter is our managed tag (every instance we launch carries it) and the caller keeps
+        the ids it asked for: still one paginated call per region, however many segments are deferred."""
+        if len(instance_ids) <= MAX_FILTER_VALUES:
+            return [{"Name": "instance-id", "Values": list(instance_ids)}]
+        return [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}]
 
     def describe(self, instance_ids: list[str]) -> dict[str, InstanceInfo]:
         ids = list(dict.fromkeys(instance_ids))
-        out: dict[str, InstanceInfo] = {}
+        wanted, out = set(ids), dict[str, InstanceInfo]()
         if not ids:
             return out
         for region in self.regions:
@@ -303,14 +310,15 @@ class Ec2Backend(Backend):
             for page in pages:
                 for reservation in page.get("Reservations", []):
                     for inst in reservation.get("Instances", []):
-                        out[inst["InstanceId"]] = self._info(inst, region)
+                        if inst["InstanceId"] in wanted:  # a describe by tag returns every managed one
+                            out[inst["InstanceId"]] = self._info(inst, region)
         return out
 
     async def adescribe(self, instance_ids: list[str]) -> dict[str, InstanceInfo]:
         if self.clients.ec2_async is None:
             return await super().adescribe(instance_ids)
         ids = list(dict.fromkeys(instance_ids))
-        out: dict[str, InstanceInfo] = {}
+        wanted, out = set(ids), dict[str, InstanceInfo]()
         if not ids:
             return out
         for region in self.regions:
@@ -318,7 +326,8 @@ class Ec2Backend(Backend):
                 async for page in client.get_paginator("describe_instances").paginate(Filters=self._filters(ids)):
                     for reservation in page.get("Reservations", []):
                         for inst in reservation.get("Instances", []):
-                            out[inst["InstanceId"]] = self._info(inst, region)
+                            if inst["InstanceId"] in wanted:
+                                out[inst["InstanceId"]] = self._info(inst, region)
         return out
 
     def list_instances(self, tags: dict[str, str] | None = None) -> list[InstanceInfo]:
