@@ -100,6 +100,10 @@ class AttemptPace:
     :param steps_lost: steps the attempt trained past its last checkpoint and lost.
     :param gap_before: seconds from the previous attempt's end to this one's start (scheduling, retry
         delay, launch); None for the job's first attempt.
+    :param end_seconds: a completed attempt's time after its last step: the final save and the attempt's
+        end (its last heartbeat to its end, plus its save cost); None when unknown.
+    :param startup_seconds: the attempt's start to the end of its first training step, as its heartbeat
+        records it (None: not trained yet, or not recorded): its start-up, measured rather than inferred.
     """
 
     steps: int
@@ -112,6 +116,8 @@ class AttemptPace:
     notice_seconds: float | None = None
     steps_lost: int = 0
     gap_before: float | None = None
+    end_seconds: float | None = None
+    startup_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,7 @@ class JobOverheads:
     new_instance_share: float  # fraction of completed boundaries that moved to a fresh instance
     lost_per_preemption: float  # training a preemption threw away (steps past the last checkpoint)
     samples: int  # attempts that gave an exact start-up figure
+    finish: float = 0.0  # a completed attempt's last step to its end (final save, status, accounting)
 
     def to_dict(self) -> dict:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -187,7 +194,8 @@ def measure_overheads(paces: list[AttemptPace], step: float,
                       default_new_instance_share: float = DEFAULT_NEW_INSTANCE_SHARE) -> JobOverheads:
     """The job's own overheads, from its attempts (oldest first).
 
-    * start-up: a fresh instance's time before training — exact from an attempt that trained (a completed
+    * start-up: a fresh instance's time to the end of its first step, as its heartbeat records it; for an
+      attempt without that record, inferred from an attempt that trained (a completed
       one: its time not spent on kept steps; a preempted one: its notice time less its steps; the running
       one: its time so far less its steps), each attempt's steps at its own measured pace. A preempted attempt that never trained only says start-up took
       longer than its notice time: such lower bounds above the exact median join the median (a machine
@@ -199,17 +207,23 @@ def measure_overheads(paces: list[AttemptPace], step: float,
     exact: list[float] = []
     bounds: list[float] = []
     tails, gaps_p, gaps_b, warm, lost, moved = [], [], [], [], [], []
+    ends = [p.end_seconds for p in paces if p.finished and not p.preempted and p.end_seconds is not None]
+    finish = _median(ends, 0.0)
     for i, p in enumerate(paces):
         prev = paces[i - 1] if i else None
         own = p.step_seconds or step  # an attempt's steps at its own pace (the machine's speed moves)
-        if p.new_instance:
+        # a completed attempt's time after its last step is its finish, not its start-up
+        end = (p.end_seconds if p.end_seconds is not None else finish) if p.finished and not p.preempted else 0.0
+        if p.new_instance and p.startup_seconds is not None:
+            exact.append(max(0.0, p.startup_seconds))
+        elif p.new_instance:
             if p.preempted and p.finished:
                 if p.steps > 0 and p.notice_seconds is not None:
                     exact.append(max(0.0, p.notice_seconds - p.steps * own))
                 elif p.steps == 0:
                     bounds.append(p.notice_seconds if p.notice_seconds is not None else p.seconds)
             elif p.steps > 0:
-                exact.append(max(0.0, p.seconds - p.steps * own))
+                exact.append(max(0.0, p.seconds - p.steps * own - end))
         if p.preempted and p.finished:
             if p.notice_seconds is not None:
                 tails.append(max(0.0, p.seconds - p.notice_seconds))
@@ -218,8 +232,10 @@ def measure_overheads(paces: list[AttemptPace], step: float,
             (gaps_p if prev.preempted else gaps_b).append(max(0.0, p.gap_before))
             if not prev.preempted:
                 moved.append(1.0 if p.new_instance else 0.0)
-                if not p.new_instance and (p.finished or p.steps > 0):
-                    warm.append(max(0.0, p.gap_before) + max(0.0, p.seconds - p.steps * own)
+                if not p.new_instance and p.startup_seconds is not None:
+                    warm.append(max(0.0, p.gap_before) + max(0.0, p.startup_seconds))
+                elif not p.new_instance and (p.finished or p.steps > 0):
+                    warm.append(max(0.0, p.gap_before) + max(0.0, p.seconds - p.steps * own - end)
                                 if p.finished else max(0.0, p.gap_before))
     startup = _median(exact, default_startup)
     later = [b for b in bounds if b > startup]
@@ -232,7 +248,7 @@ def measure_overheads(paces: list[AttemptPace], step: float,
         startup=startup, tail=_median(tails, 0.0), gap_after_preemption=gap_p, gap_after_boundary=gap_b,
         warm_boundary=_median(warm, gap_b),
         new_instance_share=(sum(moved) / len(moved)) if moved else default_new_instance_share,
-        lost_per_preemption=(sum(lost) / len(lost)) if lost else 0.0, samples=len(exact),
+        lost_per_preemption=(sum(lost) / len(lost)) if lost else 0.0, samples=len(exact), finish=finish,
     )
 
 
@@ -274,8 +290,9 @@ def estimate_remaining(
     * ``n = W / (M - lost)`` preemptions while training (rate ``1/M``, the lost work is redone, exposed);
     * ``start`` = the expected time to the first step of a fresh instance, start-ups that are themselves
       preempted included (:func:`start_seconds`);
-    * each segment boundary left costs the job's measured warm boundary, or a fresh start for the share
-      of boundaries that moved to a new instance;
+    * each segment boundary left costs the job's measured finish of an attempt (final save, status) and
+      its warm boundary, or a fresh start for the share of boundaries that moved to a new instance; the
+      last attempt's finish is added once more;
     * a running attempt that has not trained yet still owes ``s - elapsed`` of its start-up (and, if the
       pool strikes before, a restart); with no attempt running (``idle_seconds`` since the last one ended),
       a whole start is due, less the gap already waited.
@@ -309,9 +326,10 @@ def estimate_remaining(
     compute = remaining_steps * step * (1 + (sum(save) / len(save) if save else 0.0))
     start_p, fails_p = start_seconds(o.startup, o.gap_after_preemption, o.tail, mtbf)
     start_b, fails_b = start_seconds(o.startup, o.gap_after_boundary, o.tail, mtbf)
-    # a segment boundary: on the same warm instance, or (the job's measured share) on a fresh one
+    # a segment boundary: the attempt's finish, then the same warm instance or (the job's measured share) a
+    # fresh one; the job's last attempt finishes too
     share = o.new_instance_share
-    boundaries = segments_left * ((1 - share) * o.warm_boundary + share * start_b)
+    boundaries = segments_left * ((1 - share) * o.warm_boundary + share * start_b) + (segments_left + 1) * o.finish
     preemptions = segments_left * share * fails_b
     if mtbf:
         # preemptions while training; the lost work is trained again (and exposed again)
@@ -346,7 +364,7 @@ def estimate_remaining(
     cost = total / 3600.0 * price_per_hour if price_per_hour is not None else None
     basis = (
         f"{remaining_steps} steps x {step:.4f} s/step (median EWMA past {warmup_steps} warm-up steps)"
-        f" + {segments_left} boundaries x {boundaries / segments_left if segments_left else 0.0:.1f} s"
+        f" + {segments_left} boundaries and the end ({boundaries:.1f} s, finish {o.finish:.1f} s each)"
         + (f" + {training_hits:.2f} preemptions while training x {per_hit:.1f} s (lost {lost:.1f} + tail "
            f"{o.tail:.1f} + restart {start_p:.1f} s: start-up {o.startup:.1f} s survives the MTBF of "
            f"{mtbf:.0f} s with p={math.exp(-o.startup / mtbf):.2f})" if mtbf
@@ -354,7 +372,8 @@ def estimate_remaining(
         + (f" + {current:.1f} s of start-up still due" if current else "")
     )
     # what the preemptions add on top of the same work on an instance that is never preempted
-    plain = compute + segments_left * ((1 - share) * o.warm_boundary + share * (o.gap_after_boundary + o.startup))
+    plain = (compute + segments_left * ((1 - share) * o.warm_boundary + share * (o.gap_after_boundary + o.startup))
+             + (segments_left + 1) * o.finish)
     per_preemption = (total - plain - current_plain) / expected if expected > 0 else 0.0
     return RemainingEstimate(remaining_steps, step, compute, boundaries, preemption_seconds, expected,
                              total, cost, basis, current_seconds=current, per_preemption_seconds=per_preemption,

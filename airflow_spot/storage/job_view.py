@@ -49,6 +49,11 @@ class AttemptView:
     new_instance: bool | None
     #: when the preemption notice reached the training process (ledger row; None: no notice seen)
     notice_at: float | None = None
+    #: the attempt's last heartbeat (time, save cost EWMA): what its end cost after its last step
+    last_beat_at: float | None = None
+    save_seconds: float | None = None
+    #: when the attempt finished its first training step (its heartbeat; None before it or not recorded)
+    first_step_at: float | None = None
 
     @property
     def is_preemption(self) -> bool:
@@ -209,6 +214,9 @@ class JobView:
                 new_instance=(row.new_instance if row
                               else (not launch.get("reused_instance", False) if launch else None)),
                 notice_at=row.notice_at if row else None,
+                last_beat_at=hb.time if hb else None,
+                save_seconds=hb.save_cost_seconds if hb else None,
+                first_step_at=hb.first_step_at if hb else None,
             ))
         return sorted(out, key=lambda a: (a.started_at if a.started_at is not None else float("inf"), a.attempt_id))
 
@@ -282,6 +290,12 @@ class JobView:
                         steps_lost=a.steps_lost or 0,
                         gap_before=(a.started_at - previous_end
                                     if previous_end is not None and a.started_at is not None else None),
+                        # last step to end: the final save (its cost EWMA), then last heartbeat to the end
+                        startup_seconds=(a.first_step_at - a.started_at
+                                         if a.first_step_at is not None and a.started_at is not None else None),
+                        end_seconds=(max(0.0, a.ended_at - a.last_beat_at) + (a.save_seconds or 0.0)
+                                     if a.outcome == Outcome.COMPLETED.value and a.ended_at is not None
+                                     and a.last_beat_at is not None else None),
                     ))
                 previous_end = a.ended_at if a.ended_at is not None else previous_end
             ended = [a.ended_at for a in attempts if a.ended_at is not None]

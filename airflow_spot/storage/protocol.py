@@ -129,6 +129,10 @@ class Heartbeat(_Record):
     #: notice file; SIGTERM), so the Airflow side sees it before the attempt ends; ``notice`` its detail
     notice_at: float | None = None
     notice: str | None = None
+    #: when this attempt finished its first training step, and which step that was: its start-up (launch,
+    #: python, restore, first step) ends there; the UI's remaining-time estimate measures it so
+    first_step_at: float | None = None
+    first_step: int | None = None
 
 
 @dataclass

@@ -135,6 +135,9 @@ class SpotSession:
         self.restored_step: int | None = None
         self.metrics: dict[str, float] = {}
         self.step_time_ewma: float | None = None
+        #: wall time this attempt finished its first step, and that step (its start-up ends there)
+        self.first_step_at: float | None = None
+        self.first_step: int | None = None
         self.save_cost_ewma: float | None = None  # seconds training stalls per save (staging)
         self.interval = float(min_interval_seconds)
         self.mtbf = self.prior_mtbf
@@ -381,6 +384,8 @@ class SpotSession:
                 self._emergency_exit()
             yield self.step
             self.step += 1
+            if self.first_step_at is None:
+                self.first_step_at, self.first_step = time.time(), self.step
             now = time.monotonic()
             dt = now - last
             self.step_time_ewma = dt if self.step_time_ewma is None else (
@@ -442,6 +447,7 @@ class SpotSession:
         os.environ.update(spot_env)  # code that reads SPOT_* sees the current segment
         self.writer.wait()
         self.attempt_id = str(answer["attempt_id"])
+        self.first_step_at = self.first_step = None  # the new attempt's start-up ends at its first step
         self.start_step, self.end_step = int(answer["start_step"]), int(answer["end_step"])
         self.checkpoints = CheckpointStore(self.job_store.child(JobLayout.CHECKPOINTS), writer=self.attempt_id)
         self.writer.checkpoints = self.checkpoints
@@ -496,6 +502,8 @@ class SpotSession:
             interval_seconds=self.interval,
             notice_at=self.notice_at,
             notice=self.notice,
+            first_step_at=self.first_step_at,
+            first_step=self.first_step,
         )
         try:
             with self._lock:

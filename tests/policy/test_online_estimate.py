@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -76,6 +77,17 @@ def test_each_attempt_s_start_up_is_its_time_less_its_steps_at_its_own_pace():
     assert measure_overheads(paces, 0.13).startup == pytest.approx(8.0)
 
 
+def test_a_recorded_first_step_gives_the_start_up_itself():
+    # A's heartbeat says its first step ended 9 s after its start (its EWMA would have said 4 s); the warm
+    # attempt B's first step came 0.5 s after its start, 2 s after A ended
+    paces = [AttemptPace(100, 0.1, 14.0, startup_seconds=9.0),
+             AttemptPace(100, 0.1, 11.0, new_instance=False, gap_before=2.0, startup_seconds=0.5),
+             AttemptPace(30, 0.1, 12.0, finished=False, gap_before=3.0, startup_seconds=7.0)]
+    o = measure_overheads(paces, 0.1)
+    assert o.startup == pytest.approx(8.0) and o.samples == 2  # median of 9 and 7
+    assert o.warm_boundary == pytest.approx(2.5)
+
+
 def test_before_any_boundary_the_next_segment_is_assumed_to_stay_on_the_warm_instance():
     # the operator reuses the running instance while its offer stays within tolerance
     o = measure_overheads([AttemptPace(0, None, 3.0, preempted=True, notice_seconds=2.0),
@@ -112,6 +124,18 @@ def test_on_demand_remaining_time_is_steps_plus_the_measured_boundaries():
     assert est.remaining_seconds == pytest.approx(20.0 + 0.5 * 3.0 + 0.5 * 5.5)
     assert est.remaining_seconds == pytest.approx(24.25)
     assert est.expected_preemptions == 0 and est.remaining_cost == pytest.approx(24.25 / 3600 * 3.6)
+
+
+def test_each_attempt_s_finish_is_counted_at_every_boundary_and_at_the_end():
+    # A and B each spent 1 s after their last step (final save, status): A's start-up is 14 - 10 - 1 = 3 s,
+    # B's warm boundary 2 + (11 - 10 - 1) = 2 s; with C (5 s) and E (4 s) the start-up median stays 4 s
+    history = [replace(HISTORY[0], end_seconds=1.0), replace(HISTORY[1], end_seconds=1.0)] + HISTORY[2:]
+    o = measure_overheads(history, 0.1)
+    assert (o.finish, o.startup, o.warm_boundary) == (pytest.approx(1.0), pytest.approx(4.0), pytest.approx(2.0))
+    est = estimate_remaining(history, done_steps=300, total_steps=500, segments_left=1, mtbf_seconds=None,
+                             price_per_hour=None)
+    # 200 steps + one boundary (finish 1 s, then half warm 2 s, half fresh 1.5 + 4 s) + the last finish 1 s
+    assert est.remaining_seconds == pytest.approx(20.0 + 1.0 + 0.5 * 2.0 + 0.5 * 5.5 + 1.0)
 
 
 def test_spot_remaining_time_adds_the_expected_preemptions_at_their_measured_cost():

@@ -41,6 +41,7 @@ def ckpts(job):
 def test_segment_end_commits_and_next_segment_resumes(tmp_path):
     job = str(tmp_path)
     spot, model, opt = make(job, end=5, min_interval_seconds=1000)
+    started = time.time()
     with spot:
         assert spot.track(model=model, optimizer=opt) == 0
         train(spot, model, opt)
@@ -49,6 +50,8 @@ def test_segment_end_commits_and_next_segment_resumes(tmp_path):
     hb = JobLayout(open_store(job)).read_heartbeat("manual")
     assert hb.step == 5 and hb.last_committed_step == 5 and hb.metrics == {"loss": 4.0}
     assert hb.step_time_ewma is not None and hb.step_time_ewma > 0
+    # the attempt's start-up ends at its first step (resumed from 0: step 1), before its last heartbeat
+    assert hb.first_step == 1 and started <= hb.first_step_at <= hb.time
 
     spot2, model2, opt2 = make(job, start_step=5, end=8)
     with spot2:
