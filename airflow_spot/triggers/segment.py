@@ -401,8 +401,10 @@ class SegmentTrigger(BaseTrigger):
         }
 
     async def on_kill(self) -> None:
-        """The user killed the deferred task (mark failed/success, clear): release its instance."""
+        """The user killed the deferred task (mark failed/success, clear, run marked failed): release its
+        instance. The triggerer may cancel this coroutine again while it runs (it repeats the cancellation
+        each time it syncs), so the termination is shielded: once asked, it completes in its thread."""
+        self.log.info("attempt %s was killed: terminating its instance %s", self.attempt_id, self.instance_id)
         hook = self._hook()
-        backend = await asyncio.to_thread(hook.get_backend)
-        await asyncio.to_thread(backend.terminate, [self.instance_id])
+        await asyncio.shield(asyncio.to_thread(lambda: hook.get_backend().terminate([self.instance_id])))
         self.log.info("terminated instance %s of killed attempt %s", self.instance_id, self.attempt_id)

@@ -1,0 +1,55 @@
+"""SegmentTrigger.on_kill releases the instance even when it is cancelled while it runs.
+
+Airflow's triggerer cancels a trigger whose task a user killed and then awaits its ``on_kill``; until the
+trigger reports finished, every sync with the triggerer's supervisor (about once a second) cancels it
+again, which lands inside ``on_kill`` when the termination takes a moment (seen in tests/e2e/test_e2e_ec2.py
+on a loaded machine). The termination must still happen. Real local backend, real instance process.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_spot.backends.base import InstanceState, LaunchSpec, get_backend
+from airflow_spot.backends.local_state import group_alive
+from airflow_spot.policy.offers import Market, Offer
+from airflow_spot.storage.object_store import open_store
+from airflow_spot.storage.protocol import JobLayout, SegmentRequest
+from airflow_spot.triggers.segment import SegmentTrigger
+
+pytestmark = pytest.mark.timeout(120)
+
+SCRIPT = str(Path(__file__).resolve().parents[1] / "operators" / "protocol_script.py")
+OFFER = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.4, 1.0, "A10G", 1, 24.0)
+
+
+def test_on_kill_cancelled_at_its_first_await_still_terminates_the_instance(tmp_path):
+    options = {"state_dir": str(tmp_path / "instances"), "terminate_grace_seconds": 2.0}
+    backend = get_backend("local", **options)
+    uri = f"file://{tmp_path}/job"
+    info = backend.launch(LaunchSpec(OFFER, uri, idempotency_token=f"{tmp_path}-kill", idle_timeout_seconds=30))
+    try:
+        now = time.time()
+        JobLayout(open_store(uri)).write_request(info.instance_id, SegmentRequest(
+            "seg.try1", uri, 0, 0, 1000, [sys.executable, SCRIPT, "--step-seconds", "0.5"], created_at=now))
+        trigger = SegmentTrigger(job_uri=uri, attempt_id="seg.try1", instance_id=info.instance_id,
+                                 requested_at=now, backend="local", backend_options=options, aws_conn_id=None)
+
+        async def killed_then_cancelled_again():
+            task = asyncio.create_task(trigger.on_kill())
+            await asyncio.sleep(0)  # on_kill runs up to its first await
+            task.cancel("the triggerer's next sync")
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        asyncio.run(killed_then_cancelled_again())  # returns once the loop's worker threads are done
+        after = backend.describe([info.instance_id])[info.instance_id]
+        assert InstanceState(after.state) is InstanceState.TERMINATED
+        assert not group_alive(backend.record(info.instance_id).pgid)
+    finally:
+        backend.terminate([info.instance_id])
