@@ -10,6 +10,7 @@ equivalent hook.
 """
 from __future__ import annotations
 
+import asyncio
 from functools import cached_property
 from typing import Any
 from urllib.parse import urlparse
@@ -107,9 +108,15 @@ class SpotHook(BaseHook):
     @cached_property
     def clients(self) -> Clients:
         """Cloud clients for backends and markets: the sync client and the async one (for triggers)."""
+        async def ec2_async(region: str):
+            # ec2_hook() reads the connection synchronously: never on the triggerer's event loop (there a sync
+            # connection read works only inside a trigger's own task; the shared poller's task has none)
+            hook = await asyncio.to_thread(self.ec2_hook, region)
+            return await hook.get_async_conn()
+
         return Clients(
             ec2=lambda region: self.ec2_hook(region).conn,
-            ec2_async=lambda region: self.ec2_hook(region).get_async_conn(),
+            ec2_async=ec2_async,
             describe=f"conn:{self.aws_conn_id}",
         )
 
