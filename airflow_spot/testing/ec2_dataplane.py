@@ -1,7 +1,7 @@
 """A local data plane for the ``ec2`` backend against moto: it plays the instances moto only pretends to run.
 
 moto's EC2 keeps records, nothing runs. For each running moto instance carrying our tag
-(``airflow-spot:managed``) :class:`Ec2DataPlane` starts the agent locally *as that instance*: the agent's
+(``airflow-spot:managed``) and launched after the plane started, :class:`Ec2DataPlane` starts the agent locally *as that instance*: the agent's
 command line and environment come from the instance's own user data (the same bootstrap a real instance
 runs, :func:`~airflow_spot.backends.bootstrap.agent_argv_from_user_data`), with ``--imds-url`` pointed at
 a small IMDSv2 server on 127.0.0.1 that serves that instance's id, region and zone, and answers 404 on
@@ -144,6 +144,7 @@ class Ec2DataPlane:
         self._stop = threading.Event()
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
+        self._before: set[str] = set()
 
     # ------------------------------------------------------------------ moto's backend object
     def _ec2(self):
@@ -157,7 +158,11 @@ class Ec2DataPlane:
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> Ec2DataPlane:
+        """Play every managed instance launched from now on; instances moto already holds (earlier tests in
+        this process share moto's backend) are none of this plane's business."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            self._before = {i.id for r in list(self._ec2().reservations.values()) for i in r.instances}
         self._thread = threading.Thread(target=self._run, name="ec2-dataplane", daemon=True)
         self._thread.start()
         return self
@@ -220,7 +225,8 @@ class Ec2DataPlane:
         found = []
         for reservation in list(self._ec2().reservations.values()):
             for inst in reservation.instances:
-                if inst.id in self.played or self._tags(inst).get(TAG_MANAGED) == "true":
+                if inst.id in self.played or (inst.id not in self._before
+                                              and self._tags(inst).get(TAG_MANAGED) == "true"):
                     found.append(inst)
         return found
 
@@ -299,9 +305,17 @@ class Ec2DataPlane:
         with contextlib.suppress(ProcessLookupError):  # anything the agent left in its group
             os.killpg(played.agent.pid, signal.SIGKILL)
 
-    def running_instances(self) -> list[str]:
-        """Managed instances moto still shows as pending or running (a leak check after a run)."""
-        return [i.id for i in self._instances_with_tag() if i._state.name in ("pending", "running")]
+    def running_instances(self, tags: dict[str, str] | None = None) -> list[str]:
+        """Managed instances moto still shows as pending or running (a leak check after a run), optionally
+        only those carrying every one of ``tags``."""
+        return [i.id for i in self.instances(tags) if i._state.name in ("pending", "running")]
+
+    def instances(self, tags: dict[str, str] | None = None) -> list:
+        """moto's records of the managed instances carrying every one of ``tags``, in launch order."""
+        with self._lock:
+            found = [i for i in self._instances_with_tag()
+                     if all(self._tags(i).get(k) == v for k, v in (tags or {}).items())]
+        return sorted(found, key=lambda i: (str(i.launch_time), i.id))
 
 
 # ---------------------------------------------------------------------- spot prices

@@ -55,6 +55,27 @@ def reclaim_spot_instance(instance_id: str, region: str = "us-east-1") -> None:
                                     "Server.SpotInstanceTermination")
 
 
+@contextlib.contextmanager
+def after_run_instances(callback: Callable[[dict[str, str]], None]) -> Iterator[None]:
+    """Call ``callback(instance tags)`` in moto's server thread after each ``RunInstances`` has created its
+    instance and before the reply goes out: the point where a caller killed mid-call leaves an instance it
+    never heard of. Needs moto's server in this process; the patch is undone on exit."""
+    from moto.ec2.responses.instances import InstanceResponse
+
+    original = InstanceResponse.run_instances
+
+    def run_instances(self):
+        result = original(self)
+        callback(dict(self._parse_tag_specification().get("instance", {})))
+        return result
+
+    InstanceResponse.run_instances = run_instances
+    try:
+        yield
+    finally:
+        InstanceResponse.run_instances = original
+
+
 def moto_instance(instance_id: str, region: str = "us-east-1"):
     """moto's own record of an instance (user data, placement) without an API call."""
     from moto.core import DEFAULT_ACCOUNT_ID
