@@ -185,13 +185,14 @@ def test_random_kills_resume_bit_exact(servers, path, tmp_path, monkeypatch):
     assert exact == ["file", "s3"]
 
 
+@pytest.mark.timeout(3700)
 def test_sigkills_inside_saves_on_file_and_s3():
     """The 200-kills-inside-a-save torture of the checkpoint store (tests/storage/test_kill_during_save.py,
     run in CI), rerun here so its figures sit with the others."""
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-o", "timeout=3000",
          "tests/storage/test_kill_during_save.py"],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True, text=True, timeout=3600, env={**os.environ, "KILLS_IN_SAVE_S3": "200"},
     )
     lines = [line for line in run.stdout.splitlines() if "inside a save" in line]
     for line in lines:
