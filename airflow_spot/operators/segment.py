@@ -288,6 +288,16 @@ class SpotSegmentOperator(BaseOperator):
                 self.segment_index, self.start_step, self.end_step, latest,
             )
             return {"segment": self.segment_index, "outcome": "skipped", "latest_step": latest}
+        if latest is None and self.start_step > 0:
+            # the segments before this one ended only with a checkpoint at >= start_step: none at all means the
+            # store lost them (root deleted or moved, or a different checkpoint_uri); starting at step 0 would
+            # silently throw that work away
+            raise AirflowFailException(
+                f"segment {self.segment_index} starts at step {self.start_step}, but the job's store {store.uri} "
+                "holds no checkpoint at all: the earlier segments' checkpoints are gone (the store's root deleted "
+                "or moved, or checkpoint_uri changed). Restore the checkpoints there, or clear the run from its "
+                "first segment to really start again from step 0."
+            )
         self._check_command()
         now = time.time()
         job = read_job(store, now)

@@ -124,3 +124,18 @@ def test_a_store_whose_checkpoints_all_fail_to_verify_fails_without_retry_or_lau
     assert ti_states(dr)["train.segment_000"] == ("failed", 1)  # a retry would find the same store
     assert instance_count(tmp_path) == 0  # nothing launched to start again from step 0
     assert manifest.exists()  # and nothing deleted
+
+
+def test_a_later_segment_refuses_to_start_again_from_step_zero_when_the_store_lost_its_checkpoints(tmp_path):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_spot.operators.segment import SpotSegmentOperator
+
+    root = tmp_path / "job"  # the earlier segments' checkpoints were here; the root is gone
+    op = SpotSegmentOperator(
+        task_id="seg", command=protocol_command(), checkpoint_uri=f"file://{root}", segment_index=2,
+        start_step=20, end_step=30, total_steps=30, backend="local", backend_options=backend_options(tmp_path),
+    )
+    with pytest.raises(AirflowFailException, match="holds no checkpoint at all"):
+        op.execute(context={})
+    assert instance_count(tmp_path) == 0
