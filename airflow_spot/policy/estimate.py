@@ -104,6 +104,8 @@ class AttemptPace:
         end (its last heartbeat to its end, plus its save cost); None when unknown.
     :param startup_seconds: the attempt's start to the end of its first training step, as its heartbeat
         records it (None: not trained yet, or not recorded): its start-up, measured rather than inferred.
+    :param exit_seconds: a preempted attempt's last heartbeat (after its emergency save) to its end: what
+        a training process's exit costs (None when unknown).
     """
 
     steps: int
@@ -118,6 +120,7 @@ class AttemptPace:
     gap_before: float | None = None
     end_seconds: float | None = None
     startup_seconds: float | None = None
+    exit_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,8 @@ class JobOverheads:
     lost_per_preemption: float  # training a preemption threw away (steps past the last checkpoint)
     samples: int  # attempts that gave an exact start-up figure
     finish: float = 0.0  # a completed attempt's last step to its end (final save, status, accounting)
+    #: the job's last attempt: its process exits (no warm handoff), as a preempted one's does after its save
+    last_finish: float = 0.0
 
     def to_dict(self) -> dict:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -191,7 +196,8 @@ def _median(values: list[float], default: float) -> float:
 
 def measure_overheads(paces: list[AttemptPace], step: float,
                       default_startup: float = DEFAULT_RESTART_OVERHEAD_SECONDS,
-                      default_new_instance_share: float = DEFAULT_NEW_INSTANCE_SHARE) -> JobOverheads:
+                      default_new_instance_share: float = DEFAULT_NEW_INSTANCE_SHARE,
+                      default_tail: float = 0.0) -> JobOverheads:
     """The job's own overheads, from its attempts (oldest first).
 
     * start-up: a fresh instance's time to the end of its first step, as its heartbeat records it; for an
@@ -201,6 +207,9 @@ def measure_overheads(paces: list[AttemptPace], step: float,
       longer than its notice time: such lower bounds above the exact median join the median (a machine
       that got slower is not hidden by older, faster start-ups). ``default_startup`` before any figure.
     * tail: notice to end of preempted attempts; gaps: end of one attempt to the start of the next.
+    * finish: a completed attempt's last step to its end; the job's last attempt also exits its process,
+      which costs what a preempted attempt's exit cost (its last heartbeat to its end);
+    * tail: ``default_tail`` (the notice window) before any preemption is seen;
     * a warm boundary: the gap after a completed segment plus the next (warm) attempt's own overhead;
       the share of boundaries that moved to a fresh instance (``default_new_instance_share`` before any).
     """
@@ -209,6 +218,7 @@ def measure_overheads(paces: list[AttemptPace], step: float,
     tails, gaps_p, gaps_b, warm, lost, moved = [], [], [], [], [], []
     ends = [p.end_seconds for p in paces if p.finished and not p.preempted and p.end_seconds is not None]
     finish = _median(ends, 0.0)
+    exits = [p.exit_seconds for p in paces if p.finished and p.preempted and p.exit_seconds is not None]
     for i, p in enumerate(paces):
         prev = paces[i - 1] if i else None
         own = p.step_seconds or step  # an attempt's steps at its own pace (the machine's speed moves)
@@ -245,10 +255,11 @@ def measure_overheads(paces: list[AttemptPace], step: float,
     gap_p = _median(gaps_p, _median(all_gaps, 0.0))
     gap_b = _median(gaps_b, _median(all_gaps, 0.0))
     return JobOverheads(
-        startup=startup, tail=_median(tails, 0.0), gap_after_preemption=gap_p, gap_after_boundary=gap_b,
+        startup=startup, tail=_median(tails, default_tail), gap_after_preemption=gap_p, gap_after_boundary=gap_b,
         warm_boundary=_median(warm, gap_b),
         new_instance_share=(sum(moved) / len(moved)) if moved else default_new_instance_share,
         lost_per_preemption=(sum(lost) / len(lost)) if lost else 0.0, samples=len(exact), finish=finish,
+        last_finish=max(finish, _median(exits, 0.0)),
     )
 
 
@@ -281,6 +292,7 @@ def estimate_remaining(
     warmup_steps: int = WARMUP_STEPS,
     default_restart_seconds: float = DEFAULT_RESTART_OVERHEAD_SECONDS,
     idle_seconds: float = 0.0,
+    notice_window_seconds: float = 0.0,
 ) -> RemainingEstimate:
     """Remaining time and cost of a running job, from the job's own measured overheads.
 
@@ -305,6 +317,7 @@ def estimate_remaining(
     :param segments_left: segment boundaries still to cross (each a new attempt).
     :param price_per_hour: price of the current (or next) offer; None leaves the cost unknown.
     :param idle_seconds: seconds since the last attempt ended, when none is running.
+    :param notice_window_seconds: the pool's notice window: a preemption's tail before the job has seen one.
     """
     if total_steps <= 0 or done_steps < 0 or segments_left < 0:
         raise ValueError(
@@ -320,7 +333,7 @@ def estimate_remaining(
                                  "no step time measured yet")
     if remaining_steps == 0:
         return RemainingEstimate(0, step, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "all steps done")
-    o = measure_overheads(paces, step, default_restart_seconds)
+    o = measure_overheads(paces, step, default_restart_seconds, default_tail=notice_window_seconds)
     mtbf = mtbf_seconds or None
     save = [p.save_fraction for p in paces if p.save_fraction > 0][-3:]
     compute = remaining_steps * step * (1 + (sum(save) / len(save) if save else 0.0))
@@ -329,7 +342,8 @@ def estimate_remaining(
     # a segment boundary: the attempt's finish, then the same warm instance or (the job's measured share) a
     # fresh one; the job's last attempt finishes too
     share = o.new_instance_share
-    boundaries = segments_left * ((1 - share) * o.warm_boundary + share * start_b) + (segments_left + 1) * o.finish
+    boundaries = (segments_left * ((1 - share) * o.warm_boundary + share * start_b + o.finish)
+                  + o.last_finish)
     preemptions = segments_left * share * fails_b
     if mtbf:
         # preemptions while training; the lost work is trained again (and exposed again)
@@ -372,8 +386,8 @@ def estimate_remaining(
         + (f" + {current:.1f} s of start-up still due" if current else "")
     )
     # what the preemptions add on top of the same work on an instance that is never preempted
-    plain = (compute + segments_left * ((1 - share) * o.warm_boundary + share * (o.gap_after_boundary + o.startup))
-             + (segments_left + 1) * o.finish)
+    plain = (compute + segments_left * ((1 - share) * o.warm_boundary + share * (o.gap_after_boundary + o.startup)
+                                        + o.finish) + o.last_finish)
     per_preemption = (total - plain - current_plain) / expected if expected > 0 else 0.0
     return RemainingEstimate(remaining_steps, step, compute, boundaries, preemption_seconds, expected,
                              total, cost, basis, current_seconds=current, per_preemption_seconds=per_preemption,

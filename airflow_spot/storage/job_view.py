@@ -291,6 +291,9 @@ class JobView:
                         gap_before=(a.started_at - previous_end
                                     if previous_end is not None and a.started_at is not None else None),
                         # last step to end: the final save (its cost EWMA), then last heartbeat to the end
+                        exit_seconds=(max(0.0, a.ended_at - a.last_beat_at)
+                                      if a.is_preemption and a.ended_at is not None and a.last_beat_at is not None
+                                      else None),
                         startup_seconds=(a.first_step_at - a.started_at
                                          if a.first_step_at is not None and a.started_at is not None else None),
                         end_seconds=(max(0.0, a.ended_at - a.last_beat_at) + (a.save_seconds or 0.0)
@@ -310,6 +313,7 @@ class JobView:
                 paces, done_steps=min(current, total_steps), total_steps=total_steps,
                 segments_left=max(0, segments_left), mtbf_seconds=mtbf, price_per_hour=offer_price,
                 idle_seconds=idle,
+                notice_window_seconds=requests[-1].notice_window_seconds if requests else 0.0,
             ).to_dict()
         return {
             "job_uri": self.uri,

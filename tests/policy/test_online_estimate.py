@@ -138,6 +138,24 @@ def test_each_attempt_s_finish_is_counted_at_every_boundary_and_at_the_end():
     assert est.remaining_seconds == pytest.approx(20.0 + 1.0 + 0.5 * 2.0 + 0.5 * 5.5 + 1.0)
 
 
+def test_the_jobs_last_attempt_exits_its_process_as_a_preempted_one_did():
+    # C's process exited 3 s after its last heartbeat; warm handoffs finish in 0.5 s: the job's end costs 3 s
+    history = ([replace(HISTORY[0], end_seconds=0.5), replace(HISTORY[1], end_seconds=0.5),
+                replace(HISTORY[2], exit_seconds=3.0)] + HISTORY[3:])
+    o = measure_overheads(history, 0.1)
+    assert (o.finish, o.last_finish) == (pytest.approx(0.5), pytest.approx(3.0))
+    est = estimate_remaining(history, done_steps=300, total_steps=500, segments_left=1, mtbf_seconds=None,
+                             price_per_hour=None)
+    # one boundary: finish 0.5 s, then half warm (2 + (11 - 10 - 0.5) = 2.5 s), half fresh (1.5 + 4 s); the end 3 s
+    assert est.remaining_seconds == pytest.approx(20.0 + (0.5 * 2.5 + 0.5 * 5.5 + 0.5) + 3.0)
+
+
+def test_before_the_first_preemption_its_tail_is_the_notice_window():
+    est = estimate_remaining([AttemptPace(50, 0.1, 9.0, finished=False)], done_steps=50, total_steps=100,
+                             segments_left=0, mtbf_seconds=100.0, price_per_hour=None, notice_window_seconds=5.0)
+    assert est.overheads["tail"] == 5.0
+
+
 def test_spot_remaining_time_adds_the_expected_preemptions_at_their_measured_cost():
     m = 40.0
     est = estimate_remaining(HISTORY, done_steps=300, total_steps=500, segments_left=1, mtbf_seconds=m,
