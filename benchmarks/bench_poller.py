@@ -15,7 +15,16 @@ window (moto's server runs in a child process, so its CPU is not counted), and e
 terminated at a known time -> each one's trigger event. The store of each segment is ``file://`` and has
 no status yet (the attempts look like they are still starting), which is what a deferred segment reads.
 
+moto is not EC2: it builds each instance of an answer in Python, tens of milliseconds apiece on a loaded
+machine, so one DescribeInstances of 1000 instances takes moto tens of seconds (whatever the filter;
+printed as ``moto describe N`` before the runs). At 1000 segments a round of ``ours`` is therefore bound
+by moto's answer, not by the poller: its latency figures there measure moto, while its calls per
+interval and its CPU (parsing one 1000-instance answer per round) are the poller's own. Beyond 200 ids
+the ec2 backend filters by its managed tag (EC2 refuses more than 200 filter values), so a round stays
+one paginated call.
+
     python benchmarks/bench_poller.py                    # 1000 segments, 5 s interval, 30 s window
+    python benchmarks/bench_poller.py --segments 1000 --window 150 --warmup 300
     python benchmarks/bench_poller.py --segments 200 --window 20 --out -
 """
 from __future__ import annotations
@@ -87,6 +96,26 @@ def terminate(endpoint: str, ids: list[str]) -> float:
     return time.time()
 
 
+def moto_describe_seconds(endpoint: str, ids: list[str], variant: str) -> float:
+    """moto's service time for one poll, timed with a plain client: for ``ours`` one paginated
+    DescribeInstances as the ec2 backend sends it for ``ids`` (the floor of a round; beyond 200 ids it
+    answers every managed instance moto holds, including earlier variants' terminated ones), for
+    ``provider`` one DescribeInstances of one id (what each of its triggers sends per interval)."""
+    import boto3
+    from botocore.config import Config
+
+    from airflow_spot.backends.ec2 import Ec2Backend
+
+    ec2 = boto3.client("ec2", endpoint_url=endpoint, region_name=REGION, config=Config(read_timeout=900))
+    started = time.monotonic()
+    if variant == "provider":
+        ec2.describe_instances(InstanceIds=ids[:1])
+    else:
+        for _ in ec2.get_paginator("describe_instances").paginate(Filters=Ec2Backend._filters(ids)):
+            pass
+    return time.monotonic() - started
+
+
 def our_trigger(instance_id: str, root: Path, interval: float):
     from airflow_spot.triggers.segment import SegmentTrigger
 
@@ -138,9 +167,15 @@ async def measure(variant: str, ids: list[str], make, counter: CallCounter, endp
     window = time.monotonic() - wall0
     cpu = time.process_time() - cpu0
     calls = counter.calls["DescribeInstances"] - before_calls
+    rounds = []
+    if variant == "ours":
+        from airflow_spot.triggers.poller import active_pollers
+
+        rounds = [s for p in active_pollers() for s in p.round_seconds]
     victims = ids[: args.terminate]
     t0 = await asyncio.to_thread(terminate, endpoint, victims)
-    deadline = time.monotonic() + max(6 * args.interval, 30.0)
+    # the next round that starts after the terminate must finish: up to two rounds (moto-bound at 1000)
+    deadline = time.monotonic() + max(6 * args.interval, 30.0, 3 * (max(rounds) if rounds else 0.0) + args.interval)
     while time.monotonic() < deadline and not all(v in events for v in victims):
         await asyncio.sleep(0.05)
     latencies = sorted(events[v] - t0 for v in victims if v in events)
@@ -161,6 +196,7 @@ async def measure(variant: str, ids: list[str], make, counter: CallCounter, endp
         "latency_median_s": round(statistics.median(latencies), 2) if latencies else None,
         "latency_max_s": round(latencies[-1], 2) if latencies else None,
         "false_events": sum(1 for iid in events if iid not in victims),
+        "round_median_s": round(statistics.median(rounds), 2) if rounds else None,
     }
 
 
@@ -191,8 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         makers = {"ours": our_trigger, "provider": provider_trigger}
         for variant in args.variants.split(","):
             ids = launch(endpoint, args.segments, variant)
-            print(f"{variant}: {len(ids)} spot instances launched in moto; measuring ...", flush=True)
+            moto_s = moto_describe_seconds(endpoint, ids, variant)
+            print(f"{variant}: {len(ids)} spot instances launched in moto; moto's answer to one poll: {moto_s:.2f} s; "
+                  "measuring ...", flush=True)
             rows.append(asyncio.run(measure(variant, ids, makers[variant], counter, endpoint, args)))
+            rows[-1]["moto_poll_s"] = round(moto_s, 2)
             terminate(endpoint, ids)
             print(json.dumps(rows[-1]), flush=True)
     load = os.getloadavg()
@@ -201,13 +240,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.window:g} s, {args.terminate} terminated; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
         f"({os.cpu_count()} cores); {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         f"{'variant':<9} {'describe/interval':>17} {'cpu s/interval':>14} {'latency median':>14} {'latency max':>11} "
-        f"{'events':>7} {'false':>5}",
+        f"{'events':>7} {'false':>5} {'round s':>7} {'moto poll s':>10}",
     ]
     for r in rows:
         lines.append(
             f"{r['variant']:<9} {r['describe_calls_per_interval']:>17} {r['cpu_per_interval_s']:>14} "
             f"{r['latency_median_s']!s:>14} {r['latency_max_s']!s:>11} {r['events_seen']:>3}/{r['terminated']:<3} "
-            f"{r['false_events']:>5}"
+            f"{r['false_events']:>5} {r['round_median_s']!s:>7} {r['moto_poll_s']!s:>10}"
         )
     lines += [json.dumps(r) for r in rows]
     text = "\n".join(lines) + "\n"

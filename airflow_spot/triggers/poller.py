@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -82,6 +83,8 @@ class SharedPoller:
         self.backend = backend
         self.scope = scope
         self.describe_calls = 0
+        #: how long the last rounds' describes took (seconds; for the benchmark and diagnostics)
+        self.round_seconds: deque[float] = deque(maxlen=100)
         #: instance id -> the poll intervals of its subscribers (one entry per subscription)
         self._subscribers: dict[str, list[float]] = {}
         self._round = 0
@@ -127,6 +130,7 @@ class SharedPoller:
         ids = frozenset(self._subscribers)
         self._round += 1
         self.describe_calls += 1
+        started = time.monotonic()
         try:
             described = await self.backend.adescribe(sorted(ids))
             error = None
@@ -134,6 +138,7 @@ class SharedPoller:
             described, error = {}, f"{type(exc).__name__}: {exc}"
             log.warning("shared poller %s: describe of %d instances failed (round %d): %s",
                         self.scope, len(ids), self._round, error)
+        self.round_seconds.append(time.monotonic() - started)
         done, self._next_round = self._next_round, asyncio.get_running_loop().create_future()
         done.set_result(PollRound(self._round, ids, described, error, time.time()))
 
