@@ -281,11 +281,13 @@ class SegmentTrigger(BaseTrigger):
         if hb is None or hb.notice_at is None or self._notice_logged:
             return
         self._notice_logged = True
+        saved = hb.last_committed_step is not None and hb.last_committed_step >= hb.step
         self.log.warning(
-            "attempt %s: instance %s got a preemption notice at %s (%s), %.1fs ago; the emergency checkpoint "
-            "is being saved (step %s, last committed %s)", self.attempt_id, self.instance_id,
-            time.strftime("%H:%M:%S", time.gmtime(hb.notice_at)) + " UTC", hb.notice or "notice",
-            time.time() - hb.notice_at, hb.step, hb.last_committed_step)
+            "attempt %s: instance %s got a preemption notice at %s (%s), %.1fs ago; %s", self.attempt_id,
+            self.instance_id, time.strftime("%H:%M:%S", time.gmtime(hb.notice_at)) + " UTC", hb.notice or "notice",
+            time.time() - hb.notice_at,
+            f"emergency checkpoint committed at step {hb.step}" if saved else
+            f"emergency checkpoint of step {hb.step} being saved (last committed {hb.last_committed_step})")
 
     def _max_polls(self) -> int:
         remaining = self.requested_at + self.max_attempt_seconds - time.time()
