@@ -106,6 +106,8 @@ class AttemptPace:
         records it (None: not trained yet, or not recorded): its start-up, measured rather than inferred.
     :param exit_seconds: a preempted attempt's last heartbeat (after its emergency save) to its end: what
         a training process's exit costs (None when unknown).
+    :param pace_seconds: the attempt's mean wall time per step from its first step to its last heartbeat
+        (saves included); None when it has not run past its warm-up since its first step.
     """
 
     steps: int
@@ -121,6 +123,12 @@ class AttemptPace:
     end_seconds: float | None = None
     startup_seconds: float | None = None
     exit_seconds: float | None = None
+    pace_seconds: float | None = None
+
+    @property
+    def seconds_per_step(self) -> float | None:
+        """The attempt's pace: its measured mean since its first step, else its step-time EWMA."""
+        return self.pace_seconds or self.step_seconds
 
 
 @dataclass(frozen=True)
@@ -172,7 +180,9 @@ class RemainingEstimate:
 def robust_step_seconds(paces: list[AttemptPace], warmup_steps: int = WARMUP_STEPS, recent: int = 5) -> float | None:
     """Seconds per training step, robust to the slow steps after a restart.
 
-    An attempt's EWMA only counts once it has run more than ``warmup_steps`` steps (before that the
+    An attempt's pace is its measured mean since its first step when its heartbeat records that (an EWMA
+    of single steps swings with every save stall: on the bench it read 0.106 s for an attempt whose 300
+    steps took 0.050 s each), else its EWMA. An attempt's figure only counts once it has run more than ``warmup_steps`` steps (before that the
     warm-up dominates it); of the ``recent`` newest such attempts the median is taken, so one slow or
     fast attempt (a noisy neighbour, a warm cache) does not swing the estimate. Falls back to the newest
     EWMA when no attempt is past its warm-up yet. A running attempt past its warm-up gives the pace
@@ -181,12 +191,12 @@ def robust_step_seconds(paces: list[AttemptPace], warmup_steps: int = WARMUP_STE
     """
     if warmup_steps < 0 or recent < 1:
         raise ValueError(f"warmup_steps must be >= 0 and recent >= 1, got {warmup_steps!r}, {recent!r}")
-    known = [p for p in paces if p.step_seconds and p.step_seconds > 0]
+    known = [p for p in paces if p.seconds_per_step and p.seconds_per_step > 0]
     if known and not known[-1].finished and known[-1].steps > warmup_steps and known[-1] is paces[-1]:
-        return known[-1].step_seconds
-    warm = [p.step_seconds for p in known if p.steps > warmup_steps][-recent:]
+        return known[-1].seconds_per_step
+    warm = [p.seconds_per_step for p in known if p.steps > warmup_steps][-recent:]
     if not warm:
-        return known[-1].step_seconds if known else None
+        return known[-1].seconds_per_step if known else None
     return statistics.median(warm)
 
 
@@ -221,7 +231,7 @@ def measure_overheads(paces: list[AttemptPace], step: float,
     exits = [p.exit_seconds for p in paces if p.finished and p.preempted and p.exit_seconds is not None]
     for i, p in enumerate(paces):
         prev = paces[i - 1] if i else None
-        own = p.step_seconds or step  # an attempt's steps at its own pace (the machine's speed moves)
+        own = p.seconds_per_step or step  # an attempt's steps at its own pace (the machine's speed moves)
         # a completed attempt's time after its last step is its finish, not its start-up
         end = (p.end_seconds if p.end_seconds is not None else finish) if p.finished and not p.preempted else 0.0
         if p.new_instance and p.startup_seconds is not None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_spot.policy.checkpoint_interval import estimate_mtbf
-from airflow_spot.policy.estimate import AttemptPace, estimate_remaining
+from airflow_spot.policy.estimate import WARMUP_STEPS, AttemptPace, estimate_remaining
 from airflow_spot.policy.ledger import LedgerRow, summarize
 from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
@@ -54,6 +54,8 @@ class AttemptView:
     save_seconds: float | None = None
     #: when the attempt finished its first training step (its heartbeat; None before it or not recorded)
     first_step_at: float | None = None
+    #: mean seconds per step from that first step to its last heartbeat (None: too few steps since)
+    pace_seconds: float | None = None
 
     @property
     def is_preemption(self) -> bool:
@@ -217,6 +219,7 @@ class JobView:
                 last_beat_at=hb.time if hb else None,
                 save_seconds=hb.save_cost_seconds if hb else None,
                 first_step_at=hb.first_step_at if hb else None,
+                pace_seconds=_pace(hb),
             ))
         return sorted(out, key=lambda a: (a.started_at if a.started_at is not None else float("inf"), a.attempt_id))
 
@@ -291,6 +294,7 @@ class JobView:
                         gap_before=(a.started_at - previous_end
                                     if previous_end is not None and a.started_at is not None else None),
                         # last step to end: the final save (its cost EWMA), then last heartbeat to the end
+                        pace_seconds=a.pace_seconds,
                         exit_seconds=(max(0.0, a.ended_at - a.last_beat_at)
                                       if a.is_preemption and a.ended_at is not None and a.last_beat_at is not None
                                       else None),
@@ -353,6 +357,16 @@ class JobView:
         if prior is None:
             return seconds / seen if seen else None
         return estimate_mtbf(prior, seen, seconds)
+
+
+def _pace(hb: Heartbeat | None) -> float | None:
+    """Mean seconds per step of an attempt from its first step to its heartbeat, once past the warm-up."""
+    if hb is None or hb.first_step_at is None or hb.first_step is None:
+        return None
+    steps = hb.step - hb.first_step
+    if steps <= WARMUP_STEPS or hb.time <= hb.first_step_at:
+        return None
+    return (hb.time - hb.first_step_at) / steps
 
 
 def _clock(seconds: float | None) -> str:

@@ -36,6 +36,14 @@ def test_a_running_attempt_past_its_warm_up_gives_the_present_pace():
     assert robust_step_seconds(paces, warmup_steps=20) == pytest.approx(0.15)
 
 
+def test_an_attempts_measured_mean_pace_beats_its_ewma():
+    # 300 steps took 0.05 s each from the first step to the last heartbeat; the EWMA caught a save stall
+    paces = [AttemptPace(300, 0.106, 18.2, pace_seconds=0.05), AttemptPace(300, 0.053, 28.0, pace_seconds=0.089)]
+    assert robust_step_seconds(paces) == pytest.approx((0.05 + 0.089) / 2)
+    running = paces + [AttemptPace(100, 0.2, 8.0, finished=False, pace_seconds=0.06)]
+    assert robust_step_seconds(running) == pytest.approx(0.06)
+
+
 def test_step_time_falls_back_to_the_newest_ewma_before_any_warm_attempt():
     assert robust_step_seconds([AttemptPace(3, 0.4, 2, finished=False)]) == 0.4
     assert robust_step_seconds([]) is None
