@@ -14,7 +14,7 @@ directory (``file://``), the training command this script's ``train`` mode: a sm
 Parts of each recovery (instance A noticed, the next try on instance B), from the data plane's clock, the
 attempt objects in the store and the stamps:
 
-* notice -> seen by the training process: its IMDS poll (``SPOT_NOTICE_POLL_SECONDS``, AWS suggests 5 s)
+* notice -> seen by the training process: its IMDS poll (``SPOT_NOTICE_POLL_SECONDS``, default 1 s; AWS suggests 5 s)
   and the step in flight (the heartbeat's ``notice_at``);
 * seen -> emergency checkpoint committed, process exited (the agent's status ``ended_at``);
 * exit -> the worker accounted the attempt (its ledger row written by ``execute_complete``): the trigger's
@@ -26,7 +26,7 @@ attempt objects in the store and the stamps:
 * agent started -> command started -> restored -> first step: the agent's pick-up, the interpreter and
   torch import, the restore, the first step.
 
-Run: ``python benchmarks/bench_ec2_recovery.py [--reclaims 3] [--notice-poll 5] [--poll-interval 5]``;
+Run: ``python benchmarks/bench_ec2_recovery.py [--reclaims 3] [--notice-poll 1] [--poll-interval 5]``;
 the table is printed and appended to ``benchmarks/results/ec2_recovery.txt``.
 """
 from __future__ import annotations
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reclaim-after", type=float, default=20.0,
                    help="seconds after an instance's agent starts at which it gets its notice")
     p.add_argument("--notice-window", type=float, default=10.0)
-    p.add_argument("--notice-poll", type=float, default=5.0, help="SPOT_NOTICE_POLL_SECONDS (IMDS poll)")
+    p.add_argument("--notice-poll", type=float, default=1.0, help="SPOT_NOTICE_POLL_SECONDS (IMDS poll; the agent's default)")
     p.add_argument("--poll-interval", type=float, default=5.0, help="the trigger's poll_interval")
     p.add_argument("--total-steps", type=int, default=1400)
     p.add_argument("--step-seconds", type=float, default=0.05)

@@ -597,7 +597,8 @@ class SpotSegmentOperator(BaseOperator):
         if outcome is Outcome.COMPLETED:
             return summary
         if outcome.is_retryable():
-            self.hook.get_backend().terminate([launch.instance_id])
+            if not event.get("terminated"):  # the trigger releases it itself when it can
+                self.hook.get_backend().terminate([launch.instance_id])
             offer = launch.offer_obj
             if offer.is_spot:  # the deployment learns of the loss (the job's own ledger row has it already)
                 recorder = self._availability(store)

@@ -168,7 +168,7 @@ class SpotSession:
         if e.get(E.NOTICE_FILE):
             sources.append(FileNotice(e[E.NOTICE_FILE], interval=poll or 0.1))
         if e.get(E.IMDS_URL):
-            sources.append(ImdsNotice(e[E.IMDS_URL], interval=poll or 5.0))
+            sources.append(ImdsNotice(e[E.IMDS_URL], interval=poll or 1.0))
 
         def num(name: str, default: float | None) -> float | None:
             return float(e[name]) if e.get(name) else default

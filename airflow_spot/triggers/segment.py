@@ -315,11 +315,28 @@ class SegmentTrigger(BaseTrigger):
         if verdict is None or obs is None:
             verdict = (Outcome.LOST, f"gave up after max_attempt_seconds={self.max_attempt_seconds:.0f}")
         event = self._event(verdict[0], verdict[1], obs)
+        if verdict[0].is_retryable():
+            event["terminated"] = await self._release(backend)
         summary = await self._complete_here(store, event)
         if summary is not None:
             yield TaskSuccessEvent(xcoms={"attempt": summary, "return_value": summary})
             return
         yield TriggerEvent(event)
+
+    async def _release(self, backend) -> bool:
+        """Terminate a preempted or lost attempt's instance here, with the client the poller already holds.
+
+        The worker would do it in ``execute_complete``, but there it first builds a hook and an EC2 client
+        (a connection read and botocore's service model: over a second), and the retry waits for that;
+        here the instance stops billing at once and the event says so. A failure only logs: the worker,
+        seeing ``terminated: False``, terminates again (terminating is idempotent)."""
+        try:
+            await asyncio.shield(asyncio.to_thread(backend.terminate, [self.instance_id]))
+        except Exception as exc:  # noqa: BLE001 - the worker terminates it instead
+            self.log.warning("attempt %s: could not terminate instance %s here (%s); the worker will",
+                             self.attempt_id, self.instance_id, exc)
+            return False
+        return True
 
     async def _complete_here(self, store, event: dict[str, Any]) -> dict[str, Any] | None:
         """Account for a completed attempt here; None sends the event to the worker instead."""

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from airflow_spot.backends.base import LaunchSpec, launch_token
+from airflow_spot.backends.base import InstanceState, LaunchSpec, TerminationReason, launch_token
 from airflow_spot.operators.accounting import record_attempt
 from airflow_spot.operators.attempt_record import AttemptLaunch
 from airflow_spot.policy.offers import Market, Offer
@@ -70,6 +70,10 @@ def test_notice_through_imds_reaches_the_event_and_the_ledger(tmp_path):
 
         event, noticed = asyncio.run(asyncio.wait_for(scenario(), 280))
         assert plane.errors == []
+        # the trigger released the instance itself, long before the reclaim (the worker need not)
+        described = backend.describe([info.instance_id])[info.instance_id]
+        assert event["terminated"] is True and InstanceState(described.state).is_terminal(), (event, described)
+        assert TerminationReason(described.reason) is TerminationReason.USER, described
 
     assert event["status"] == Outcome.PREEMPTED.value and event["exit_code"] == 75, event
     # the process saw the notice after the data plane issued it, and the event says when
