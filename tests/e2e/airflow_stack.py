@@ -437,9 +437,11 @@ class AirflowStack:
         proc = self.procs[name]
         session = proc.popen.pid
         members = []
+        with contextlib.suppress(psutil.Error):  # descendants too: a task process outlived a session-only kill
+            members += psutil.Process(session).children(recursive=True)
         for p in self.processes_of_stack():
             with contextlib.suppress(ProcessLookupError, psutil.Error):
-                if os.getsid(p.pid) == session:
+                if os.getsid(p.pid) == session and p not in members:
                     members.append(p)
         for p in members:
             with contextlib.suppress(psutil.Error):

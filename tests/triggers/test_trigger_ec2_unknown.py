@@ -108,8 +108,8 @@ def test_an_id_moto_never_knew_is_lost_only_after_the_heartbeat_window(endpoint,
     waited = time.time() - started
     assert event["status"] == "lost", event
     assert "unknown to the backend for" in event["message"] and "(window 2s)" in event["message"], event
-    # several describes answered without it first; one answer never decided (a lower bound: cannot flake)
-    assert waited > 2.0 and t.omitting.calls >= 3, (waited, t.omitting.calls)
+    # at least two describes answered without it, the window apart: one answer never decided
+    assert waited > 2.0 and t.omitting.calls >= 2, (waited, t.omitting.calls)
 
 
 def test_a_describe_that_misses_a_running_instance_once_does_not_lose_it(endpoint, tmp_path):
