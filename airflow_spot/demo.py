@@ -24,6 +24,16 @@ DEMO_DAG_ID = "spot_training_demo"
 DEFAULT_SCHEDULE = (4.0, 4.0, 4.0, 4.0, 4.0, None)
 #: time between the injector's notice and its kill (AWS gives 120 s; the demo is time-compressed)
 NOTICE_WINDOW_SECONDS = 5.0
+
+#: the demo's segment settings: a fast poll and short windows for a job of minutes
+SEGMENT_OPTIONS = {
+    "poll_interval": 0.5,
+    "startup_timeout": 120.0,
+    "heartbeat_timeout": 60.0,
+    "checkpoint_min_interval": 2.0,
+    "notice_window_seconds": NOTICE_WINDOW_SECONDS,
+    "idle_timeout_seconds": 60.0,
+}
 #: the demo script writes the final model here, inside the job's directory
 FINAL_WEIGHTS = "final_weights.pt"
 
@@ -101,14 +111,7 @@ def build_demo_dag(
             max_preemptions=max_preemptions,
             retries=retries,
             retry_delay=timedelta(seconds=1),
-            segment_options={
-                "poll_interval": 0.5,
-                "startup_timeout": 120.0,
-                "heartbeat_timeout": 60.0,
-                "checkpoint_min_interval": 2.0,
-                "notice_window_seconds": NOTICE_WINDOW_SECONDS,
-                "idle_timeout_seconds": 60.0,
-            },
+            segment_options=dict(SEGMENT_OPTIONS),
         )
     return dag
 

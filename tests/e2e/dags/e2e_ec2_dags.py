@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG
 
-from airflow_spot.demo import NOTICE_WINDOW_SECONDS, build_demo_dag, train_command
+from airflow_spot.demo import NOTICE_WINDOW_SECONDS, SEGMENT_OPTIONS, build_demo_dag, train_command
 from airflow_spot.operators.training import SpotTraining
 from airflow_spot.policy.offers import GpuRequest
 
@@ -65,15 +65,7 @@ def ec2_dag(dag_id: str, total_steps: int, steps_per_segment: int, step_sleep: f
             max_preemptions=4,
             retries=retries,
             retry_delay=timedelta(seconds=1),
-            segment_options={
-                "poll_interval": 0.5,
-                "startup_timeout": 120.0,
-                "heartbeat_timeout": 60.0,
-                "checkpoint_min_interval": 2.0,
-                "notice_window_seconds": NOTICE_WINDOW_SECONDS,
-                "idle_timeout_seconds": idle_timeout_seconds,
-                "deferrable": True,
-            },
+            segment_options={**SEGMENT_OPTIONS, "idle_timeout_seconds": idle_timeout_seconds, "deferrable": True},
         )
     return dag
 
