@@ -37,6 +37,16 @@ from airflow_spot.triggers.poller import Subscription, subscribe
 #: SpotHooks shared by the triggers of this process (see SegmentTrigger._hook)
 _HOOKS: dict[tuple[str, str, str | None], Any] = {}
 
+#: Between the describe rounds a trigger reads its attempt's status object every so often, so an attempt
+#: that ended is seen within about a second instead of up to one poll interval later (each second is the
+#: retry's, or the next segment's). The reads of all triggers of this process share a budget: with many
+#: deferred segments the interval grows with their number and, past the poll interval, stops (a thousand
+#: segments on S3 would otherwise cost a thousand GETs a second).
+INTERIM_READ_MIN_SECONDS = 1.0
+INTERIM_READS_PER_SECOND = 50.0
+#: triggers running in this process (the interim reads' budget is shared among them)
+_RUNNING = 0
+
 #: keys every event carries (``execute_complete`` validates them)
 EVENT_KEYS = ("status", "attempt_id", "instance_id", "message")
 
@@ -220,7 +230,7 @@ class SegmentTrigger(BaseTrigger):
     async def _observe(self, layout: JobLayout, subscription: Subscription) -> Observation:
         # Instance first, store second: a status written just before the instance died is then seen.
         # The instance comes from the shared per-scope poller: one batched describe for all triggers.
-        seen = await subscription.next()
+        seen = await self._next_round(layout, subscription)
         if seen.error is None:  # a failed describe neither starts nor ends an absence
             if seen.known:
                 if self._unknown_since is not None:
@@ -255,6 +265,41 @@ class SegmentTrigger(BaseTrigger):
             store_failing_for=failing_for,
             instance_unknown_for=0.0 if self._unknown_since is None else time.time() - self._unknown_since,
         )
+
+    def _interim_read_seconds(self) -> float | None:
+        """Seconds between status reads while waiting for the next describe round (None: none)."""
+        tick = max(INTERIM_READ_MIN_SECONDS, _RUNNING / INTERIM_READS_PER_SECOND)
+        return tick if tick < 0.9 * self.poll_interval else None
+
+    async def _next_round(self, layout: JobLayout, subscription: Subscription):
+        """The poller's next round for this instance; or, as soon as the attempt's status object appears
+        between rounds (read every :meth:`_interim_read_seconds`), the instance as the last round saw it:
+        the agent's own status decides the outcome, so the describe can wait. The first round always
+        comes from the poller."""
+        tick = self._interim_read_seconds()
+        last = getattr(self, "_last_seen", None)
+        if tick is None or last is None:
+            seen = await subscription.next()
+        else:
+            pending = asyncio.ensure_future(subscription.next())
+            try:
+                while True:
+                    done, _ = await asyncio.wait({pending}, timeout=tick)
+                    if done:
+                        seen = pending.result()
+                        break
+                    try:
+                        status = await asyncio.to_thread(layout.read_status, self.attempt_id)
+                    except Exception:  # noqa: BLE001 - the round's own read handles (and times) store errors
+                        status = None
+                    if status is not None:
+                        seen = last
+                        break
+            finally:
+                if not pending.done():
+                    pending.cancel()  # the poller's round is shielded: other subscribers still get it
+        self._last_seen = seen
+        return seen
 
     #: under a preemption notice the status comes within seconds: read it this often, not once per poll
     NOTICE_READ_SECONDS = 0.25
@@ -300,18 +345,13 @@ class SegmentTrigger(BaseTrigger):
         store = await asyncio.to_thread(hook.get_store, self.job_uri)
         backend = await asyncio.to_thread(hook.get_backend)
         layout = JobLayout(store)
-        obs: Observation | None = None
-        verdict: tuple[Outcome, str] | None = None
-        async with subscribe(backend, self.instance_id, interval=self.poll_interval) as subscription:
-            for _ in range(self._max_polls()):
-                obs = await self._observe(layout, subscription)  # paced by the poller's rounds
-                verdict = self._classify(obs)
-                if verdict is None and obs.status is None and obs.heartbeat and obs.heartbeat.notice_at:
-                    obs = await self._await_status_after_notice(layout, obs)
-                    verdict = self._classify(obs)
-                if verdict is not None:
-                    break
-                await self._log_progress(store)
+        global _RUNNING
+        _RUNNING += 1
+        try:
+            async with subscribe(backend, self.instance_id, interval=self.poll_interval) as subscription:
+                verdict, obs = await self._wait(layout, store, subscription)
+        finally:
+            _RUNNING -= 1
         if verdict is None or obs is None:
             verdict = (Outcome.LOST, f"gave up after max_attempt_seconds={self.max_attempt_seconds:.0f}")
         event = self._event(verdict[0], verdict[1], obs)
@@ -322,6 +362,20 @@ class SegmentTrigger(BaseTrigger):
             yield TaskSuccessEvent(xcoms={"attempt": summary, "return_value": summary})
             return
         yield TriggerEvent(event)
+
+    async def _wait(self, layout: JobLayout, store, subscription: Subscription):
+        """Observe until a verdict, at most ``max_attempt_seconds``; returns (verdict or None, last obs)."""
+        obs: Observation | None = None
+        for _ in range(self._max_polls()):
+            obs = await self._observe(layout, subscription)  # paced by the poller's rounds
+            verdict = self._classify(obs)
+            if verdict is None and obs.status is None and obs.heartbeat and obs.heartbeat.notice_at:
+                obs = await self._await_status_after_notice(layout, obs)
+                verdict = self._classify(obs)
+            if verdict is not None:
+                return verdict, obs
+            await self._log_progress(store)
+        return None, obs
 
     async def _release(self, backend) -> bool:
         """Terminate a preempted or lost attempt's instance here, with the client the poller already holds.

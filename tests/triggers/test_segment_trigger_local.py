@@ -161,3 +161,30 @@ def test_completed_attempt_ends_the_task_from_the_trigger(job, end_step, ends_he
     else:
         assert not isinstance(event, TaskSuccessEvent) and event.payload["status"] == "completed"
         assert rows == []
+
+
+def test_an_ended_attempt_is_seen_between_describe_rounds(job):
+    """With a 30 s poll the first describe round comes at once and the next 30 s later; the attempt's
+    status, written a few seconds in, is read between the rounds (every second), not at the next one."""
+    _, start = job
+    _, trigger = start([sys.executable, SCRIPT, "--step-seconds", "0.1"])
+    trigger.poll_interval = 30.0
+    started = time.monotonic()
+    event = first_event(trigger, timeout=90)
+    waited = time.monotonic() - started
+    assert event["status"] == "completed" and event["last_committed_step"] == 20, event
+    assert waited < 20.0, f"the status was seen only at the next describe round ({waited:.1f} s)"
+
+
+def test_interim_reads_share_a_budget_and_stop_past_the_poll_interval(job, monkeypatch):
+    from airflow_spot.triggers import segment as trigger_module
+
+    _, start = job
+    _, trigger = start([sys.executable, SCRIPT])
+    trigger.poll_interval = 5.0
+    monkeypatch.setattr(trigger_module, "_RUNNING", 10)
+    assert trigger._interim_read_seconds() == trigger_module.INTERIM_READ_MIN_SECONDS
+    monkeypatch.setattr(trigger_module, "_RUNNING", 200)  # 200 triggers at 50 reads/s: every 4 s
+    assert trigger._interim_read_seconds() == pytest.approx(4.0)
+    monkeypatch.setattr(trigger_module, "_RUNNING", 1000)  # past the poll interval: rounds only
+    assert trigger._interim_read_seconds() is None
