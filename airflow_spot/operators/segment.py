@@ -17,7 +17,6 @@ the attempt back from the store (see :mod:`airflow_spot.operators.attempt_record
 from __future__ import annotations
 
 import asyncio
-import configparser
 import json
 import os
 import time
@@ -26,7 +25,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_spot.backends.base import (
@@ -68,16 +66,18 @@ class SegmentCodeFailure(AirflowException):
 
 
 def default_deferrable() -> bool:
-    """Defer unless the deployment explicitly sets ``[operators] default_deferrable``.
+    """Defer unless the deployment's environment sets ``AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE``.
 
-    Airflow ships that option with the value False, which suits short tasks; a segment waits for hours,
-    so only an explicit setting (in ``airflow.cfg`` or ``AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE``) makes it
-    wait in a worker slot by default.
+    Airflow ships ``[operators] default_deferrable`` as False, which suits short tasks; a segment waits for
+    hours. The option in ``airflow.cfg`` cannot tell a choice from that default: Airflow writes every
+    option, ``default_deferrable = false`` included, into the ``airflow.cfg`` it generates on first start,
+    so a process started after that file exists read it as "explicitly False" (an e2e worker restarted
+    mid-suite stopped deferring). The environment variable is only ever set on purpose, so it is honoured.
     """
-    explicit = "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE" in os.environ or configparser.ConfigParser.has_option(
-        conf, "operators", "default_deferrable"
-    )
-    return conf.getboolean("operators", "default_deferrable", fallback=True) if explicit else True
+    value = os.environ.get("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE")
+    if value is None:
+        return True
+    return value.strip().lower() in ("true", "t", "1", "yes", "y", "on")
 
 
 def job_tags(dag_id: str, run_id: str, job_name: str) -> dict[str, str]:
@@ -130,7 +130,7 @@ class SpotSegmentOperator(BaseOperator):
     :param probe_spot: while the job runs on on-demand and its knowledge of the spot pools is stale, probe
         them (launch and terminate at once, billed the minimum) so it can tell when a pool has settled.
     :param deferrable: wait in the triggerer (True) or in a worker slot (False); ``None`` (default) means
-        True unless ``[operators] default_deferrable`` is set explicitly (see :func:`default_deferrable`).
+        True unless ``AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE`` says otherwise (see :func:`default_deferrable`).
     :param step_profile: seconds per training step the job was measured at, per GPU model (e.g.
         ``{"T4": 0.42}``, from ``airflow-spot estimate --profile-command``); the UI's ranking of instance
         types before the job starts scales it by the catalog's relative throughputs (optional).

@@ -108,6 +108,23 @@ class Proc:
         return self.popen is not None and self.popen.poll() is None
 
 
+def _same_machine_descendants(root: psutil.Process) -> list[psutil.Process]:
+    """``root``'s descendants, less every subtree that starts a session of its own: the local backend
+    starts each instance's agent (and its preemption supervisor) with ``start_new_session``, and those stand
+    for other machines, which a crash of the worker's machine does not take down. (Airflow's task runners
+    only move to process groups of their own, so they are killed with their worker.)"""
+    found: list[psutil.Process] = []
+    todo = list(root.children())
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getsid(p.pid) == p.pid:
+                continue
+            found.append(p)
+            todo.extend(p.children())
+    return found
+
+
 @dataclass
 class AirflowStack:
     """One production-like Airflow; ``start()`` then ``stop()`` (or use it as a context manager).
@@ -438,7 +455,7 @@ class AirflowStack:
         session = proc.popen.pid
         members = []
         with contextlib.suppress(psutil.Error):  # descendants too: a task process outlived a session-only kill
-            members += psutil.Process(session).children(recursive=True)
+            members += _same_machine_descendants(psutil.Process(session))
         for p in self.processes_of_stack():
             with contextlib.suppress(ProcessLookupError, psutil.Error):
                 if os.getsid(p.pid) == session and p not in members:

@@ -92,6 +92,24 @@ def test_segments_defer_by_default(monkeypatch):
     assert build().task_dict["train.segment_000"].deferrable is True
 
 
+def test_a_generated_airflow_cfg_does_not_turn_deferral_off(monkeypatch):
+    # Airflow writes ``default_deferrable = false`` into every airflow.cfg it generates: not a choice
+    from airflow.sdk.configuration import conf
+
+    monkeypatch.delenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", raising=False)
+    had = conf.has_option("operators", "default_deferrable")
+    old = conf.get("operators", "default_deferrable", fallback=None)
+    conf.set("operators", "default_deferrable", "False")  # what the generated file holds
+    try:
+        assert conf.getboolean("operators", "default_deferrable") is False
+        assert build().task_dict["train.segment_000"].deferrable is True
+    finally:
+        if had and old is not None:
+            conf.set("operators", "default_deferrable", old)
+        else:
+            conf.remove_option("operators", "default_deferrable")
+
+
 def test_an_explicit_deployment_setting_wins(monkeypatch):
     monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "False")
     assert build().task_dict["train.segment_000"].deferrable is False

@@ -42,7 +42,9 @@ BACKEND_OPTIONS = {"regions": [REGION], "image_id": IMAGE_ID, "python": sys.exec
 MARKET_OPTIONS = {"regions": [REGION], "price_ttl_seconds": 0}
 
 #: (dag_id, total_steps, steps_per_segment, step_sleep): the tests read these to build a reference run
-DEMO = ("e2e_ec2_demo", 150, 50, 0.05)
+#: 0.2 s steps: a segment trains 10 s, so a fresh instance reclaimed 8 s after its agent starts is always
+#: reclaimed before its segment can end (a faster segment made the reclaim miss on a quiet machine)
+DEMO = ("e2e_ec2_demo", 150, 50, 0.2)
 FAILS = ("e2e_ec2_fails", 20, 20, 0.05)
 LONG = ("e2e_ec2_long", 3000, 3000, 0.1)
 WORKER = ("e2e_ec2_worker", 60, 30, 0.1)
