@@ -189,6 +189,8 @@ class SegmentTrigger(BaseTrigger):
         #: when the instance was first absent from a describe that answered (None: known, or not yet asked)
         self._unknown_since: float | None = None
         self._notice_logged = False
+        #: the poller's last round for this instance (an ended attempt seen between rounds reuses it)
+        self._last_seen = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -277,7 +279,7 @@ class SegmentTrigger(BaseTrigger):
         the agent's own status decides the outcome, so the describe can wait. The first round always
         comes from the poller."""
         tick = self._interim_read_seconds()
-        last = getattr(self, "_last_seen", None)
+        last = self._last_seen
         if tick is None or last is None:
             seen = await subscription.next()
         else:
