@@ -210,14 +210,16 @@ class Ec2DataPlane:
                     played.ended = inst.state_reason.code or state
                 elif played.agent.poll() is not None:
                     # the user data's `shutdown -h now` after the agent exits (idle timeout)
-                    self._terminate_in_moto(inst, IDLE_REASON)
                     played.ended = IDLE_REASON[1]
+                    self._terminate_in_moto(inst, IDLE_REASON)
                 elif played.notice_issued_at is not None:
                     if now >= played.notice_issued_at + self.notice_window_seconds:
-                        self._terminate_in_moto(inst, SPOT_REASON)
-                        self._kill(played, grace=0.0)
+                        # Recorded before moto shows the instance terminated: a reader that saw the
+                        # termination must also see it listed here.
                         played.ended = SPOT_REASON[1]
                         self.preempted.append(inst.id)
+                        self._terminate_in_moto(inst, SPOT_REASON)
+                        self._kill(played, grace=0.0)
                 elif played.preempt_at is not None and now >= played.preempt_at:
                     self._notice(inst, played)
 
