@@ -82,6 +82,12 @@ DEFAULT_RESTART_OVERHEAD_SECONDS = 60.0
 #: operator keeps the running instance for the next segment while its offer stays within the reuse
 #: tolerance (operators/segment.py), so a boundary is a warm one unless the job shows otherwise
 DEFAULT_NEW_INSTANCE_SHARE = 0.0
+#: steps a running attempt's own pace must span to stand alone; a shorter window is pooled with the job's
+#: earlier pace, weighted by steps (on a loaded 2-core machine a 30-step window read 0.063 s against 0.038 s)
+MIN_PACE_WINDOW_STEPS = 100
+#: a running attempt's heartbeat is at most this old when the training steps since it are counted as done
+#: (the training session beats every 2 s; an older beat says the process is stalled or gone)
+BEAT_AGE_CAP_SECONDS = 4.0
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,18 @@ class AttemptPace:
     :param exit_seconds: a preempted attempt's last heartbeat (after its emergency save) to its end: what
         a training process's exit costs (None when unknown).
     :param pace_seconds: the attempt's mean wall time per step from its first step to its last heartbeat
-        (saves included); None when it has not run past its warm-up since its first step.
+        (saves included); None when it has not run past its warm-up since its first step. Its warm-up
+        steps are in it: see ``steady_seconds``.
+    :param pace_steps: the steps ``pace_seconds`` is the mean of (its first step to its last heartbeat).
+    :param steady_seconds: the attempt's wall time per step past its warm-up (saves included): from a mark
+        of its own past the warm-up (a checkpoint it committed) to its last heartbeat; None when it has
+        no such mark.
+    :param warmup_seconds: what the attempt's steps from its first one to that mark took beyond the
+        steady pace (allocator, caches, a machine still busy with the start): the warm-up's own cost,
+        which every fresh start pays again; None when not measured.
+    :param steady_steps: the steps ``steady_seconds`` was measured over.
+    :param save_seconds: how long the attempt's newest checkpoint took to write: what a save on a notice
+        costs (the training waits for it); None when unknown.
     """
 
     steps: int
@@ -124,11 +141,26 @@ class AttemptPace:
     startup_seconds: float | None = None
     exit_seconds: float | None = None
     pace_seconds: float | None = None
+    pace_steps: int = 0
+    steady_seconds: float | None = None
+    warmup_seconds: float | None = None
+    save_seconds: float | None = None
+    steady_steps: int = 0
+
+    @property
+    def trained_at_notice(self) -> bool:
+        """The process was training when its notice came (it kept or lost steps, its first step came before
+        the notice, or it continued a warm process): it saves and leaves. Else it was still starting up and
+        may run the notice window out."""
+        return (self.steps > 0 or self.steps_lost > 0 or not self.new_instance
+                or (self.startup_seconds is not None and self.notice_seconds is not None
+                    and self.startup_seconds <= self.notice_seconds))
 
     @property
     def seconds_per_step(self) -> float | None:
-        """The attempt's pace: its measured mean since its first step, else its step-time EWMA."""
-        return self.pace_seconds or self.step_seconds
+        """The attempt's pace: its steady pace past the warm-up, else its mean since its first step, else
+        its step-time EWMA (see :func:`steady_step_seconds` for the mean with the warm-up taken out)."""
+        return self.steady_seconds or self.pace_seconds or self.step_seconds
 
 
 @dataclass(frozen=True)
@@ -136,7 +168,7 @@ class JobOverheads:
     """What the job's own attempts measured, in seconds (see :func:`measure_overheads`)."""
 
     startup: float  # a fresh instance: launch to its first training step (boot, python, restore, warm-up)
-    tail: float  # preemption notice to the attempt's end (notice window, final save, shutdown)
+    tail: float  # a training attempt's preemption notice to its end (emergency save, exit)
     gap_after_preemption: float  # an attempt's end to the next one's start after a preemption
     gap_after_boundary: float  # the same after a completed segment
     warm_boundary: float  # a segment boundary on a warm instance: gap plus the next attempt's own overhead
@@ -146,6 +178,9 @@ class JobOverheads:
     finish: float = 0.0  # a completed attempt's last step to its end (final save, status, accounting)
     #: the job's last attempt: its process exits (no warm handoff), as a preempted one's does after its save
     last_finish: float = 0.0
+    #: a fresh instance preempted in its start-up, before its process trained: notice to its end (a process
+    #: not up yet cannot save and leave early: the instance may run out the notice window)
+    start_tail: float = 0.0
 
     def to_dict(self) -> dict:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -172,31 +207,70 @@ class RemainingEstimate:
     #: the spread the pool's luck alone gives the remaining time: preemptions come as a Poisson count, so
     #: about ``sqrt(expected) x per_preemption_seconds`` either side (one standard deviation)
     spread_seconds: float = 0.0
+    #: the pool's mean time between preemptions the estimate used (None: on demand)
+    mtbf_seconds: float | None = None
 
     def to_dict(self) -> dict:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
 
 
-def robust_step_seconds(paces: list[AttemptPace], warmup_steps: int = WARMUP_STEPS, recent: int = 5) -> float | None:
-    """Seconds per training step, robust to the slow steps after a restart.
+def warmup_excess(paces: list[AttemptPace], fresh: bool = True) -> float | None:
+    """The median warm-up cost (``warmup_seconds``) over the job's attempts that measured one, of fresh
+    instances (``fresh``) or of warm ones (a segment continued by the same process); None if none did."""
+    seen = [p.warmup_seconds for p in paces if p.warmup_seconds is not None and p.new_instance == fresh]
+    return statistics.median(seen) if seen else None
 
-    An attempt's pace is its measured mean since its first step when its heartbeat records that (an EWMA
-    of single steps swings with every save stall: on the bench it read 0.106 s for an attempt whose 300
-    steps took 0.050 s each), else its EWMA. An attempt's figure only counts once it has run more than ``warmup_steps`` steps (before that the
-    warm-up dominates it); of the ``recent`` newest such attempts the median is taken, so one slow or
-    fast attempt (a noisy neighbour, a warm cache) does not swing the estimate. Falls back to the newest
-    EWMA when no attempt is past its warm-up yet. A running attempt past its warm-up gives the pace
-    itself: the steps left run on that process first, at the machine's present speed (a neighbour's load
-    that slowed it since the last attempt is not averaged away).
+
+def steady_step_seconds(p: AttemptPace, excess: float | None) -> float | None:
+    """One attempt's pace past its warm-up: measured (``steady_seconds``), else its mean since its first
+    step less the job's measured warm-up cost ``excess`` spread over those steps, else that mean or its EWMA.
+
+    A mean since the first step holds the warm-up: on the bench 70 steps of a fresh attempt averaged
+    0.05 s while its steady pace was 0.038 s, and every step left of the job was charged the difference.
+    """
+    if p.steady_seconds:
+        return p.steady_seconds
+    if p.pace_seconds and excess and p.pace_steps > 0:
+        # never below half the mean: an excess measured elsewhere cannot take most of this attempt's time
+        return max(p.pace_seconds * p.pace_steps - excess, 0.5 * p.pace_seconds * p.pace_steps) / p.pace_steps
+    return p.pace_seconds or p.step_seconds
+
+
+def robust_step_seconds(paces: list[AttemptPace], warmup_steps: int = WARMUP_STEPS, recent: int = 5) -> float | None:
+    """Seconds per training step past the warm-up, robust to the slow steps after a restart.
+
+    An attempt's pace is its steady pace past its warm-up (:func:`steady_step_seconds`: measured from a
+    mark of its own past the warm-up, else its mean since its first step less the job's measured warm-up
+    cost); an EWMA of single steps is the last resort (it swings with every save stall: on the bench it
+    read 0.106 s for an attempt whose 300 steps took 0.050 s each). An attempt's figure only counts once
+    it has run more than ``warmup_steps`` steps; of the ``recent`` newest such attempts the median is
+    taken, so one slow or fast attempt (a noisy neighbour, a warm cache) does not swing the estimate.
+    Falls back to the newest figure when no attempt is past its warm-up yet. A running attempt past its
+    warm-up gives the pace itself once its window spans :data:`MIN_PACE_WINDOW_STEPS` steps: the steps
+    left run on that process first, at the machine's present speed (a neighbour's load that slowed it
+    since the last attempt is not averaged away); a shorter window is pooled with the older attempts'
+    pace, weighted by steps.
     """
     if warmup_steps < 0 or recent < 1:
         raise ValueError(f"warmup_steps must be >= 0 and recent >= 1, got {warmup_steps!r}, {recent!r}")
-    known = [p for p in paces if p.seconds_per_step and p.seconds_per_step > 0]
-    if known and not known[-1].finished and known[-1].steps > warmup_steps and known[-1] is paces[-1]:
-        return known[-1].seconds_per_step
-    warm = [p.seconds_per_step for p in known if p.steps > warmup_steps][-recent:]
+    excess = {True: warmup_excess(paces, True), False: warmup_excess(paces, False)}
+    known = [(p, t) for p in paces if (t := steady_step_seconds(p, excess[p.new_instance])) and t > 0]
+    warm = [t for p, t in known if p.steps > warmup_steps][-recent:]
+    if known and not known[-1][0].finished and known[-1][0].steps > warmup_steps and known[-1][0] is paces[-1]:
+        run, pace = known[-1]
+        older = [t for p, t in known[:-1] if p.steps > warmup_steps][-recent:]
+        if run.steady_seconds and run.steady_steps:
+            n = run.steady_steps
+        elif not run.steady_seconds and run.pace_seconds and run.pace_steps:
+            n = run.pace_steps
+        else:
+            n = run.steps
+        if n >= MIN_PACE_WINDOW_STEPS or not older:
+            return pace
+        # a short window is noisy: the job's most recent MIN_PACE_WINDOW_STEPS steps, the rest at the older pace
+        return (n * pace + (MIN_PACE_WINDOW_STEPS - n) * statistics.median(older)) / MIN_PACE_WINDOW_STEPS
     if not warm:
-        return known[-1].seconds_per_step if known else None
+        return known[-1][1] if known else None
     return statistics.median(warm)
 
 
@@ -207,10 +281,12 @@ def _median(values: list[float], default: float) -> float:
 def measure_overheads(paces: list[AttemptPace], step: float,
                       default_startup: float = DEFAULT_RESTART_OVERHEAD_SECONDS,
                       default_new_instance_share: float = DEFAULT_NEW_INSTANCE_SHARE,
-                      default_tail: float = 0.0) -> JobOverheads:
+                      default_tail: float = 0.0, default_start_tail: float | None = None) -> JobOverheads:
     """The job's own overheads, from its attempts (oldest first).
 
-    * start-up: a fresh instance's time to the end of its first step, as its heartbeat records it; for an
+    * start-up: a fresh instance's time to the end of its first step, as its heartbeat records it, plus its
+      warm-up's cost beyond the steady pace (its own, else the median the job's fresh attempts measured:
+      the steady pace charges the steps left nothing for it, so every fresh start pays it here); for an
       attempt without that record, inferred from an attempt that trained (a completed
       one: its time not spent on kept steps; a preempted one: its notice time less its steps; the running
       one: its time so far less its steps), each attempt's steps at its own measured pace. A preempted attempt that never trained only says start-up took
@@ -219,23 +295,30 @@ def measure_overheads(paces: list[AttemptPace], step: float,
     * tail: notice to end of preempted attempts; gaps: end of one attempt to the start of the next.
     * finish: a completed attempt's last step to its end; the job's last attempt also exits its process,
       which costs what a preempted attempt's exit cost (its last heartbeat to its end);
-    * tail: ``default_tail`` (the notice window) before any preemption is seen;
-    * a warm boundary: the gap after a completed segment plus the next (warm) attempt's own overhead;
+    * tails, apart for attempts that were training at their notice (the process saves and leaves) and
+      fresh ones preempted in their start-up (``start_tail``): ``default_tail`` and ``default_start_tail``
+      (else ``default_tail``) before the job has seen one of the kind;
+    * a warm boundary: the gap after a completed segment plus the next (warm) attempt's own overhead (its
+      first step and the warm-up cost warm attempts measured);
       the share of boundaries that moved to a fresh instance (``default_new_instance_share`` before any).
     """
     exact: list[float] = []
     bounds: list[float] = []
-    tails, gaps_p, gaps_b, warm, lost, moved = [], [], [], [], [], []
+    tails, start_tails, gaps_p, gaps_b, warm, lost, moved = [], [], [], [], [], [], []
     ends = [p.end_seconds for p in paces if p.finished and not p.preempted and p.end_seconds is not None]
     finish = _median(ends, 0.0)
     exits = [p.exit_seconds for p in paces if p.finished and p.preempted and p.exit_seconds is not None]
+    excess = {True: warmup_excess(paces, True), False: warmup_excess(paces, False)}
     for i, p in enumerate(paces):
         prev = paces[i - 1] if i else None
-        own = p.seconds_per_step or step  # an attempt's steps at its own pace (the machine's speed moves)
+        # an attempt's steps at its own steady pace (the machine's speed moves)
+        own = steady_step_seconds(p, excess[p.new_instance]) or step
+        # what its warm-up cost beyond that pace: its own figure, else what the job's attempts of its kind showed
+        warmup = p.warmup_seconds if p.warmup_seconds is not None else (excess[p.new_instance] or 0.0)
         # a completed attempt's time after its last step is its finish, not its start-up
         end = (p.end_seconds if p.end_seconds is not None else finish) if p.finished and not p.preempted else 0.0
         if p.new_instance and p.startup_seconds is not None:
-            exact.append(max(0.0, p.startup_seconds))
+            exact.append(max(0.0, p.startup_seconds) + max(0.0, warmup))
         elif p.new_instance:
             if p.preempted and p.finished:
                 if p.steps > 0 and p.notice_seconds is not None:
@@ -246,14 +329,14 @@ def measure_overheads(paces: list[AttemptPace], step: float,
                 exact.append(max(0.0, p.seconds - p.steps * own - end))
         if p.preempted and p.finished:
             if p.notice_seconds is not None:
-                tails.append(max(0.0, p.seconds - p.notice_seconds))
+                (tails if p.trained_at_notice else start_tails).append(max(0.0, p.seconds - p.notice_seconds))
             lost.append(p.steps_lost * step)
         if prev is not None and prev.finished and p.gap_before is not None:
             (gaps_p if prev.preempted else gaps_b).append(max(0.0, p.gap_before))
             if not prev.preempted:
                 moved.append(1.0 if p.new_instance else 0.0)
                 if not p.new_instance and p.startup_seconds is not None:
-                    warm.append(max(0.0, p.gap_before) + max(0.0, p.startup_seconds))
+                    warm.append(max(0.0, p.gap_before) + max(0.0, p.startup_seconds) + max(0.0, warmup))
                 elif not p.new_instance and (p.finished or p.steps > 0):
                     warm.append(max(0.0, p.gap_before) + max(0.0, p.seconds - p.steps * own - end)
                                 if p.finished else max(0.0, p.gap_before))
@@ -270,6 +353,7 @@ def measure_overheads(paces: list[AttemptPace], step: float,
         new_instance_share=(sum(moved) / len(moved)) if moved else default_new_instance_share,
         lost_per_preemption=(sum(lost) / len(lost)) if lost else 0.0, samples=len(exact), finish=finish,
         last_finish=max(finish, _median(exits, 0.0)),
+        start_tail=_median(start_tails, default_tail if default_start_tail is None else default_start_tail),
     )
 
 
@@ -303,6 +387,7 @@ def estimate_remaining(
     default_restart_seconds: float = DEFAULT_RESTART_OVERHEAD_SECONDS,
     idle_seconds: float = 0.0,
     notice_window_seconds: float = 0.0,
+    beat_age_seconds: float = 0.0,
 ) -> RemainingEstimate:
     """Remaining time and cost of a running job, from the job's own measured overheads.
 
@@ -316,8 +401,21 @@ def estimate_remaining(
       its warm boundary, or a fresh start for the share of boundaries that moved to a new instance; the
       last attempt's finish is added once more;
     * a running attempt that has not trained yet still owes ``s - elapsed`` of its start-up (and, if the
-      pool strikes before, a restart); with no attempt running (``idle_seconds`` since the last one ended),
-      a whole start is due, less the gap already waited.
+      pool strikes before, a restart); one that has trained but is still in its warm-up (no steady pace of
+      its own yet) owes what its start-up and warm-up have not spent yet: ``s + steps x step - elapsed``;
+      with no attempt running (``idle_seconds`` since the last one ended), a whole start is due, less the
+      gap already waited;
+    * a running attempt whose process was told to go (``notice_seconds``) is a preemption under way, not
+      one the pool may send: the rest of its tail and a restart are due (in ``current_seconds``, not in
+      the expected count);
+    * the steps trained since the running attempt's last heartbeat (``beat_age_seconds`` ago, counted up
+      to :data:`BEAT_AGE_CAP_SECONDS`) are done: a beat comes every 2 s, and reading it as the present
+      overstated every reading by half that on average.
+
+    Preemptions are a renewal count over the time the job is exposed to the pool while it makes progress:
+    its training (``W``, the lost work redone) and its fresh start-ups; the overheads the preemptions
+    themselves add (tails, restarts) are not time over which more of them are counted, except the
+    start-ups, whose own failures :func:`start_seconds` counts.
 
     All overheads come from :func:`measure_overheads` over ``paces``; ``mtbf_seconds`` is the current
     pool's (None: on demand, no preemption).
@@ -327,7 +425,11 @@ def estimate_remaining(
     :param segments_left: segment boundaries still to cross (each a new attempt).
     :param price_per_hour: price of the current (or next) offer; None leaves the cost unknown.
     :param idle_seconds: seconds since the last attempt ended, when none is running.
-    :param notice_window_seconds: the pool's notice window: a preemption's tail before the job has seen one.
+    :param notice_window_seconds: the pool's notice window: the tail of a preemption in a start-up before
+        the job has seen one, and the most a training attempt's can be (before the job has seen one, that is
+        its emergency save: the newest attempt's save cost).
+    :param beat_age_seconds: seconds since the running attempt's last heartbeat (the one ``done_steps``
+        comes from).
     """
     if total_steps <= 0 or done_steps < 0 or segments_left < 0:
         raise ValueError(
@@ -343,12 +445,24 @@ def estimate_remaining(
                                  "no step time measured yet")
     if remaining_steps == 0:
         return RemainingEstimate(0, step, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "all steps done")
-    o = measure_overheads(paces, step, default_restart_seconds, default_tail=notice_window_seconds)
+    # before the job has seen a training attempt preempted, its tail is the save it makes on the notice (the
+    # newest checkpoint's write time) within the notice window: the process leaves after it, and a window
+    # is only what the pool allows (EC2's is 120 s), not what a save takes; its exit is not known yet (a
+    # lower bound). One preempted in its start-up may run the window out: its prior is the window
+    saves = [p.save_seconds for p in paces if p.save_seconds is not None]
+    tail_prior = notice_window_seconds
+    if saves:
+        tail_prior = min(notice_window_seconds, saves[-1]) if notice_window_seconds > 0 else saves[-1]
+    o = measure_overheads(paces, step, default_restart_seconds, default_tail=tail_prior,
+                          default_start_tail=notice_window_seconds)
     mtbf = mtbf_seconds or None
     save = [p.save_fraction for p in paces if p.save_fraction > 0][-3:]
     compute = remaining_steps * step * (1 + (sum(save) / len(save) if save else 0.0))
-    start_p, fails_p = start_seconds(o.startup, o.gap_after_preemption, o.tail, mtbf)
-    start_b, fails_b = start_seconds(o.startup, o.gap_after_boundary, o.tail, mtbf)
+    running = paces[-1] if paces and not paces[-1].finished else None
+    if running is not None and running.steps > 0 and beat_age_seconds > 0 and running.notice_seconds is None:
+        compute = max(0.0, compute - min(beat_age_seconds, BEAT_AGE_CAP_SECONDS))
+    start_p, fails_p = start_seconds(o.startup, o.gap_after_preemption, o.start_tail, mtbf)
+    start_b, fails_b = start_seconds(o.startup, o.gap_after_boundary, o.start_tail, mtbf)
     # a segment boundary: the attempt's finish, then the same warm instance or (the job's measured share) a
     # fresh one; the job's last attempt finishes too
     share = o.new_instance_share
@@ -363,16 +477,28 @@ def estimate_remaining(
         training_hits = 0.0
     per_hit = lost + o.tail + start_p if mtbf else 0.0
     # the attempt now under way (or the one about to be launched) may still owe its start-up
-    running = paces[-1] if paces and not paces[-1].finished else None
     current = current_plain = 0.0
-    if running is not None and running.steps == 0 and running.new_instance:
+    notice_due = 0.0
+    own_startup = o.startup
+    if running is not None and running.startup_seconds is not None:
+        own_startup = running.startup_seconds + (warmup_excess(paces, True) or 0.0)
+    if running is not None and running.notice_seconds is not None:
+        # told to go: a preemption under way, no longer the pool's luck: the rest of its tail, then a restart
+        tail = o.tail if running.trained_at_notice else o.start_tail
+        notice_due = max(0.0, tail - (running.seconds - running.notice_seconds)) + (start_p if mtbf else
+                                                                                       o.gap_after_preemption + o.startup)
+        current = current_plain = notice_due
+    elif running is not None and running.steps == 0 and running.new_instance:
         left = current_plain = max(0.0, o.startup - running.seconds)
         if mtbf and left > 0:
             q = 1 - math.exp(-left / mtbf)  # the pool strikes before the first step
-            current = mtbf * q + q * (o.tail + start_p)
+            current = mtbf * q + q * (o.start_tail + start_p)
             preemptions += q * (1 + fails_p)
         else:
             current = left
+    elif running is not None and running.new_instance and running.steady_seconds is None:
+        # trained, but still in its warm-up: what its start-up and warm-up have not spent yet
+        current = current_plain = max(0.0, own_startup + running.steps * step - running.seconds)
     elif running is None and paces:
         last = paces[-1]
         gap_waited = max(0.0, idle_seconds)
@@ -387,13 +513,14 @@ def estimate_remaining(
     total = compute + boundaries + preemption_seconds + current
     cost = total / 3600.0 * price_per_hour if price_per_hour is not None else None
     basis = (
-        f"{remaining_steps} steps x {step:.4f} s/step (median EWMA past {warmup_steps} warm-up steps)"
+        f"{remaining_steps} steps x {step:.4f} s/step (steady pace past {warmup_steps} warm-up steps)"
         f" + {segments_left} boundaries and the end ({boundaries:.1f} s, finish {o.finish:.1f} s each)"
         + (f" + {training_hits:.2f} preemptions while training x {per_hit:.1f} s (lost {lost:.1f} + tail "
            f"{o.tail:.1f} + restart {start_p:.1f} s: start-up {o.startup:.1f} s survives the MTBF of "
            f"{mtbf:.0f} s with p={math.exp(-o.startup / mtbf):.2f})" if mtbf
            else " (on-demand: no preemptions expected)")
-        + (f" + {current:.1f} s of start-up still due" if current else "")
+        + (f" + {notice_due:.1f} s for the preemption under way (notice seen)" if notice_due
+           else f" + {current:.1f} s of start-up still due" if current else "")
     )
     # what the preemptions add on top of the same work on an instance that is never preempted
     plain = (compute + segments_left * ((1 - share) * o.warm_boundary + share * (o.gap_after_boundary + o.startup)
@@ -401,7 +528,8 @@ def estimate_remaining(
     per_preemption = (total - plain - current_plain) / expected if expected > 0 else 0.0
     return RemainingEstimate(remaining_steps, step, compute, boundaries, preemption_seconds, expected,
                              total, cost, basis, current_seconds=current, per_preemption_seconds=per_preemption,
-                             overheads=o.to_dict(), spread_seconds=math.sqrt(expected) * per_preemption)
+                             overheads=o.to_dict(), spread_seconds=math.sqrt(expected) * per_preemption,
+                             mtbf_seconds=mtbf)
 
 
 # ---------------------------------------------------------------------------------------- offline

@@ -46,6 +46,7 @@ from airflow_spot.storage.manifest import (  # re-exported: callers import them 
     manifest_checksum,
 )
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, store_errors
+from airflow_spot.storage.protocol import safe_id
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ class CheckpointStore:
 
     def __init__(self, store: ObjectStore, writer: str = "local") -> None:
         self.store = store
-        self.writer = re.sub(r"[^A-Za-z0-9_.=-]+", "_", writer)
+        self.writer = safe_id(writer)
 
     # ---- writing
     def save(

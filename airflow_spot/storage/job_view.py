@@ -19,7 +19,9 @@ from airflow_spot.policy.estimate import WARMUP_STEPS, AttemptPace, estimate_rem
 from airflow_spot.policy.ledger import LedgerRow, summarize
 from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
-from airflow_spot.storage.protocol import AttemptStatus, Heartbeat, JobLayout, Outcome, SchemaError, SegmentRequest
+from airflow_spot.storage.protocol import (
+    AttemptStatus, Heartbeat, JobLayout, Outcome, SchemaError, SegmentRequest, safe_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,8 @@ class AttemptView:
     cost: float | None
     step_seconds: float | None
     new_instance: bool | None
-    #: when the preemption notice reached the training process (ledger row; None: no notice seen)
+    #: when the preemption notice reached the training process (ledger row, or a running attempt's heartbeat:
+    #: a preemption under way; None: no notice seen)
     notice_at: float | None = None
     #: the attempt's last heartbeat (time, save cost EWMA): what its end cost after its last step
     last_beat_at: float | None = None
@@ -56,6 +59,19 @@ class AttemptView:
     first_step_at: float | None = None
     #: mean seconds per step from that first step to its last heartbeat (None: too few steps since)
     pace_seconds: float | None = None
+    #: the steps that mean is over (its first step to its last heartbeat)
+    pace_steps: int = 0
+    #: seconds per step past the warm-up: from the attempt's oldest committed checkpoint past its warm-up
+    #: to its last heartbeat (None: no such checkpoint kept, or too few steps since)
+    steady_seconds: float | None = None
+    #: the steps that pace is over
+    steady_steps: int = 0
+    #: its first step to that checkpoint, beyond the steady pace: what its warm-up cost (None: not measured)
+    warmup_seconds: float | None = None
+    #: the heartbeat's step
+    beat_step: int | None = None
+    #: how long the attempt's newest committed checkpoint took to write (what a save on a notice costs)
+    write_seconds: float | None = None
 
     @property
     def is_preemption(self) -> bool:
@@ -177,10 +193,16 @@ class JobView:
         return out
 
     # ------------------------------------------------------------------ the timeline
-    def attempts(self, now: float) -> list[AttemptView]:
-        """Every attempt of the job, oldest first, merged from launch record, status, heartbeat and ledger."""
+    def attempts(self, now: float, checkpoints: list[dict[str, Any]] | None = None) -> list[AttemptView]:
+        """Every attempt of the job, oldest first, merged from launch record, status, heartbeat and ledger
+        (and its committed checkpoints, for its pace past the warm-up: ``checkpoints`` as
+        :meth:`checkpoints` returns them, read here when not given)."""
         launches, statuses, beats = self.launches(), self.statuses(), self.heartbeats()
         rows = {r.attempt_id: r for r in self.ledger_rows()}
+        checkpoints = self.checkpoints() if checkpoints is None else checkpoints
+        marks = _checkpoint_marks(checkpoints)
+        writes_by = {c["writer"]: c["save_seconds"] for c in sorted(checkpoints, key=lambda c: c["time"] or 0.0)
+                     if c.get("writer") and c.get("save_seconds") is not None}
         out = []
         for aid in sorted(set(launches) | set(rows) | set(statuses)):
             launch, st, hb, row = launches.get(aid, {}), statuses.get(aid), beats.get(aid), rows.get(aid)
@@ -194,6 +216,10 @@ class JobView:
                 and outcome == "running" else None
             )
             resume = launch.get("resume_step")
+            # the writer id its checkpoints carry (CheckpointStore's: the attempt id made key-safe)
+            writer = safe_id(aid)
+            steady, warmup, steady_steps = _steady_window(hb, marks.get(writer, []))
+            writes = writes_by.get(writer)
             out.append(AttemptView(
                 attempt_id=aid,
                 segment_index=row.segment_index if row else launch.get("segment_index"),
@@ -215,11 +241,17 @@ class JobView:
                 step_seconds=row.step_seconds if row and row.step_seconds else (hb.step_time_ewma if hb else None),
                 new_instance=(row.new_instance if row
                               else (not launch.get("reused_instance", False) if launch else None)),
-                notice_at=row.notice_at if row else None,
+                notice_at=row.notice_at if row else (hb.notice_at if hb and outcome == "running" else None),
                 last_beat_at=hb.time if hb else None,
                 save_seconds=hb.save_cost_seconds if hb else None,
                 first_step_at=hb.first_step_at if hb else None,
                 pace_seconds=_pace(hb),
+                pace_steps=(hb.step - hb.first_step) if hb and hb.first_step is not None else 0,
+                steady_seconds=steady,
+                steady_steps=steady_steps,
+                warmup_seconds=warmup,
+                beat_step=hb.step if hb else None,
+                write_seconds=writes,
             ))
         return sorted(out, key=lambda a: (a.started_at if a.started_at is not None else float("inf"), a.attempt_id))
 
@@ -258,8 +290,8 @@ class JobView:
         """
         summary = self.summary()
         requests = self.requests()
-        attempts = self.attempts(now)
         checkpoints = self.checkpoints()
+        attempts = self.attempts(now, checkpoints)
         totals = self.totals(now)
         record = self.job_record() or {}
         if total_steps is None:
@@ -295,6 +327,11 @@ class JobView:
                                     if previous_end is not None and a.started_at is not None else None),
                         # last step to end: the final save (its cost EWMA), then last heartbeat to the end
                         pace_seconds=a.pace_seconds,
+                        pace_steps=a.pace_steps,
+                        steady_seconds=a.steady_seconds,
+                        steady_steps=a.steady_steps,
+                        warmup_seconds=a.warmup_seconds,
+                        save_seconds=a.write_seconds,
                         exit_seconds=(max(0.0, a.ended_at - a.last_beat_at)
                                       if a.is_preemption and a.ended_at is not None and a.last_beat_at is not None
                                       else None),
@@ -307,6 +344,10 @@ class JobView:
                 previous_end = a.ended_at if a.ended_at is not None else previous_end
             ended = [a.ended_at for a in attempts if a.ended_at is not None]
             idle = max(0.0, now - max(ended)) if ended and not running else 0.0
+            # the progress read is the running attempt's heartbeat's: it trained on since that beat
+            beat_age = (max(0.0, now - running[-1].last_beat_at)
+                        if running and running[-1].last_beat_at is not None and running[-1].notice_at is None
+                        and running[-1].beat_step is not None and running[-1].beat_step >= current else 0.0)
             mtbf = self._mtbf(requests, attempts, now, mtbf_seconds)
             offer_price = running[-1].price_per_hour if running else (attempts[-1].price_per_hour if attempts else None)
             segments_left = sum(1 for end in segment_ends if end > current) - (1 if running else 0)
@@ -316,7 +357,7 @@ class JobView:
             estimate = estimate_remaining(
                 paces, done_steps=min(current, total_steps), total_steps=total_steps,
                 segments_left=max(0, segments_left), mtbf_seconds=mtbf, price_per_hour=offer_price,
-                idle_seconds=idle,
+                idle_seconds=idle, beat_age_seconds=beat_age,
                 notice_window_seconds=requests[-1].notice_window_seconds if requests else 0.0,
             ).to_dict()
         return {
@@ -350,13 +391,45 @@ class JobView:
             return None
         if prior is None:
             prior = next((r.mtbf_seconds for r in reversed(requests) if r.mtbf_seconds), None)
-        seen = sum(a.is_preemption for a in attempts)
+        # a running attempt told to go is a preemption seen too
+        seen = sum(a.is_preemption or (a.outcome == "running" and a.notice_at is not None) for a in attempts)
         # time exposed to the pool: launch to the notice (the notice window after it is not), or to the end
         seconds = sum(max(0.0, (a.notice_at or a.ended_at or now) - a.started_at)
                       for a in attempts if a.started_at is not None)
         if prior is None:
             return seconds / seen if seen else None
         return estimate_mtbf(prior, seen, seconds)
+
+
+def _checkpoint_marks(checkpoints: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """Per writer (an attempt), its committed checkpoints as ``(step, time the step was reached)``: the
+    manifest's commit time less its save time (the write runs behind the training), oldest first."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for c in checkpoints:
+        if c.get("writer") and c.get("time"):
+            out.setdefault(c["writer"], []).append((c["step"], c["time"] - (c.get("save_seconds") or 0.0)))
+    return {w: sorted(v) for w, v in out.items()}
+
+
+def _steady_window(hb: Heartbeat | None,
+                   marks: list[tuple[int, float]]) -> tuple[float | None, float | None, int]:
+    """An attempt's pace past its warm-up and what the warm-up cost beyond it, from its oldest checkpoint
+    at least ``WARMUP_STEPS`` past its first step and at least as many before its heartbeat.
+
+    ``steady = (beat time - mark time) / (beat step - mark step)``; ``warm-up = (mark time - first step's
+    time) - (mark step - first step) x steady``; and the steps of that window. (None, None, 0) without
+    such a checkpoint.
+    """
+    if hb is None or hb.first_step_at is None or hb.first_step is None:
+        return None, None, 0
+    for step, at in marks:
+        if step - hb.first_step < WARMUP_STEPS or hb.step - step < WARMUP_STEPS or at <= hb.first_step_at:
+            continue
+        if hb.time <= at:
+            break
+        steady = (hb.time - at) / (hb.step - step)
+        return steady, (at - hb.first_step_at) - (step - hb.first_step) * steady, hb.step - step
+    return None, None, 0
 
 
 def _pace(hb: Heartbeat | None) -> float | None:

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from airflow_spot.policy.estimate import (
+    BEAT_AGE_CAP_SECONDS,
     PRIOR_RELATIVE_ERROR,
     AttemptPace,
     StepTimeModel,
@@ -15,6 +16,8 @@ from airflow_spot.policy.estimate import (
     rank_offers_for_job,
     robust_step_seconds,
     start_seconds,
+    steady_step_seconds,
+    warmup_excess,
 )
 from airflow_spot.policy.offers import Market, Offer
 
@@ -31,9 +34,13 @@ def test_step_time_is_the_median_so_one_odd_attempt_does_not_swing_it():
 
 
 def test_a_running_attempt_past_its_warm_up_gives_the_present_pace():
-    # the machine got slower: the running process's own EWMA, not the median of the older attempts
-    paces = [AttemptPace(200, 0.10, 25), AttemptPace(180, 0.11, 25), AttemptPace(50, 0.15, 9, finished=False)]
+    # the machine got slower: once the running process has shown it over MIN_PACE_WINDOW_STEPS (100) steps,
+    # its own pace, not the median of the older attempts (0.105 s)
+    paces = [AttemptPace(200, 0.10, 25), AttemptPace(180, 0.11, 25), AttemptPace(150, 0.15, 25, finished=False)]
     assert robust_step_seconds(paces, warmup_steps=20) == pytest.approx(0.15)
+    # over 50 steps only: the job's last 100 steps, 50 at 0.15 s and 50 at the older 0.105 s
+    paces[-1] = AttemptPace(50, 0.15, 9, finished=False)
+    assert robust_step_seconds(paces, warmup_steps=20) == pytest.approx((50 * 0.15 + 50 * 0.105) / 100)
 
 
 def test_an_attempts_measured_mean_pace_beats_its_ewma():
@@ -243,3 +250,142 @@ def test_offline_ranking_scales_a_measured_step_time_by_relative_throughput():
 def test_offline_ranking_rejects_a_job_without_steps():
     with pytest.raises(ValueError, match="steps must be positive"):
         rank_offers_for_job([], 0, StepTimeModel(0.0, 1.0))
+
+
+# ------------------------------------------------------------------ warm-up, steady pace, renewal, beat age
+def test_a_mean_since_the_first_step_sheds_the_warm_up_the_job_measured():
+    # 70 steps since the first took 3.5 s (0.05 s each); the job's fresh attempts showed their warm-up cost
+    # 0.84 s beyond the steady pace: the steady pace is (3.5 - 0.84) / 70 = 0.038 s
+    measured = AttemptPace(300, 0.04, 20.0, new_instance=True, warmup_seconds=0.84, steady_seconds=0.038)
+    running = AttemptPace(71, 0.06, 8.0, finished=False, pace_seconds=0.05, pace_steps=70)
+    assert steady_step_seconds(running, 0.84) == pytest.approx(0.038)
+    assert warmup_excess([measured, running]) == pytest.approx(0.84)
+    assert robust_step_seconds([measured, running]) == pytest.approx(0.038)
+    # no warm-up measured anywhere: the means are all there is; the running one spans 70 steps, so the last
+    # 100 steps are its 70 at 0.05 s and 30 at the older attempt's 0.04 s
+    assert robust_step_seconds([replace(measured, warmup_seconds=None, steady_seconds=None, pace_seconds=0.04,
+                                        pace_steps=299), running]) == pytest.approx((70 * 0.05 + 30 * 0.04) / 100)
+    # a warm attempt (same process) is corrected only by what warm attempts measured (none here)
+    assert steady_step_seconds(replace(running, new_instance=False), warmup_excess([measured], fresh=False)) == 0.05
+
+
+def test_a_running_attempts_steady_pace_beats_its_mean_and_the_older_attempts():
+    paces = [AttemptPace(300, 0.04, 20.0, pace_seconds=0.045, pace_steps=299),
+             AttemptPace(190, 0.06, 8.0, finished=False, pace_seconds=0.05, pace_steps=189, steady_seconds=0.041,
+                         steady_steps=120, warmup_seconds=0.6)]
+    assert robust_step_seconds(paces) == pytest.approx(0.041)
+    # a 40-step window: pooled with the older attempt's pace (its mean less the warm-up the running one showed)
+    older = (0.045 * 299 - 0.6) / 299
+    assert robust_step_seconds(paces[:1] + [replace(paces[1], steady_steps=40)]) == pytest.approx(
+        (40 * 0.041 + 60 * older) / 100)
+    # the finished attempt's mean loses the warm-up the running one measured: (0.045 x 299 - 0.6) / 299
+    assert robust_step_seconds(paces[:1] + [replace(paces[1], steps=10)]) == pytest.approx(
+        (0.045 * 299 - 0.6) / 299)
+
+
+def test_a_fresh_start_up_includes_the_warm_up_beyond_the_steady_pace():
+    # A: first step 4 s after its launch, then 0.8 s of warm-up beyond its steady pace -> 4.8 s;
+    # B: first step after 5 s, its warm-up not measured -> the median of A's and C's, 0.5 s -> 5.5 s;
+    # C (running): first step after 5.6 s, warm-up 0.2 s -> 5.8 s
+    paces = [AttemptPace(100, 0.1, 15.0, startup_seconds=4.0, warmup_seconds=0.8, steady_seconds=0.1),
+             AttemptPace(50, 0.1, 11.0, preempted=True, notice_seconds=10.0, gap_before=1.0, startup_seconds=5.0),
+             AttemptPace(30, 0.1, 9.0, finished=False, gap_before=2.0, startup_seconds=5.6, warmup_seconds=0.2,
+                         steady_seconds=0.1)]
+    o = measure_overheads(paces, 0.1)
+    assert o.startup == pytest.approx(5.5)  # median of 4.8, 5.5, 5.8
+    assert o.samples == 3
+
+
+def test_an_attempt_still_in_its_warm_up_owes_what_it_has_not_spent_yet():
+    # the job's fresh attempts warm up 1 s beyond a steady 0.1 s/step; the running one had its first step
+    # 3.2 s after its launch and is 10 steps in, 4.5 s after it: it owes 3.2 + 1 + 10 x 0.1 - 4.5 = 0.7 s
+    done = AttemptPace(200, 0.1, 26.0, startup_seconds=4.0, warmup_seconds=1.0, steady_seconds=0.1)
+    running = AttemptPace(10, 0.3, 4.5, finished=False, gap_before=0.0, startup_seconds=3.2)
+    est = estimate_remaining([done, running], done_steps=210, total_steps=300, segments_left=0,
+                             mtbf_seconds=None, price_per_hour=None)
+    assert est.current_seconds == pytest.approx(3.2 + 1.0 + 10 * 0.1 - 4.5)
+    assert est.remaining_seconds == pytest.approx(90 * 0.1 + 0.7)
+    # past its warm-up (a steady pace of its own): nothing more is owed
+    est = estimate_remaining([done, replace(running, steps=60, seconds=10.0, steady_seconds=0.1)], done_steps=260,
+                             total_steps=300, segments_left=0, mtbf_seconds=None, price_per_hour=None)
+    assert est.current_seconds == 0.0 and est.remaining_seconds == pytest.approx(4.0)
+
+
+def test_steps_trained_since_the_last_heartbeat_are_done():
+    paces = [AttemptPace(50, 0.1, 9.0, finished=False, steady_seconds=0.1)]
+    fresh = estimate_remaining(paces, done_steps=50, total_steps=100, segments_left=0, mtbf_seconds=None,
+                               price_per_hour=None)
+    assert fresh.remaining_seconds == pytest.approx(5.0)
+    aged = estimate_remaining(paces, done_steps=50, total_steps=100, segments_left=0, mtbf_seconds=None,
+                              price_per_hour=None, beat_age_seconds=1.5)
+    assert aged.remaining_seconds == pytest.approx(3.5)
+    # a beat older than the cap says the process stalled: only the cap is counted
+    stale = estimate_remaining(paces, done_steps=50, total_steps=100, segments_left=0, mtbf_seconds=None,
+                               price_per_hour=None, beat_age_seconds=30.0)
+    assert stale.remaining_seconds == pytest.approx(5.0 - BEAT_AGE_CAP_SECONDS)
+
+
+def test_preemptions_are_counted_over_the_training_and_start_ups_not_over_the_overheads():
+    # the same 200 steps left (20 s of training) on two jobs whose boundaries cost 1 s or 50 s: the same
+    # number of preemptions is expected (renewal over the exposed time), 20 / (M - lost) x (1 + failed starts)
+    m = 40.0
+    cheap = [replace(p, end_seconds=0.0) for p in HISTORY[:2]] + HISTORY[2:]
+    dear = [replace(HISTORY[0], end_seconds=0.0), replace(HISTORY[1], end_seconds=0.0, gap_before=40.0)] + HISTORY[2:]
+    a = estimate_remaining(cheap, done_steps=300, total_steps=500, segments_left=2, mtbf_seconds=m, price_per_hour=None)
+    b = estimate_remaining(dear, done_steps=300, total_steps=500, segments_left=2, mtbf_seconds=m, price_per_hour=None)
+    assert b.boundary_seconds > a.boundary_seconds + 10
+    o = measure_overheads(cheap, 0.1)
+    start_p, fails_p = start_seconds(o.startup, o.gap_after_preemption, o.tail, m)
+    _, fails_b = start_seconds(o.startup, o.gap_after_boundary, o.tail, m)
+    hits = 20.0 / (m - o.lost_per_preemption)
+    assert a.expected_preemptions == pytest.approx(hits * (1 + fails_p) + 2 * o.new_instance_share * fails_b)
+    assert a.preemption_seconds == pytest.approx(hits * (o.lost_per_preemption + o.tail + start_p))
+    assert a.mtbf_seconds == m
+
+
+def test_a_training_attempts_tail_and_a_start_ups_tail_are_measured_apart():
+    # B trained 80 steps, was told at 10 s and left 1.2 s later (save, exit); C was told 1.5 s after its
+    # launch, before its first step (at 4 s), and ran 3.4 s more (its process was not up to leave early)
+    paces = [AttemptPace(100, 0.1, 14.0, startup_seconds=4.0),
+             AttemptPace(80, 0.1, 11.2, preempted=True, notice_seconds=10.0, gap_before=0.0, new_instance=False),
+             AttemptPace(0, None, 4.9, preempted=True, notice_seconds=1.5, gap_before=1.0),
+             AttemptPace(30, 0.1, 8.0, finished=False, gap_before=1.0, startup_seconds=4.0)]
+    o = measure_overheads(paces, 0.1, default_tail=9.0)
+    assert (o.tail, o.start_tail) == (pytest.approx(1.2), pytest.approx(3.4))
+
+
+def test_before_any_preemption_a_training_attempts_tail_is_its_emergency_save():
+    # nothing preempted yet; the running attempt's saves take 0.3 s; the notice window is 5 s: a training
+    # attempt told to go saves (0.3 s) and leaves; a start-up preempted may run the window out (5 s)
+    m, window = 40.0, 5.0
+    paces = [AttemptPace(50, 0.1, 9.0, finished=False, startup_seconds=4.0, steady_seconds=0.1, save_seconds=0.3)]
+    est = estimate_remaining(paces, done_steps=50, total_steps=250, segments_left=0, mtbf_seconds=m,
+                             price_per_hour=None, notice_window_seconds=window)
+    assert (est.overheads["tail"], est.overheads["start_tail"]) == (0.3, 5.0)
+    start_p, fails_p = start_seconds(4.0, 0.0, window, m)  # a restart's failed start-ups pay the window
+    hits = 20.0 / m
+    assert est.remaining_seconds == pytest.approx(20.0 + hits * (0.3 + start_p))
+    assert est.expected_preemptions == pytest.approx(hits * (1 + fails_p))
+    # no save measured: the notice window bounds both
+    est = estimate_remaining([replace(paces[0], save_seconds=None)], done_steps=50, total_steps=250,
+                             segments_left=0, mtbf_seconds=m, price_per_hour=None, notice_window_seconds=window)
+    assert est.overheads["tail"] == 5.0
+
+
+def test_an_attempt_told_to_go_owes_the_rest_of_its_tail_and_a_restart_not_a_chance_of_one():
+    # HISTORY's tails are 2 s (C trained) and its restarts: start-up 4 s, gap 3 s after a preemption. The
+    # running attempt E got its notice 0.5 s ago: 1.5 s of its tail and a whole restart are due, for sure
+    m = 40.0
+    told = HISTORY[:4] + [replace(HISTORY[4], notice_seconds=5.5)]
+    est = estimate_remaining(told, done_steps=300, total_steps=500, segments_left=0, mtbf_seconds=m,
+                             price_per_hour=None, beat_age_seconds=1.0)
+    o = measure_overheads(told, 0.1)
+    start_p, fails_p = start_seconds(o.startup, o.gap_after_preemption, o.start_tail, m)
+    assert est.current_seconds == pytest.approx(1.5 + start_p)
+    hits = 20.0 / (m - o.lost_per_preemption)  # the beat's age is not training: the process stopped
+    assert est.remaining_seconds == pytest.approx(20.0 + o.last_finish + hits * (o.lost_per_preemption + o.tail + start_p)
+                                                  + 1.5 + start_p)
+    assert est.expected_preemptions == pytest.approx(hits * (1 + fails_p))  # the one under way is not luck
+    on_demand = estimate_remaining(told, done_steps=300, total_steps=500, segments_left=0, mtbf_seconds=None,
+                                   price_per_hour=None)
+    assert on_demand.current_seconds == pytest.approx(1.5 + o.gap_after_preemption + o.startup)

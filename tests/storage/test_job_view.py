@@ -83,3 +83,58 @@ def test_snapshot_progress_cost_estimate_and_series(view):
 def test_a_job_without_objects_is_not_started(tmp_path):
     snap = JobView(open_store(f"file://{tmp_path}")).snapshot(now=T0)
     assert snap["state"] == "not started" and snap["attempts"] == [] and snap["progress"] is None
+
+
+def test_an_attempts_pace_past_its_warm_up_comes_from_its_own_checkpoint(tmp_path, monkeypatch):
+    # s0.try1 launched at T0, first step (step 1) at T0 + 4; its checkpoint at step 60 was reached at
+    # T0 + 7.5 (committed at T0 + 7.7 after a 0.2 s write); its heartbeat says step 160 at T0 + 11.5:
+    # steady = 4.0 s / 100 steps = 0.04 s; warm-up = (7.5 - 4) - 59 x 0.04 = 1.14 s beyond that pace
+    import types
+
+    from airflow_spot.storage import checkpoint as checkpoint_module
+
+    store = open_store(f"file://{tmp_path}")
+    layout = JobLayout(store)
+    AttemptLaunch("s0.try1", 0, 0, 300, "i-1", OFFER, T0, T0, False, 1, "s0", resume_step=0).write(store)
+    clock = iter([0.0, 0.2])
+    monkeypatch.setattr(checkpoint_module, "time", types.SimpleNamespace(
+        time=lambda: T0 + 7.7, monotonic=lambda: next(clock)))
+    layout.checkpoint_store(writer="s0.try1").save(60, lambda f: f.write(b"w" * 64))
+    monkeypatch.undo()
+    layout.write_heartbeat(Heartbeat("s0.try1", step=160, time=T0 + 11.5, step_time_ewma=0.09,
+                                     first_step_at=T0 + 4.0, first_step=1))
+    store.put_bytes(JobLayout.JOB_KEY, json.dumps({"started_at": T0, "total_steps": 300}).encode())
+    view = JobView(store)
+    (a,) = view.attempts(now=T0 + 12.0)
+    assert a.steady_seconds == pytest.approx(0.04) and a.warmup_seconds == pytest.approx(1.14)
+    assert a.steady_steps == 100
+    assert a.pace_seconds == pytest.approx(7.5 / 159) and a.pace_steps == 159  # the mean holds the warm-up
+    assert a.write_seconds == pytest.approx(0.2)  # what a save on a notice would cost
+    # the estimate: 140 steps left at 0.04 s, less the 0.5 s trained since the heartbeat
+    est = view.snapshot(now=T0 + 12.0)["estimate"]
+    assert est["step_seconds"] == pytest.approx(0.04) and est["mtbf_seconds"] is None  # no pool MTBF known: none
+    assert est["compute_seconds"] == pytest.approx(140 * 0.04 - 0.5)
+    assert est["overheads"]["tail"] == pytest.approx(0.2)  # no preemption seen: a training attempt's tail is its save
+
+
+def test_a_checkpoint_inside_the_warm_up_or_too_near_the_heartbeat_is_no_mark():
+    from airflow_spot.storage.job_view import _steady_window
+
+    hb = Heartbeat("a", step=100, time=T0 + 10.0, first_step_at=T0 + 4.0, first_step=1)
+    assert _steady_window(hb, [(15, T0 + 5.0), (90, T0 + 9.6)])[:2] == (None, None)  # 14 steps in; 10 before the beat
+    steady, warmup, _ = _steady_window(hb, [(15, T0 + 5.0), (40, T0 + 7.0), (90, T0 + 9.6)])
+    assert steady == pytest.approx(3.0 / 60) and warmup == pytest.approx(3.0 - 39 * 0.05)
+    assert _steady_window(Heartbeat("a", step=100, time=T0 + 10.0), [(40, T0 + 7.0)])[:2] == (None, None)  # no first step
+
+
+def test_a_running_attempt_told_to_go_is_a_preemption_under_way(view):
+    layout = JobLayout(view.store)
+    layout.write_heartbeat(Heartbeat("s1.try1", step=130, time=T0 + 240, step_time_ewma=1.0, notice_at=T0 + 239))
+    running = view.attempts(now=T0 + 241)[-1]
+    assert running.outcome == "running" and running.notice_at == T0 + 239
+    snap = view.snapshot(now=T0 + 241)
+    est = snap["estimate"]
+    assert "preemption under way" in est["basis"] and est["current_seconds"] > 0
+    # exposure: s0.try1 to its end (no notice recorded, 90 s) + s0.try2 (70 s) + s1.try1 to its notice (39 s);
+    # preemptions seen: s0.try1 and the one under way
+    assert est["mtbf_seconds"] == pytest.approx((90 + 70 + 39) / 2)
