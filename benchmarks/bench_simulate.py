@@ -8,7 +8,13 @@ hindsight optimum (``cost / hindsight``), deadlines met; ``ours`` (what the oper
 inputs only) on the even offsets (where its constants were chosen) and the odd ones (held out)
 separately; and issue 11's targets. Writes the figures to benchmarks/results_simulate.json.
 
-    python benchmarks/bench_simulate.py [--traces DIR] [--policies a,b] [--workers 2]
+    python benchmarks/bench_simulate.py [--traces DIR|FILE,FILE] [--policies a,b] [--workers 2] [--json F]
+
+A trace set the constants never saw (results in ``benchmarks/results/simulate_aws_10_26_2022.txt``)::
+
+    D=airflow_spot/market/data/spot-traces/availability/1-node/aws-10-26-2022
+    python benchmarks/bench_simulate.py --traces $D/us-west-2a_v100_1.json,$D/us-west-2b_v100_1.json \
+        --policies ours,oracle-age,slack-reserve,greedy --json benchmarks/results/simulate_aws_10_26_2022.json
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 TARGET_MEAN_OVER_HINDSIGHT = {52: 1.10, 72: 1.05}
 #: issue 11: from any offset, ours at most this much above the better of greedy and slack-reserve
 TARGET_OVER_ANCHORS = 1.05
+DEFAULT_TRACES = str(default_traces_dir() / PREEMPTION_TRACES_SUBDIR)
 
 
 def _dist(args):
@@ -43,14 +50,16 @@ def _dist(args):
     return distribution(spec, pools, od, name, offs, base)
 
 
-def _traces(traces_dir: str):
-    # the reference zone first (nothing depends on the order any more; it keeps the tables' order)
-    return sorted(load_traces(traces_dir), key=lambda t: (t.zone != "us-west-2b", t.zone))
+def _traces(traces: str):
+    # a directory, or trace files separated by commas; the reference zone first (nothing depends on the
+    # order any more; it keeps the tables' order)
+    paths = traces.split(",") if "," in traces else traces
+    return sorted(load_traces(paths), key=lambda t: (t.zone != "us-west-2b", t.zone))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--traces", default=str(default_traces_dir() / PREEMPTION_TRACES_SUBDIR))
+    ap.add_argument("--traces", default=DEFAULT_TRACES)
     ap.add_argument("--policies", default=",".join(controllers.names()))
     ap.add_argument("--workers", type=int, default=1, help="processes (at most 2 on a shared machine)")
     ap.add_argument("--deadlines", default="52,72", help="comma-separated deadlines in hours")
@@ -61,7 +70,12 @@ def main() -> None:
     out: dict = {}
     t0 = time.time()
     one = [t for t in traces if t.zone == "us-west-2b"]
-    for label, tr in (("one zone us-west-2b", one), ("four zones", traces)):
+    # the bundled set's labels and plot path are kept; another trace set is named by its zone count and
+    # its plot goes beside its --json, never over the bundled figure
+    every = "four zones" if len(traces) == 4 else f"{len(traces)} zones"
+    png = (HERE / "simulate_four_zones_52h.png" if args.traces == DEFAULT_TRACES
+           else Path(args.json).with_name(Path(args.json).stem + "_52h.png"))
+    for label, tr in (("one zone us-west-2b", one), (every, traces)):
         if not tr:
             continue
         pools, od = build_pools(tr, spot_price=0.9731, on_demand_price=3.06)
@@ -74,8 +88,8 @@ def main() -> None:
         key = f"{label} from start 52h"
         out[key] = {r.policy: {**r.to_dict(), "ratio": r.cost / base, "over_hindsight": r.cost / best} for r in results}
         out[key][HINDSIGHT] = {"cost": best, "ratio": best / base}
-        if label == "four zones":
-            plot(results, HERE / "simulate_four_zones_52h.png", spec, "48 GPU h, 52 h deadline, four zones")
+        if label == every:
+            plot(results, png, spec, f"48 GPU h, 52 h deadline, {every}")
     pools, od = build_pools(traces, spot_price=0.9731, on_demand_price=3.06)
     targets = {}
     for deadline in [int(x) for x in args.deadlines.split(",") if x]:
@@ -89,10 +103,10 @@ def main() -> None:
         else:
             dists = [_dist(j) for j in jobs]
         hs = dists[-1]
-        print(f"\n== four zones, {len(offs)} hourly start offsets, {deadline} h deadline "
+        print(f"\n== {every}, {len(offs)} hourly start offsets, {deadline} h deadline "
               "(x = multiple of on-demand; /hs = cost / hindsight optimum)")
         print(format_distributions(dists, hs))
-        key = f"four zones offsets {deadline}h"
+        key = f"{every} offsets {deadline}h"
         out[key] = {}
         for d in dists:
             rs = sorted(hindsight_ratios(d, hs))
