@@ -271,8 +271,8 @@ class Ec2DataPlane:
                 self._notice(self._ec2().get_instance(instance_id), played)
 
     def _notice(self, inst, played: PlayedInstance) -> None:
+        played.notice_issued_at = time.time()  # recorded first: whoever sees the notice sees it in .notices
         played.imds.issue_notice(seconds_from_now=self.notice_window_seconds)
-        played.notice_issued_at = time.time()
         log.info("data plane: spot interruption notice for %s", inst.id)
         if self.on_notice is not None:
             self.on_notice(inst.id, inst.instance_type, str(inst._placement.zone))
