@@ -15,3 +15,15 @@ if "AIRFLOW_HOME" not in os.environ:
     os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
     os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", os.path.join(os.environ["AIRFLOW_HOME"], "dags"))
     os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _private_overhead_history(monkeypatch, tmp_path_factory):
+    """Each test's jobs learn only from that test's jobs: the default history (``_overheads`` beside a job's
+    root) of a job at ``tmp_path`` would be the test session's directory, shared by every test."""
+    from airflow_spot.storage.overhead_history import ENV_URI
+
+    monkeypatch.setenv(ENV_URI, f"file://{tmp_path_factory.mktemp('overhead-history')}")

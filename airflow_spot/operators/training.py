@@ -117,6 +117,7 @@ class SpotJobSummaryOperator(BaseOperator):
             store.put_bytes(SUMMARY_KEY, json.dumps(summary, sort_keys=True, indent=2).encode())
         except StoreConfigError as exc:  # the segments failed on it already; the summary still goes to XCom
             self.log.warning("job summary not written to the store: %s", exc)
+        self._record_overheads(store)
         self.log.info("job summary:\n%s", format_summary(summary))
         context["ti"].xcom_push(key="summary", value=summary)
         if not summary["completed"]:
@@ -125,6 +126,18 @@ class SpotJobSummaryOperator(BaseOperator):
                 "(see the failed segment's log)"
             )
         return summary
+
+    def _record_overheads(self, store) -> None:
+        """What this job's overheads were, for the estimates of the deployment's later jobs (the next runs of
+        this DAG above all; ``storage/overhead_history.py``). Best effort: the summary does not depend on it."""
+        from airflow_spot.storage.job_view import JobView
+        from airflow_spot.storage.overhead_history import OverheadHistory, job_name
+
+        try:
+            now = time.time()
+            OverheadHistory.beside(store).append(job_name(store.uri), now, JobView(store).measured_overheads(now))
+        except Exception as exc:  # noqa: BLE001 - a later job then estimates from its own figures alone
+            self.log.warning("overheads not recorded for later jobs' estimates (%s: %s)", type(exc).__name__, exc)
 
 
 def format_summary(s: dict[str, Any]) -> str:

@@ -181,9 +181,24 @@ class JobOverheads:
     #: a fresh instance preempted in its start-up, before its process trained: notice to its end (a process
     #: not up yet cannot save and leave early: the instance may run out the notice window)
     start_tail: float = 0.0
+    #: the fields the job's own attempts gave (the others are the deployment's prior or a default)
+    measured: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
-        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+        return {k: (round(v, 3) if isinstance(v, float) else list(v) if isinstance(v, tuple) else v)
+                for k, v in self.__dict__.items()}
+
+    def measured_fields(self) -> dict[str, float]:
+        """Only what the job measured: what it can teach the jobs after it (:data:`PRIOR_FIELDS`)."""
+        return {k: float(getattr(self, k)) for k in self.measured if k in PRIOR_FIELDS}
+
+
+#: overheads a job can take from the jobs of its deployment before it has met them itself: they come from
+#: the deployment's machinery (Airflow's hand-off between tasks, the backend's launch, the image's start-up),
+#: not from the job's luck. Lost work and a training attempt's preemption tail (its emergency save) depend on
+#: the job's own model and checkpoint interval, so they are not among them.
+PRIOR_FIELDS = ("startup", "start_tail", "gap_after_preemption", "gap_after_boundary", "warm_boundary",
+                "new_instance_share", "finish", "last_finish")
 
 
 @dataclass(frozen=True)
@@ -281,8 +296,13 @@ def _median(values: list[float], default: float) -> float:
 def measure_overheads(paces: list[AttemptPace], step: float,
                       default_startup: float = DEFAULT_RESTART_OVERHEAD_SECONDS,
                       default_new_instance_share: float = DEFAULT_NEW_INSTANCE_SHARE,
-                      default_tail: float = 0.0, default_start_tail: float | None = None) -> JobOverheads:
+                      default_tail: float = 0.0, default_start_tail: float | None = None,
+                      prior: Mapping[str, float] | None = None) -> JobOverheads:
     """The job's own overheads, from its attempts (oldest first).
+
+    What the job has not met yet comes from ``prior`` (what the deployment's earlier jobs measured,
+    :mod:`airflow_spot.storage.overhead_history`; keys of :data:`PRIOR_FIELDS`), else from the defaults
+    below; ``measured`` names the fields the job's own attempts gave.
 
     * start-up: a fresh instance's time to the end of its first step, as its heartbeat records it, plus its
       warm-up's cost beyond the steady pace (its own, else the median the job's fresh attempts measured:
@@ -340,20 +360,41 @@ def measure_overheads(paces: list[AttemptPace], step: float,
                 elif not p.new_instance and (p.finished or p.steps > 0):
                     warm.append(max(0.0, p.gap_before) + max(0.0, p.seconds - p.steps * own - end)
                                 if p.finished else max(0.0, p.gap_before))
+    prior = prior or {}
+    measured: list[str] = []
+
+    def own(name: str, samples: list[float], fallback: float) -> float:
+        """The job's median, else the deployment's figure, else ``fallback``."""
+        if samples:
+            measured.append(name)
+            return statistics.median(samples)
+        return float(prior.get(name, fallback))
+
+    default_startup = float(prior.get("startup", default_startup))
     startup = _median(exact, default_startup)
     later = [b for b in bounds if b > startup]
     if later:
         startup = statistics.median(exact + later) if exact else max(default_startup, statistics.median(later))
+    if exact:
+        measured.append("startup")
     all_gaps = gaps_p + gaps_b
-    gap_p = _median(gaps_p, _median(all_gaps, 0.0))
-    gap_b = _median(gaps_b, _median(all_gaps, 0.0))
+    # a gap of the other kind is the same Airflow hand-off, a little more or less: it beats no figure at all
+    gap_p = own("gap_after_preemption", gaps_p, _median(all_gaps, 0.0))
+    gap_b = own("gap_after_boundary", gaps_b, _median(all_gaps, 0.0))
+    if ends:
+        measured.append("finish")
+    else:
+        finish = float(prior.get("finish", finish))
+    last_exit = own("last_finish", exits, float(prior.get("last_finish", 0.0)))
+    share = own("new_instance_share", moved, default_new_instance_share)
     return JobOverheads(
-        startup=startup, tail=_median(tails, default_tail), gap_after_preemption=gap_p, gap_after_boundary=gap_b,
-        warm_boundary=_median(warm, gap_b),
-        new_instance_share=(sum(moved) / len(moved)) if moved else default_new_instance_share,
+        startup=startup, tail=own("tail", tails, default_tail), gap_after_preemption=gap_p,
+        gap_after_boundary=gap_b, warm_boundary=own("warm_boundary", warm, gap_b),
+        new_instance_share=(sum(moved) / len(moved)) if moved else share,
         lost_per_preemption=(sum(lost) / len(lost)) if lost else 0.0, samples=len(exact), finish=finish,
-        last_finish=max(finish, _median(exits, 0.0)),
-        start_tail=_median(start_tails, default_tail if default_start_tail is None else default_start_tail),
+        last_finish=max(finish, last_exit),
+        start_tail=own("start_tail", start_tails, default_tail if default_start_tail is None else default_start_tail),
+        measured=tuple(measured),
     )
 
 
@@ -388,6 +429,7 @@ def estimate_remaining(
     idle_seconds: float = 0.0,
     notice_window_seconds: float = 0.0,
     beat_age_seconds: float = 0.0,
+    prior: Mapping[str, float] | None = None,
 ) -> RemainingEstimate:
     """Remaining time and cost of a running job, from the job's own measured overheads.
 
@@ -430,6 +472,8 @@ def estimate_remaining(
         its emergency save: the newest attempt's save cost).
     :param beat_age_seconds: seconds since the running attempt's last heartbeat (the one ``done_steps``
         comes from).
+    :param prior: overheads the deployment's earlier jobs measured (:func:`measure_overheads`), used for
+        what this job has not met yet (its first segment boundary, its last process's exit, ...).
     """
     if total_steps <= 0 or done_steps < 0 or segments_left < 0:
         raise ValueError(
@@ -454,7 +498,7 @@ def estimate_remaining(
     if saves:
         tail_prior = min(notice_window_seconds, saves[-1]) if notice_window_seconds > 0 else saves[-1]
     o = measure_overheads(paces, step, default_restart_seconds, default_tail=tail_prior,
-                          default_start_tail=notice_window_seconds)
+                          default_start_tail=notice_window_seconds, prior=prior)
     mtbf = mtbf_seconds or None
     save = [p.save_fraction for p in paces if p.save_fraction > 0][-3:]
     compute = remaining_steps * step * (1 + (sum(save) / len(save) if save else 0.0))

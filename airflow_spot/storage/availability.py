@@ -41,12 +41,17 @@ def deployment_availability_uri(job_uri: str, availability_uri: str | None = Non
     env = os.environ if environ is None else environ
     if env.get(ENV_URI):
         return env[ENV_URI]
+    return beside_job_root(job_uri, DEFAULT_DIR)
+
+
+def beside_job_root(job_uri: str, name: str) -> str:
+    """``name`` in the parent of the job's root, where the runs of one DAG meet (inside the root when the
+    job is at the root of its bucket or file system)."""
     root = job_uri.rstrip("/")
     parent, _, last = root.rpartition("/")
     if not last or parent.endswith(":/") or parent.endswith(":") or not parent:
-        # the job is at the root of its bucket or file system: keep the log inside it
-        return f"{root}/{DEFAULT_DIR}"
-    return f"{parent}/{DEFAULT_DIR}"
+        return f"{root}/{name}"
+    return f"{parent}/{name}"
 
 
 class AvailabilityLog:

@@ -15,10 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_spot.policy.checkpoint_interval import estimate_mtbf
-from airflow_spot.policy.estimate import WARMUP_STEPS, AttemptPace, estimate_remaining
+from airflow_spot.policy.estimate import (
+    WARMUP_STEPS, AttemptPace, estimate_remaining, measure_overheads, robust_step_seconds,
+)
 from airflow_spot.policy.ledger import LedgerRow, summarize
 from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
+from airflow_spot.storage.overhead_history import OverheadHistory, job_name
 from airflow_spot.storage.protocol import (
     AttemptStatus, Heartbeat, JobLayout, Outcome, SchemaError, SegmentRequest, safe_id,
 )
@@ -89,6 +92,7 @@ class JobView:
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
         self.layout = JobLayout(store)
+        self._prior: dict[str, float] | None = None
 
     @property
     def uri(self) -> str:
@@ -281,6 +285,58 @@ class JobView:
         return points
 
     # ------------------------------------------------------------------ everything, for the UI
+    @staticmethod
+    def _paces(attempts: list, now: float) -> list[AttemptPace]:
+        """The attempts as the estimator reads them (failed ones left out: user code, not the pool)."""
+        paces, previous_end = [], None
+        for a in attempts:
+            if a.outcome != Outcome.FAILED.value:
+                paces.append(AttemptPace(
+                    steps=a.steps_done or 0, step_seconds=a.step_seconds,
+                    seconds=max(0.0, (a.ended_at or now) - (a.started_at or now)),
+                    preempted=a.is_preemption, finished=a.outcome != "running",
+                    new_instance=a.new_instance is not False,
+                    notice_seconds=(max(0.0, a.notice_at - a.started_at)
+                                    if a.notice_at is not None and a.started_at is not None else None),
+                    steps_lost=a.steps_lost or 0,
+                    gap_before=(a.started_at - previous_end
+                                if previous_end is not None and a.started_at is not None else None),
+                    # last step to end: the final save (its cost EWMA), then last heartbeat to the end
+                    pace_seconds=a.pace_seconds,
+                    pace_steps=a.pace_steps,
+                    steady_seconds=a.steady_seconds,
+                    steady_steps=a.steady_steps,
+                    warmup_seconds=a.warmup_seconds,
+                    save_seconds=a.write_seconds,
+                    exit_seconds=(max(0.0, a.ended_at - a.last_beat_at)
+                                  if a.is_preemption and a.ended_at is not None and a.last_beat_at is not None
+                                  else None),
+                    startup_seconds=(a.first_step_at - a.started_at
+                                     if a.first_step_at is not None and a.started_at is not None else None),
+                    end_seconds=(max(0.0, a.ended_at - a.last_beat_at) + (a.save_seconds or 0.0)
+                                 if a.outcome == Outcome.COMPLETED.value and a.ended_at is not None
+                                 and a.last_beat_at is not None else None),
+                ))
+            previous_end = a.ended_at if a.ended_at is not None else previous_end
+        return paces
+
+    def measured_overheads(self, now: float) -> dict[str, float]:
+        """The overheads this job measured itself (what it can teach the deployment's later jobs,
+        :mod:`airflow_spot.storage.overhead_history`); empty before it has trained."""
+        paces = self._paces(self.attempts(now, self.checkpoints()), now)
+        step = robust_step_seconds(paces)
+        return measure_overheads(paces, step).measured_fields() if step else {}
+
+    def overhead_prior(self) -> dict[str, float]:
+        """What the deployment's other jobs measured (empty when there is no readable history)."""
+        if self._prior is None:
+            try:
+                self._prior = OverheadHistory.beside(self.store).prior(exclude_job=job_name(self.uri))
+            except Exception as exc:  # noqa: BLE001 - a prior is a hint; the job's own figures still stand
+                log.warning("overhead history beside %s not read (%s); estimating from this job alone", self.uri, exc)
+                self._prior = {}
+        return self._prior
+
     def snapshot(self, now: float, total_steps: int | None = None, mtbf_seconds: float | None = None) -> dict[str, Any]:
         """Where the job stands: progress, cost, savings, attempts, checkpoints, chart points, estimate.
 
@@ -312,36 +368,7 @@ class JobView:
         segment_ends = sorted({r.end_step for r in requests})
         estimate = None
         if total_steps:
-            paces, previous_end = [], None
-            for a in attempts:
-                if a.outcome != Outcome.FAILED.value:
-                    paces.append(AttemptPace(
-                        steps=a.steps_done or 0, step_seconds=a.step_seconds,
-                        seconds=max(0.0, (a.ended_at or now) - (a.started_at or now)),
-                        preempted=a.is_preemption, finished=a.outcome != "running",
-                        new_instance=a.new_instance is not False,
-                        notice_seconds=(max(0.0, a.notice_at - a.started_at)
-                                        if a.notice_at is not None and a.started_at is not None else None),
-                        steps_lost=a.steps_lost or 0,
-                        gap_before=(a.started_at - previous_end
-                                    if previous_end is not None and a.started_at is not None else None),
-                        # last step to end: the final save (its cost EWMA), then last heartbeat to the end
-                        pace_seconds=a.pace_seconds,
-                        pace_steps=a.pace_steps,
-                        steady_seconds=a.steady_seconds,
-                        steady_steps=a.steady_steps,
-                        warmup_seconds=a.warmup_seconds,
-                        save_seconds=a.write_seconds,
-                        exit_seconds=(max(0.0, a.ended_at - a.last_beat_at)
-                                      if a.is_preemption and a.ended_at is not None and a.last_beat_at is not None
-                                      else None),
-                        startup_seconds=(a.first_step_at - a.started_at
-                                         if a.first_step_at is not None and a.started_at is not None else None),
-                        end_seconds=(max(0.0, a.ended_at - a.last_beat_at) + (a.save_seconds or 0.0)
-                                     if a.outcome == Outcome.COMPLETED.value and a.ended_at is not None
-                                     and a.last_beat_at is not None else None),
-                    ))
-                previous_end = a.ended_at if a.ended_at is not None else previous_end
+            paces = self._paces(attempts, now)
             ended = [a.ended_at for a in attempts if a.ended_at is not None]
             idle = max(0.0, now - max(ended)) if ended and not running else 0.0
             # the progress read is the running attempt's heartbeat's: it trained on since that beat
@@ -359,6 +386,7 @@ class JobView:
                 segments_left=max(0, segments_left), mtbf_seconds=mtbf, price_per_hour=offer_price,
                 idle_seconds=idle, beat_age_seconds=beat_age,
                 notice_window_seconds=requests[-1].notice_window_seconds if requests else 0.0,
+                prior=self.overhead_prior(),
             ).to_dict()
         return {
             "job_uri": self.uri,

@@ -86,6 +86,10 @@ class ObjectStore(ABC):
         """A store rooted at ``prefix`` inside this one."""
         return open_store(self.uri.rstrip("/") + "/" + prefix.strip("/"), **self._child_options())
 
+    def at(self, uri: str) -> ObjectStore:
+        """The store at another ``uri`` of the same service, opened through this one's client."""
+        return open_store(uri, **self._child_options())
+
     def _child_options(self) -> dict:
         return {}
 

@@ -48,6 +48,12 @@ def test_demo_survives_three_preemptions_with_identical_weights(airflow_db, tmp_
     s = read_summary(tmp_path, dag.dag_id, dr.run_id)
     assert s["preemptions"] >= 3 and s["completed"] and s["latest_step"] == total
     assert not leftover_processes(tmp_path)
+    # the summary taught the DAG's later runs what this one's overheads were (storage/overhead_history.py)
+    from airflow_spot.storage.object_store import open_store
+    from airflow_spot.storage.overhead_history import ENV_URI, OverheadHistory
+
+    learnt = OverheadHistory(open_store(os.environ[ENV_URI])).prior()
+    assert {"startup", "gap_after_preemption"} <= set(learnt) and learnt["startup"] > 0
 
     reference = tmp_path / "reference.pt"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOT_")}

@@ -389,3 +389,28 @@ def test_an_attempt_told_to_go_owes_the_rest_of_its_tail_and_a_restart_not_a_cha
     on_demand = estimate_remaining(told, done_steps=300, total_steps=500, segments_left=0, mtbf_seconds=None,
                                    price_per_hour=None)
     assert on_demand.current_seconds == pytest.approx(1.5 + o.gap_after_preemption + o.startup)
+
+
+def test_what_the_job_has_not_met_yet_comes_from_the_deployments_earlier_jobs():
+    # the first segment of a job, running on a fresh instance that measured its own start-up (4 s), no
+    # boundary crossed, no process exit seen: without a prior both count nothing
+    first = [AttemptPace(100, 0.1, 14.0, finished=False, startup_seconds=4.0)]
+    prior = {"warm_boundary": 0.8, "last_finish": 0.6, "startup": 30.0, "gap_after_boundary": 0.1}
+    bare, primed = measure_overheads(first, 0.1), measure_overheads(first, 0.1, prior=prior)
+    assert (bare.warm_boundary, bare.last_finish) == (0.0, 0.0)
+    assert (primed.warm_boundary, primed.last_finish, primed.gap_after_boundary) == (0.8, 0.6, 0.1)
+    assert primed.startup == pytest.approx(4.0)  # the job's own figure beats the deployment's
+    assert primed.measured == ("startup",) and primed.measured_fields() == {"startup": pytest.approx(4.0)}
+    kwargs = dict(done_steps=100, total_steps=400, segments_left=2, mtbf_seconds=None, price_per_hour=None)
+    gained = (estimate_remaining(first, prior=prior, **kwargs).remaining_seconds
+              - estimate_remaining(first, **kwargs).remaining_seconds)
+    assert gained == pytest.approx(2 * 0.8 + 0.6)  # two boundaries left and the job's end
+
+
+def test_a_boundary_the_job_crossed_itself_beats_the_deployments_figure():
+    # A completed its segment; B continued on the warm instance 2 s later and took 1 s to its first step
+    crossed = [AttemptPace(100, 0.1, 14.0, startup_seconds=4.0, end_seconds=0.0),
+               AttemptPace(50, 0.1, 6.0, finished=False, new_instance=False, gap_before=2.0, startup_seconds=1.0)]
+    o = measure_overheads(crossed, 0.1, prior={"warm_boundary": 9.0, "gap_after_boundary": 9.0, "finish": 9.0})
+    assert (o.warm_boundary, o.gap_after_boundary, o.finish) == (pytest.approx(3.0), 2.0, 0.0)
+    assert {"warm_boundary", "gap_after_boundary", "finish", "new_instance_share"} <= set(o.measured)

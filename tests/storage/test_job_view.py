@@ -138,3 +138,28 @@ def test_a_running_attempt_told_to_go_is_a_preemption_under_way(view):
     # exposure: s0.try1 to its end (no notice recorded, 90 s) + s0.try2 (70 s) + s1.try1 to its notice (39 s);
     # preemptions seen: s0.try1 and the one under way
     assert est["mtbf_seconds"] == pytest.approx((90 + 70 + 39) / 2)
+
+
+def test_the_estimate_takes_what_the_job_has_not_met_from_the_deployments_earlier_jobs(view, tmp_path):
+    from airflow_spot.storage.overhead_history import OverheadHistory, job_name
+
+    now = T0 + 250
+    before = view.snapshot(now)["estimate"]
+    assert before["overheads"]["last_finish"] == 0.0  # no process exit seen yet: it counted nothing
+    measured = view.measured_overheads(now)
+    assert "last_finish" not in measured and "gap_after_preemption" in measured
+    history = OverheadHistory.beside(view.store)
+    # an earlier run of the same DAG saw its last process exit in 4 s; this job's own entry is not its prior
+    history.append("earlier_run", T0 - 3600, {"last_finish": 4.0, "gap_after_preemption": 60.0})
+    history.append(job_name(view.uri), T0 - 60, {"last_finish": 100.0})
+    after = JobView(view.store).snapshot(now)["estimate"]
+    assert after["overheads"]["last_finish"] == 4.0
+    assert after["overheads"]["gap_after_preemption"] == before["overheads"]["gap_after_preemption"]  # its own
+    assert after["remaining_seconds"] == pytest.approx(before["remaining_seconds"] + 4.0)
+
+
+def test_an_unreadable_history_leaves_the_estimate_to_the_jobs_own_figures(view, monkeypatch):
+    from airflow_spot.storage.overhead_history import ENV_URI
+
+    monkeypatch.setenv(ENV_URI, "ftp://nowhere/overheads")  # not a store this code can open
+    assert JobView(view.store).snapshot(T0 + 250)["estimate"]["overheads"]["last_finish"] == 0.0

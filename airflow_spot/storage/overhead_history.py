@@ -1,0 +1,95 @@
+"""What the deployment's finished jobs measured about their overheads: the remaining-time estimate's prior.
+
+A running job's estimate (:func:`airflow_spot.policy.estimate.estimate_remaining`) builds on the job's own
+measured overheads. Some it meets only late: its first segment boundary (Airflow finishing one segment
+task and starting the next, the warm instance taking the request), the exit of its last process, a
+preemption's restart. Until then they counted as nothing, and every reading before the first boundary
+came out short by what the boundaries left cost (the estimate benchmark: a median 9.3 % before, 1.1 %
+after). The jobs of the same deployment — the earlier runs of a scheduled retraining DAG above all — run
+on the same Airflow, backend and image and have measured them.
+
+Each finished job appends the overheads it measured itself (:meth:`JobOverheads.measured_fields`), one
+object per job under ``<time>-<job>.json`` (no read-modify-write, concurrent writers are safe); a reader
+takes, per field, the median of the newest :data:`NEWEST` jobs that measured it. Where the history lives
+(:func:`history_uri`): ``AIRFLOW_SPOT_OVERHEAD_HISTORY_URI``, else ``_overheads`` beside the job's root (the
+parent of its ``checkpoint_uri``), as the deployment's availability log, so the runs of one DAG share it.
+
+Reading it is best effort: an unreadable entry is skipped, and a job whose history cannot be read
+estimates from its own measurements alone.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+
+from airflow_spot.policy.estimate import PRIOR_FIELDS
+from airflow_spot.storage.availability import beside_job_root
+from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
+from airflow_spot.storage.protocol import safe_id
+
+ENV_URI = "AIRFLOW_SPOT_OVERHEAD_HISTORY_URI"
+DEFAULT_DIR = "_overheads"
+SCHEMA = 1
+#: the jobs a prior is the median of: recent enough to follow a change of image or Airflow, enough to
+#: outvote one odd run
+NEWEST = 10
+
+
+def history_uri(job_uri: str, environ=None) -> str:
+    """``AIRFLOW_SPOT_OVERHEAD_HISTORY_URI`` when set (one history for a whole deployment), else ``_overheads``
+    beside the job's root (inside it when the job is at the root of its bucket)."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_URI) or beside_job_root(job_uri, DEFAULT_DIR)
+
+
+def job_name(job_uri: str) -> str:
+    """How a job is named in the history: its root's last part (its run, among the runs beside it)."""
+    return job_uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+class OverheadHistory:
+    """Append and read the overheads the deployment's jobs measured."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    @classmethod
+    def beside(cls, job_store: ObjectStore) -> OverheadHistory:
+        """The history of the deployment ``job_store``'s job belongs to, through the job store's client."""
+        return cls(job_store.at(history_uri(job_store.uri)))
+
+    def append(self, job: str, at: float, overheads: dict[str, float]) -> str | None:
+        """Record one finished job's measured overheads (fields outside :data:`PRIOR_FIELDS` and values that
+        are not finite numbers >= 0 are dropped); nothing is written when none is left."""
+        kept = {k: float(v) for k, v in overheads.items()
+                if k in PRIOR_FIELDS and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0}
+        if not kept:
+            return None
+        key = f"{at:017.3f}-{safe_id(job)}.json"
+        body = {"schema": SCHEMA, "job": job, "at": at, "overheads": kept}
+        self.store.put_bytes(key, json.dumps(body, sort_keys=True).encode())
+        return key
+
+    def prior(self, *, exclude_job: str | None = None, newest: int = NEWEST) -> dict[str, float]:
+        """Per field, the median over the newest ``newest`` jobs that measured it (``exclude_job``: the
+        reading job itself, which has its own figures)."""
+        keys = sorted((k for k in self.store.list("") if k.endswith(".json")), reverse=True)
+        skip = f"-{safe_id(exclude_job)}.json" if exclude_job else None
+        seen: dict[str, list[float]] = {}
+        for key in keys:
+            if skip and key.endswith(skip):
+                continue
+            try:
+                d = json.loads(self.store.get_bytes(key))
+                if int(d.get("schema", 0)) > SCHEMA:
+                    continue
+                for k, v in d["overheads"].items():
+                    if k in PRIOR_FIELDS and len(seen.setdefault(k, [])) < newest:
+                        seen[k].append(float(v))
+            except (ObjectNotFound, ValueError, KeyError, TypeError, AttributeError):
+                continue
+            if len(seen) == len(PRIOR_FIELDS) and all(len(v) >= newest for v in seen.values()):
+                break
+        return {k: statistics.median(v) for k, v in seen.items() if v}

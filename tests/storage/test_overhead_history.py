@@ -1,0 +1,54 @@
+"""The deployment's overhead history: what finished jobs measured, the prior of a new job's estimate."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_spot.storage.object_store import open_store
+from airflow_spot.storage.overhead_history import (
+    DEFAULT_DIR, ENV_URI, NEWEST, OverheadHistory, history_uri, job_name,
+)
+
+
+def test_the_history_is_beside_the_job_root_unless_the_environment_names_one():
+    env: dict[str, str] = {}
+    assert history_uri("s3://bucket/train_dag/run_1", env) == f"s3://bucket/train_dag/{DEFAULT_DIR}"
+    assert history_uri("file:///data/jobs/dag/run_2/", env) == f"file:///data/jobs/dag/{DEFAULT_DIR}"
+    assert history_uri("s3://bucket", env) == f"s3://bucket/{DEFAULT_DIR}"  # a job at the bucket's root
+    assert history_uri("s3://bucket/dag/run", {ENV_URI: "s3://shared/overheads"}) == "s3://shared/overheads"
+    assert job_name("s3://bucket/dag/manual__2026-11-24/") == "manual__2026-11-24"
+
+
+def test_prior_is_the_median_per_field_of_the_newest_jobs_other_than_the_reader(tmp_path):
+    history = OverheadHistory(open_store(f"file://{tmp_path}"))
+    history.append("run_a", 100.0, {"warm_boundary": 0.6, "startup": 3.0})
+    history.append("run_b", 200.0, {"warm_boundary": 0.8})
+    history.append("run_c", 300.0, {"warm_boundary": 5.0, "last_finish": 0.7})
+    assert history.prior() == {"warm_boundary": 0.8, "startup": 3.0, "last_finish": 0.7}
+    # the reading job's own entry is not its prior
+    assert history.prior(exclude_job="run_c") == {"warm_boundary": pytest.approx(0.7), "startup": 3.0}
+    # only the newest jobs count: a deployment that changed its image follows
+    assert history.prior(newest=1) == {"warm_boundary": 5.0, "startup": 3.0, "last_finish": 0.7}
+    assert NEWEST >= 5
+
+
+def test_only_known_finite_non_negative_fields_are_kept_and_an_empty_record_is_not_written(tmp_path):
+    store = open_store(f"file://{tmp_path}")
+    history = OverheadHistory(store)
+    assert history.append("run_a", 1.0, {"lost_per_preemption": 3.0, "tail": 1.0}) is None  # the job's own
+    key = history.append("run_b", 2.0, {"warm_boundary": float("nan"), "finish": -1.0, "gap_after_boundary": 0.2})
+    assert json.loads(store.get_bytes(key))["overheads"] == {"gap_after_boundary": 0.2}
+    assert store.list("") == [key]
+
+
+def test_unreadable_or_newer_entries_are_skipped(tmp_path):
+    store = open_store(f"file://{tmp_path}")
+    history = OverheadHistory(store)
+    history.append("run_a", 1.0, {"warm_boundary": 0.5})
+    store.put_bytes("0000000000002.000-run_b.json", b"{not json")
+    store.put_bytes("0000000000003.000-run_c.json", json.dumps(
+        {"schema": 99, "job": "run_c", "at": 3.0, "overheads": {"warm_boundary": 9.0}}).encode())
+    store.put_bytes("0000000000004.000-run_d.json", json.dumps({"schema": 1, "overheads": "?"}).encode())
+    assert history.prior() == {"warm_boundary": 0.5}
+    assert OverheadHistory(open_store(f"file://{tmp_path}/empty")).prior() == {}
