@@ -22,6 +22,12 @@ other GPUs through the catalog. Then both are measured again, each run in its ow
 against the order of the medians — where the rounds agree on that order (else it is a measured tie).
 
     python benchmarks/bench_estimate.py [--seeds 1,2,3,4,5,6,7,8] [--mtbf 30] [--rounds 5] [--skip-online] [--skip-offline]
+        [--recurring]
+
+Each seed is the first run of its own DAG by default: nothing the deployment measured before helps its
+estimate. With ``--recurring`` the seeds are successive runs of one DAG, as a scheduled retraining
+pipeline's are, and each run's estimate starts from the overheads the runs before it measured
+(``storage/overhead_history.py``); the first seed has none.
 """
 from __future__ import annotations
 
@@ -55,24 +61,29 @@ with SpotSession.from_env(total_steps=10_000) as spot:
 '''
 
 
-def online(seed: int, mtbf: float, out: Path, total_steps: int, per_segment: int) -> dict:
+def online(seed: int, mtbf: float, out: Path, total_steps: int, per_segment: int, recurring: bool = False) -> dict:
     from airflow_spot.demo import build_demo_dag, job_dir, run_dag_test
     from airflow_spot.storage.job_view import JobView
     from airflow_spot.storage.object_store import open_store
 
-    root = out / f"seed{seed}"
-    dag = build_demo_dag(dag_id=f"bench_estimate_{seed}", root=root, total_steps=total_steps,
+    # recurring: every seed is the next run of one DAG under one root, so each job's estimate starts from
+    # what the runs before it measured (storage/overhead_history.py); else each seed is a DAG's first run
+    root = out / ("recurring" if recurring else f"seed{seed}")
+    dag = build_demo_dag(dag_id="bench_estimate_recurring" if recurring else f"bench_estimate_{seed}", root=root, total_steps=total_steps,
                          steps_per_segment=per_segment, step_sleep=0.03,
                          preemption={"mode": "rate", "mtbf_seconds": mtbf, "seed": seed}, max_preemptions=100)
     readings: list[tuple[float, float, float | None, dict]] = []
     trace: list[dict] = []
     stop = threading.Event()
 
+    jobs = root / "jobs" / dag.dag_id
+    earlier = set(jobs.iterdir()) if jobs.is_dir() else set()
+
     def sample() -> None:
-        jobs = root / "jobs" / dag.dag_id
         while not stop.wait(0.2):
-            # job roots only: the deployment's availability log (``_availability``) lives beside them
-            dirs = [d for d in jobs.iterdir() if not d.name.startswith("_")] if jobs.is_dir() else []
+            # this run's root only: the deployment's logs (``_availability``, ``_overheads``) and the earlier
+            # runs of the DAG live beside it
+            dirs = [d for d in jobs.iterdir() if not d.name.startswith("_") and d not in earlier] if jobs.is_dir() else []
             if not dirs:
                 continue
             try:
@@ -288,6 +299,8 @@ def main() -> int:
     p.add_argument("--skip-online", action="store_true")
     p.add_argument("--skip-offline", action="store_true")
     p.add_argument("--out", default="out/bench_estimate")
+    p.add_argument("--recurring", action="store_true",
+                   help="run the seeds as successive runs of one DAG (each learns the earlier runs' overheads)")
     args = p.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -316,7 +329,7 @@ def main() -> int:
         db.resetdb()
         report["online"] = runs = []
         for seed in [int(s) for s in args.seeds.split(",") if s]:
-            r = online(seed, args.mtbf, out, args.total_steps, args.steps_per_segment)
+            r = online(seed, args.mtbf, out, args.total_steps, args.steps_per_segment, args.recurring)
             runs.append(r)
             print(f"online seed {seed}: {r['state']}, {r['preemptions']} preemptions in {r['attempts']} attempts, "
                   f"{r['job_seconds']} s", flush=True)
