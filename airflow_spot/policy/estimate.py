@@ -566,6 +566,9 @@ def estimate_remaining(
         + (f" + {notice_due:.1f} s for the preemption under way (notice seen)" if notice_due
            else f" + {current:.1f} s of start-up still due" if current else "")
     )
+    borrowed = [k for k in PRIOR_FIELDS if k in (prior or {}) and k not in o.measured]
+    if borrowed:
+        basis += f"; not met yet, from the deployment's earlier jobs: {', '.join(borrowed)}"
     # what the preemptions add on top of the same work on an instance that is never preempted
     plain = (compute + segments_left * ((1 - share) * o.warm_boundary + share * (o.gap_after_boundary + o.startup)
                                         + o.finish) + o.last_finish)

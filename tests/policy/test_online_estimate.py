@@ -405,6 +405,8 @@ def test_what_the_job_has_not_met_yet_comes_from_the_deployments_earlier_jobs():
     gained = (estimate_remaining(first, prior=prior, **kwargs).remaining_seconds
               - estimate_remaining(first, **kwargs).remaining_seconds)
     assert gained == pytest.approx(2 * 0.8 + 0.6)  # two boundaries left and the job's end
+    basis = estimate_remaining(first, prior=prior, **kwargs).basis
+    assert basis.endswith("from the deployment's earlier jobs: gap_after_boundary, warm_boundary, last_finish")
 
 
 def test_a_boundary_the_job_crossed_itself_beats_the_deployments_figure():
