@@ -35,6 +35,8 @@ SCHEMA = 1
 #: the jobs a prior is the median of: recent enough to follow a change of image or Airflow, enough to
 #: outvote one odd run
 NEWEST = 10
+#: entries kept: each append deletes the older ones, so reading the history lists a bounded directory
+KEEP = 5 * NEWEST
 
 
 def history_uri(job_uri: str, environ=None) -> str:
@@ -60,9 +62,10 @@ class OverheadHistory:
         """The history of the deployment ``job_store``'s job belongs to, through the job store's client."""
         return cls(job_store.at(history_uri(job_store.uri)))
 
-    def append(self, job: str, at: float, overheads: dict[str, float]) -> str | None:
+    def append(self, job: str, at: float, overheads: dict[str, float], keep: int = KEEP) -> str | None:
         """Record one finished job's measured overheads (fields outside :data:`PRIOR_FIELDS` and values that
-        are not finite numbers >= 0 are dropped); nothing is written when none is left."""
+        are not finite numbers >= 0 are dropped); nothing is written when none is left. Entries older than
+        the newest ``keep`` are deleted (two jobs finishing together may both delete: both keep the newest)."""
         kept = {k: float(v) for k, v in overheads.items()
                 if k in PRIOR_FIELDS and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0}
         if not kept:
@@ -70,12 +73,19 @@ class OverheadHistory:
         key = f"{at:017.3f}-{safe_id(job)}.json"
         body = {"schema": SCHEMA, "job": job, "at": at, "overheads": kept}
         self.store.put_bytes(key, json.dumps(body, sort_keys=True).encode())
+        old = self._keys()[keep:]
+        if old:
+            self.store.delete(old)
         return key
+
+    def _keys(self) -> list[str]:
+        """Entry keys, newest first (their names start with the time)."""
+        return sorted((k for k in self.store.list("") if k.endswith(".json")), reverse=True)
 
     def prior(self, *, exclude_job: str | None = None, newest: int = NEWEST) -> dict[str, float]:
         """Per field, the median over the newest ``newest`` jobs that measured it (``exclude_job``: the
         reading job itself, which has its own figures)."""
-        keys = sorted((k for k in self.store.list("") if k.endswith(".json")), reverse=True)
+        keys = self._keys()
         skip = f"-{safe_id(exclude_job)}.json" if exclude_job else None
         seen: dict[str, list[float]] = {}
         for key in keys:

@@ -52,3 +52,12 @@ def test_unreadable_or_newer_entries_are_skipped(tmp_path):
     store.put_bytes("0000000000004.000-run_d.json", json.dumps({"schema": 1, "overheads": "?"}).encode())
     assert history.prior() == {"warm_boundary": 0.5}
     assert OverheadHistory(open_store(f"file://{tmp_path}/empty")).prior() == {}
+
+
+def test_the_history_keeps_only_the_newest_entries(tmp_path):
+    store = open_store(f"file://{tmp_path}")
+    history = OverheadHistory(store)
+    for i in range(7):
+        history.append(f"run_{i}", 100.0 + i, {"warm_boundary": float(i)}, keep=3)
+    assert sorted(store.list("")) == [f"0000000000{100 + i}.000-run_{i}.json" for i in (4, 5, 6)]
+    assert history.prior() == {"warm_boundary": 5.0}
