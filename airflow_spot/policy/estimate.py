@@ -386,11 +386,15 @@ def measure_overheads(paces: list[AttemptPace], step: float,
     else:
         finish = float(prior.get("finish", finish))
     last_exit = own("last_finish", exits, float(prior.get("last_finish", 0.0)))
-    share = own("new_instance_share", moved, default_new_instance_share)
+    if moved:  # a share, so the mean of the job's 0/1 boundaries, not their median
+        measured.append("new_instance_share")
+        share = sum(moved) / len(moved)
+    else:
+        share = float(prior.get("new_instance_share", default_new_instance_share))
     return JobOverheads(
         startup=startup, tail=own("tail", tails, default_tail), gap_after_preemption=gap_p,
         gap_after_boundary=gap_b, warm_boundary=own("warm_boundary", warm, gap_b),
-        new_instance_share=(sum(moved) / len(moved)) if moved else share,
+        new_instance_share=share,
         lost_per_preemption=(sum(lost) / len(lost)) if lost else 0.0, samples=len(exact), finish=finish,
         last_finish=max(finish, last_exit),
         start_tail=own("start_tail", start_tails, default_tail if default_start_tail is None else default_start_tail),

@@ -337,8 +337,12 @@ class JobView:
                 self._prior = {}
         return self._prior
 
-    def snapshot(self, now: float, total_steps: int | None = None, mtbf_seconds: float | None = None) -> dict[str, Any]:
+    def snapshot(self, now: float, total_steps: int | None = None, mtbf_seconds: float | None = None,
+                 with_estimate: bool = True) -> dict[str, Any]:
         """Where the job stands: progress, cost, savings, attempts, checkpoints, chart points, estimate.
+
+        :param with_estimate: False leaves ``estimate`` None (a list of jobs does not show it, and the
+            estimate reads the deployment's overhead history).
 
         :param mtbf_seconds: a prior for the current pool's mean time between preemptions, when the caller
             knows one better than the operator's in the segment requests (the estimate benchmark: the
@@ -367,7 +371,7 @@ class JobView:
         state = "finished" if summary else ("running" if running else ("waiting" if attempts else "not started"))
         segment_ends = sorted({r.end_step for r in requests})
         estimate = None
-        if total_steps:
+        if total_steps and with_estimate:
             paces = self._paces(attempts, now)
             ended = [a.ended_at for a in attempts if a.ended_at is not None]
             idle = max(0.0, now - max(ended)) if ended and not running else 0.0

@@ -191,6 +191,8 @@ class SegmentTrigger(BaseTrigger):
         self._notice_logged = False
         #: the poller's last round for this instance (an ended attempt seen between rounds reuses it)
         self._last_seen = None
+        #: the job view the progress line reads (kept: it holds the deployment's overhead history read once)
+        self._job_view = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -431,7 +433,9 @@ class SegmentTrigger(BaseTrigger):
         from airflow_spot.storage.job_view import JobView, progress_line
 
         try:
-            snap = await asyncio.to_thread(JobView(store).snapshot, time.time())
+            if self._job_view is None:
+                self._job_view = JobView(store)
+            snap = await asyncio.to_thread(self._job_view.snapshot, time.time())
         except Exception as exc:  # noqa: BLE001 - progress is informational; the store is read again next time
             self.log.debug("attempt %s: no progress line this time: %s", self.attempt_id, exc)
             return

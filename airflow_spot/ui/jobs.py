@@ -95,7 +95,7 @@ def job_row(job: JobRef, now: float | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {"dag_id": job.dag_id, "run_id": job.run_id, "job_uri": job.job_uri,
                            "run_state": job.run_state}
     try:
-        snap = open_view(job).snapshot(time.time() if now is None else now)
+        snap = open_view(job).snapshot(time.time() if now is None else now, with_estimate=False)
     except Exception as exc:  # noqa: BLE001 - one unreadable store must not hide the other jobs
         log.warning("job %s/%s: store %s not readable: %s", job.dag_id, job.run_id, job.job_uri, exc)
         return {**row, "state": job.run_state, "error": f"store not readable: {exc}"}
