@@ -5,6 +5,13 @@
 cost of one save (what training stalls for) and ``M`` the mean time between preemptions of the pool.
 ``M`` is estimated from a prior (market data) blended with what this job observed, so the interval
 follows the market as it changes.
+
+A periodic save only insures the work a preemption would otherwise lose. When the cloud's notice reaches
+the training process and its emergency save commits inside the notice window, the preemption loses
+nothing, so ``M`` above is the mean time between preemptions that *lose work*: the mean time between
+preemptions over ``1 - q``, where ``q`` is the chance a notice covers one (:func:`estimate_notice_coverage`:
+a prior blended with what the job's own preemptions showed, and 0 when the emergency save does not fit
+the window). With ``q = 0`` this is Young/Daly as they stand.
 """
 from __future__ import annotations
 
@@ -52,6 +59,35 @@ def estimate_mtbf(
     return (prior_weight * prior_mtbf + observed_seconds) / (prior_weight + observed_preemptions)
 
 
+#: chance that a preemption's notice reaches the training process and its emergency save commits inside
+#: the window, before the job has seen its own preemptions: AWS sends its two-minute notice before a spot
+#: interruption and documents interruptions without one as rare
+PRIOR_NOTICE_COVERAGE = 0.99
+#: the prior counts as this many preemptions: one miss among a job's first preemptions takes it to 0.83
+PRIOR_NOTICE_WEIGHT = 5.0
+#: coverage is never taken as certain: a notice can always be missed (the instance fails, the host dies)
+MAX_NOTICE_COVERAGE = 0.999
+
+
+def estimate_notice_coverage(covered: int, missed: int, *, fits: bool = True,
+                             prior: float = PRIOR_NOTICE_COVERAGE, weight: float = PRIOR_NOTICE_WEIGHT) -> float:
+    """Chance that the next preemption's notice saves all the work: ``(w q0 + covered) / (w + covered +
+    missed)`` (a Beta prior worth ``w`` preemptions), or 0 when the emergency save does not ``fit`` the
+    notice window (it cannot commit in time, so every preemption loses what the periodic saves left).
+
+    ``covered``: the job's preemptions whose notice reached the process and lost no step; ``missed``:
+    those that lost steps or came without a notice (see :func:`airflow_spot.policy.ledger.notice_evidence`).
+    """
+    if covered < 0 or missed < 0:
+        raise ValueError(f"covered and missed must be >= 0, got {covered!r}, {missed!r}")
+    if not 0 <= prior <= 1 or weight < 0:
+        raise ValueError(f"need 0 <= prior <= 1 and weight >= 0, got {prior!r}, {weight!r}")
+    if not fits:
+        return 0.0
+    seen = weight + covered + missed
+    return (weight * prior + covered) / seen if seen else prior
+
+
 @dataclass(frozen=True)
 class IntervalInputs:
     save_cost_seconds: float
@@ -60,6 +96,17 @@ class IntervalInputs:
     max_interval_seconds: float = 3600.0
     #: the last background write took this long; saving more often than that only queues writes
     write_seconds: float = 0.0
+    #: chance a preemption's notice lets the emergency save keep all the work (:func:`estimate_notice_coverage`)
+    notice_coverage: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.notice_coverage <= 1:
+            raise ValueError(f"notice_coverage must be in [0, 1], got {self.notice_coverage!r}")
+
+    @property
+    def loss_mtbf_seconds(self) -> float:
+        """Mean time between preemptions that lose work: those the notice does not cover."""
+        return self.mtbf_seconds / (1.0 - min(self.notice_coverage, MAX_NOTICE_COVERAGE))
 
 
 def _clamp(value: float, inp: IntervalInputs) -> float:
@@ -72,14 +119,14 @@ def daly_policy(inp: IntervalInputs) -> float:
     """Daly's interval, clamped to [floor, ceiling] and never shorter than one background write."""
     if inp.save_cost_seconds <= 0:
         return _clamp(inp.min_interval_seconds, inp)
-    return _clamp(daly_interval(inp.save_cost_seconds, inp.mtbf_seconds), inp)
+    return _clamp(daly_interval(inp.save_cost_seconds, inp.loss_mtbf_seconds), inp)
 
 
 @checkpoint_interval_policies.register("young")
 def young_policy(inp: IntervalInputs) -> float:
     if inp.save_cost_seconds <= 0:
         return _clamp(inp.min_interval_seconds, inp)
-    return _clamp(young_interval(inp.save_cost_seconds, inp.mtbf_seconds), inp)
+    return _clamp(young_interval(inp.save_cost_seconds, inp.loss_mtbf_seconds), inp)
 
 
 @checkpoint_interval_policies.register("fixed")

@@ -121,6 +121,24 @@ class LedgerRow:
         return cls(**{k: v for k, v in d.items() if k in names})  # derived fields (cost, ...) are recomputed
 
 
+def notice_evidence(rows: Iterable[LedgerRow]) -> tuple[int, int]:
+    """What the job's preemptions showed of its notices: ``(covered, missed)``.
+
+    A preempted (or lost) attempt that had trained is covered when its notice reached the training
+    process and it lost no step (the emergency save committed in the window), missed otherwise. One that
+    never trained had nothing to lose and tells nothing.
+    """
+    covered = missed = 0
+    for r in rows:
+        if r.outcome not in PREEMPTION_OUTCOMES or (r.steps_done == 0 and r.steps_lost == 0):
+            continue
+        if r.notice_at is not None and r.steps_lost == 0:
+            covered += 1
+        else:
+            missed += 1
+    return covered, missed
+
+
 @dataclass(frozen=True)
 class JobSummary:
     attempts: int

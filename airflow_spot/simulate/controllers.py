@@ -26,14 +26,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from airflow_spot.policy.checkpoint_interval import IntervalInputs, checkpoint_interval, estimate_mtbf
 from airflow_spot.policy.deadline import WAIT, DeadlineParams, DeadlineState, Observation, decide
 from airflow_spot.policy.offer_ranking import RankingParams, choose_offer, in_cooldown
 from airflow_spot.policy.offers import Market
 from airflow_spot.policy.pool_age import observed_spot_up_seconds
 from airflow_spot.policy.registry import PolicyRegistry
 from airflow_spot.simulate.engine import HOUR, View
-from airflow_spot.simulate.observed import ObservedController
+from airflow_spot.simulate.observed import ObservedController, session_interval
 
 controllers = PolicyRegistry("simulated controller")
 
@@ -215,12 +214,7 @@ class DeadlineController:
     def checkpoint_interval(self, view: View) -> float:
         if self.fixed_interval_hours is not None:
             return self.fixed_interval_hours * HOUR
-        if view.running is None or view.running[0] != "spot":
-            return 3600.0  # on-demand: an insurance save an hour
-        pool = view.pools[view.running[1]].name
-        n = view.our_preemption_counts.get(pool, 0)
-        mtbf = estimate_mtbf(self.prior_mtbf_hours * HOUR, n, view.now)
-        return checkpoint_interval(IntervalInputs(save_cost_seconds=view.spec.save_cost_seconds, mtbf_seconds=mtbf))
+        return session_interval(view, self.prior_mtbf_hours, self.emergency_save)
 
 
 @controllers.register("ours", default=True)

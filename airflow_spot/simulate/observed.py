@@ -21,13 +21,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from airflow_spot.policy.checkpoint_interval import IntervalInputs, checkpoint_interval, estimate_mtbf
+from airflow_spot.policy.checkpoint_interval import (
+    IntervalInputs, checkpoint_interval, estimate_mtbf, estimate_notice_coverage,
+)
 from airflow_spot.policy.deadline import WAIT, DeadlineState
 from airflow_spot.policy import decision as policy_decision
 from airflow_spot.policy.decision import AttemptDecision, DecisionParams, observed_deadline_params
 from airflow_spot.policy.observations import JobObservation, PoolEvent
 from airflow_spot.policy.offers import Market
 from airflow_spot.simulate.engine import HOUR, View
+
+
+def session_interval(view: View, prior_mtbf_hours: float, emergency_save: bool) -> float:
+    """The periodic-checkpoint interval a job's ``SpotSession`` would choose here: Daly's, from the pool's
+    MTBF (the prior blended with the job's preemptions in it) and the chance a notice covers a preemption
+    (the replay delivers every notice, so each of the job's preemptions was covered when its emergency
+    save fits the window, and none was when the job takes no emergency saves)."""
+    if view.running is None or view.running[0] != "spot":
+        return 3600.0  # on-demand: an insurance save an hour
+    pool = view.pools[view.running[1]].name
+    mtbf = estimate_mtbf(prior_mtbf_hours * HOUR, view.our_preemption_counts.get(pool, 0), view.now)
+    fits = emergency_save and view.spec.save_cost_seconds <= view.spec.notice_seconds
+    coverage = estimate_notice_coverage(sum(view.our_preemption_counts.values()), 0, fits=fits)
+    return checkpoint_interval(IntervalInputs(save_cost_seconds=view.spec.save_cost_seconds, mtbf_seconds=mtbf,
+                                              notice_coverage=coverage))
 
 
 @dataclass
@@ -153,9 +170,4 @@ class ObservedController:
         return target
 
     def checkpoint_interval(self, view: View) -> float:
-        if view.running is None or view.running[0] != "spot":
-            return 3600.0  # on-demand: an insurance save an hour
-        pool = view.pools[view.running[1]].name
-        n = view.our_preemption_counts.get(pool, 0)
-        mtbf = estimate_mtbf(self.prior_mtbf_hours * HOUR, n, view.now)
-        return checkpoint_interval(IntervalInputs(save_cost_seconds=view.spec.save_cost_seconds, mtbf_seconds=mtbf))
+        return session_interval(view, self.prior_mtbf_hours, self.emergency_save)

@@ -108,6 +108,7 @@ def segment_env(
         E.MTBF_SECONDS: request.mtbf_seconds,
         E.CKPT_MIN_INTERVAL: request.min_interval_seconds,
         E.CKPT_MAX_INTERVAL: request.max_interval_seconds,
+        E.NOTICE_WINDOW_SECONDS: request.notice_window_seconds,
         E.CKPT_KEEP: request.keep_checkpoints,
         E.WARM_START_URI: request.warm_start_uri,
         E.TOTAL_STEPS: request.total_steps,

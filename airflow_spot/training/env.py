@@ -12,6 +12,7 @@ END_STEP = "SPOT_END_STEP"  # exclusive; the session commits a checkpoint at end
 NOTICE_FILE = "SPOT_NOTICE_FILE"  # a file whose appearance means "preemption notice" (local backend)
 IMDS_URL = "SPOT_IMDS_URL"  # base URL of EC2 instance metadata, e.g. http://169.254.169.254
 NOTICE_POLL_SECONDS = "SPOT_NOTICE_POLL_SECONDS"
+NOTICE_WINDOW_SECONDS = "SPOT_NOTICE_WINDOW_SECONDS"  # notice to kill: an emergency save must commit within it
 MTBF_SECONDS = "SPOT_MTBF_SECONDS"  # prior mean time between preemptions of the pool
 CKPT_MIN_INTERVAL = "SPOT_CKPT_MIN_INTERVAL"
 CKPT_MAX_INTERVAL = "SPOT_CKPT_MAX_INTERVAL"

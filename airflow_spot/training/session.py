@@ -31,8 +31,12 @@ from typing import Any
 
 import torch
 
-from airflow_spot.policy.checkpoint_interval import IntervalInputs, checkpoint_interval, estimate_mtbf
+from airflow_spot.policy.checkpoint_interval import (
+    IntervalInputs, checkpoint_interval, estimate_mtbf, estimate_notice_coverage,
+)
+from airflow_spot.policy.ledger import notice_evidence
 from airflow_spot.storage.checkpoint import CheckpointError, CheckpointStore
+from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import open_store
 from airflow_spot.storage.protocol import PREEMPTED_EXIT_CODE, AttemptStatus, Heartbeat, JobLayout, Outcome
 from airflow_spot.training import env as E
@@ -78,6 +82,8 @@ class SpotSession:
     :param max_interval_seconds: ceiling of the checkpoint interval.
     :param keep: committed checkpoints to keep.
     :param interval_policy: name of a checkpoint-interval policy (daly, young, fixed).
+    :param notice_window_seconds: the backend's preemption notice window (None: unknown). An emergency
+        save that cannot commit inside it covers nothing, so the interval then insures every preemption.
     :param heartbeat_seconds: at most one heartbeat write per this many seconds.
     :param warm_start_uri: another job's root whose newest checkpoint seeds this job's tracked objects
         (``warm_start_keys``) when this job has no checkpoint yet; steps then count from 0.
@@ -102,6 +108,7 @@ class SpotSession:
         max_interval_seconds: float = 3600.0,
         keep: int = 3,
         interval_policy: str | None = None,
+        notice_window_seconds: float | None = None,
         heartbeat_seconds: float = 2.0,
         warm_start_uri: str | None = None,
         warm_start_keys: tuple[str, ...] = ("model",),
@@ -121,6 +128,7 @@ class SpotSession:
         self.prior_mtbf = mtbf_seconds or DEFAULT_MTBF_SECONDS
         self.min_interval, self.max_interval = min_interval_seconds, max_interval_seconds
         self.interval_policy = interval_policy
+        self.notice_window = notice_window_seconds
         self.heartbeat_seconds = heartbeat_seconds
         self.warm_start_uri, self.warm_start_keys = warm_start_uri, warm_start_keys
         self.total_steps = total_steps
@@ -141,6 +149,9 @@ class SpotSession:
         self.save_cost_ewma: float | None = None  # seconds training stalls per save (staging)
         self.interval = float(min_interval_seconds)
         self.mtbf = self.prior_mtbf
+        #: the job's preemptions so far: (notice covered them, notice missed or the save lost steps)
+        self.notice_evidence = (0, 0)
+        self.notice_coverage = 0.0
         self.saves = {"periodic": 0, "insurance": 0, "emergency": 0, "final": 0}
         self.notice: str | None = None  # detail of the preemption notice, once seen
         self.notice_at: float | None = None  # wall-clock time it was seen (rides along with heartbeats)
@@ -182,6 +193,7 @@ class SpotSession:
             max_interval_seconds=num(E.CKPT_MAX_INTERVAL, 3600.0),
             keep=int(e.get(E.CKPT_KEEP, "3")),
             interval_policy=e.get(E.CKPT_POLICY) or None,
+            notice_window_seconds=num(E.NOTICE_WINDOW_SECONDS, None),
             heartbeat_seconds=num(E.HEARTBEAT_SECONDS, 2.0),
             warm_start_uri=e.get(E.WARM_START_URI) or None,
             total_steps=int(e[E.TOTAL_STEPS]) if e.get(E.TOTAL_STEPS) else total_steps,
@@ -194,7 +206,7 @@ class SpotSession:
     def __enter__(self) -> SpotSession:
         for src in self.notice_sources:
             src.start(self._on_notice)
-        self.mtbf = self._observed_mtbf()
+        self._observe_preemptions()
         self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="spot-heartbeat", daemon=True)
         self._hb_thread.start()
         return self
@@ -345,14 +357,31 @@ class SpotSession:
         self._save("final", wait=True)
 
     def _recompute_interval(self) -> None:
+        self.notice_coverage = estimate_notice_coverage(*self.notice_evidence, fits=self._save_fits_notice())
         inputs = IntervalInputs(
             save_cost_seconds=self.save_cost_ewma or 0.0,
             mtbf_seconds=self.mtbf,
             min_interval_seconds=self.min_interval,
             max_interval_seconds=self.max_interval,
             write_seconds=self.writer.last_write_seconds,
+            notice_coverage=self.notice_coverage,
         )
         self.interval = checkpoint_interval(inputs, self.interval_policy)
+
+    def _save_fits_notice(self) -> bool:
+        """An emergency save (staging, then the write) can commit inside the notice window, as measured."""
+        if not self.notice_window:
+            return True
+        return (self.save_cost_ewma or 0.0) + self.writer.last_write_seconds <= self.notice_window
+
+    def _observe_preemptions(self) -> None:
+        """The job's preemptions so far: the pool's MTBF (the market's prior blended with them) and what
+        they showed of the notices (from the job's ledger rows)."""
+        self.mtbf = self._observed_mtbf()
+        try:
+            self.notice_evidence = notice_evidence(LedgerStore(self.job_store).rows())
+        except (OSError, ValueError) as exc:  # an unreadable ledger leaves the prior; training goes on
+            log.warning("could not read the job's ledger for its notice record: %s", exc)
 
     def _observed_mtbf(self) -> float:
         """Blend the market's prior with the preemptions this job has seen so far."""
@@ -459,11 +488,13 @@ class SpotSession:
             self.min_interval = float(spot_env[E.CKPT_MIN_INTERVAL])
         if spot_env.get(E.CKPT_MAX_INTERVAL):
             self.max_interval = float(spot_env[E.CKPT_MAX_INTERVAL])
+        if spot_env.get(E.NOTICE_WINDOW_SECONDS):
+            self.notice_window = float(spot_env[E.NOTICE_WINDOW_SECONDS])
         if spot_env.get(E.TOTAL_STEPS):
             self.total_steps = int(spot_env[E.TOTAL_STEPS])
         if spot_env.get(E.HANDOFF_WAIT):
             self.handoff_wait = float(spot_env[E.HANDOFF_WAIT])
-        self.mtbf = self._observed_mtbf()
+        self._observe_preemptions()
         self._recompute_interval()
         self._last_save_at = time.monotonic()  # the state is committed at this very step
         self.segments += 1

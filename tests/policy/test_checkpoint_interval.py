@@ -10,8 +10,10 @@ from airflow_spot.policy.checkpoint_interval import (
     checkpoint_interval_policies,
     daly_interval,
     estimate_mtbf,
+    estimate_notice_coverage,
     young_interval,
 )
+from airflow_spot.policy.ledger import LedgerRow, notice_evidence
 
 
 @pytest.mark.parametrize(
@@ -57,3 +59,50 @@ def test_unknown_policy_lists_valid_ones():
     assert set(checkpoint_interval_policies.names()) >= {"daly", "young", "fixed"}
     with pytest.raises(ValueError, match="valid checkpoint-interval policies: daly, fixed, young"):
         checkpoint_interval(IntervalInputs(1, 1), "nope")
+
+
+def test_a_covered_preemption_is_not_a_loss_so_the_interval_insures_only_the_misses():
+    # Young's interval with M the mean time between preemptions that lose work: M / (1 - q)
+    base = dict(save_cost_seconds=10.0, mtbf_seconds=3 * 3600.0, max_interval_seconds=1e9)
+    plain = checkpoint_interval(IntervalInputs(**base), "young")
+    half = checkpoint_interval(IntervalInputs(**base, notice_coverage=0.5), "young")
+    assert half == pytest.approx(young_interval(10, 6 * 3600)) == pytest.approx(plain * math.sqrt(2))
+    # never certain: a notice can always be missed, so the interval stays finite before the ceiling
+    assert math.isfinite(checkpoint_interval(IntervalInputs(**base, notice_coverage=1.0)))
+    assert checkpoint_interval(IntervalInputs(save_cost_seconds=10.0, mtbf_seconds=3 * 3600.0,
+                                              notice_coverage=0.99)) == 3600.0  # the ceiling insures anyway
+    with pytest.raises(ValueError, match="notice_coverage must be in"):
+        IntervalInputs(1, 1, notice_coverage=1.5)
+
+
+def test_notice_coverage_is_a_prior_moved_by_the_jobs_own_preemptions():
+    assert estimate_notice_coverage(0, 0, prior=0.99, weight=5) == 0.99
+    assert estimate_notice_coverage(5, 0, prior=0.99, weight=5) == pytest.approx(0.995)
+    # one miss among the first preemptions: (5 x 0.99 + 0) / 6
+    assert estimate_notice_coverage(0, 1, prior=0.99, weight=5) == pytest.approx(4.95 / 6)
+    assert estimate_notice_coverage(0, 20, prior=0.99, weight=5) < 0.2  # notices that never come
+    # an emergency save that cannot commit in the window covers nothing, whatever the record says
+    assert estimate_notice_coverage(10, 0, fits=False) == 0.0
+    assert estimate_notice_coverage(0, 0, prior=0.5, weight=0) == 0.5
+    with pytest.raises(ValueError):
+        estimate_notice_coverage(-1, 0)
+    with pytest.raises(ValueError):
+        estimate_notice_coverage(0, 0, prior=1.5)
+
+
+def _row(n, outcome, steps_done, steps_lost, notice_at):
+    return LedgerRow(attempt_id=f"a{n}", instance_id="i", instance_type="t", zone="z", market="spot",
+                     price_per_hour=1.0, on_demand_price_per_hour=3.0, started_at=float(n), ended_at=n + 1.0,
+                     steps_done=steps_done, outcome=outcome, steps_lost=steps_lost, notice_at=notice_at)
+
+
+def test_notice_evidence_reads_the_preempted_attempts_that_had_work_at_stake():
+    rows = [
+        _row(0, "preempted", 40, 0, 0.5),   # notice came, the emergency save kept everything: covered
+        _row(1, "preempted", 10, 7, 1.5),   # notice came but the save did not commit: missed
+        _row(2, "lost", 30, 12, None),      # gone without a notice: missed
+        _row(3, "preempted", 25, 0, None),  # no notice reached the process (nothing lost by luck): missed
+        _row(4, "preempted", 0, 0, 4.5),    # still starting up: nothing at stake, no evidence
+        _row(5, "completed", 100, 0, None),
+    ]
+    assert notice_evidence(rows) == (1, 3)

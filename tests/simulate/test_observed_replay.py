@@ -150,3 +150,29 @@ def test_cli_hindsight_column_prices_and_nodes(tmp_path, capsys):
     assert main(["simulate", "--work-hours", "1", "--traces", str(d), "--prices", str(prices),
                  "--policies", "hindsight"]) == 2
     assert "needs a deadline" in capsys.readouterr().err
+
+
+def test_replayed_jobs_checkpoint_as_the_session_would_given_the_notices_they_get():
+    from airflow_spot.policy.checkpoint_interval import daly_interval, estimate_mtbf
+    from airflow_spot.simulate.engine import View
+    from airflow_spot.simulate.observed import session_interval
+
+    spec = JobSpec(work_hours=3, save_cost_seconds=10.0, notice_seconds=120.0)
+    p = pool("us-west-2b", [1] * 10)
+
+    def view(counts, spec=spec, running=("spot", 0)):
+        return View(now=7200.0, spec=spec, pools=[p], on_demand=ON_DEMAND, up=[True], last_capacity_loss={},
+                    up_since={}, our_preemptions={}, our_preemption_counts=counts, work_done=0.0, running=running)
+
+    m = estimate_mtbf(3.6 * 3600, 2, 7200.0)
+    # no emergency saves (or saves that outlast the notice): every preemption loses work, plain Daly
+    assert session_interval(view({p.name: 2}), 3.6, emergency_save=False) == pytest.approx(daly_interval(10, m))
+    slow = JobSpec(work_hours=3, save_cost_seconds=150.0, notice_seconds=120.0)
+    assert session_interval(view({p.name: 2}, spec=slow), 3.6, True) == pytest.approx(daly_interval(150, m))
+    # the replay delivers every notice and the save fits it: the job's preemptions were all covered, so its
+    # periodic saves insure only the misses the prior still allows, up to the hourly ceiling
+    q = (5 * 0.99 + 2) / 7
+    covered = session_interval(view({p.name: 2}), 3.6, True)
+    assert covered == pytest.approx(min(3600.0, daly_interval(10, m / (1 - q))))
+    assert covered > 5 * daly_interval(10, m)
+    assert session_interval(view({}, running=("on-demand", 0)), 3.6, True) == 3600.0

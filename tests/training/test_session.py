@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from airflow_spot.policy.checkpoint_interval import daly_interval
 from airflow_spot.storage.checkpoint import CheckpointStore
 from airflow_spot.storage.object_store import open_store
 from airflow_spot.storage.protocol import PREEMPTED_EXIT_CODE, AttemptStatus, JobLayout
@@ -96,20 +97,46 @@ def test_periodic_saves_follow_the_interval_and_insurance_on_rebalance(tmp_path)
     assert spot.interval == pytest.approx(0.05)
 
 
-def test_interval_follows_measured_save_cost_and_observed_preemptions(tmp_path):
+def test_interval_follows_measured_save_cost_observed_preemptions_and_the_notices_they_showed(tmp_path):
+    from airflow_spot.policy.ledger import LedgerRow
+    from airflow_spot.storage.ledger_store import LedgerStore
+
     job = str(tmp_path)
     layout = JobLayout(open_store(job))
-    for i in range(3):  # this job was preempted three times in 300 s
+    for i in range(3):  # this job was preempted three times in 300 s; every time without a notice, losing steps
         layout.write_status(AttemptStatus(f"t{i}", "preempted", 75, started_at=0.0, ended_at=100.0))
-    spot, model, opt = make(job, end=3, mtbf_seconds=3600.0, min_interval_seconds=0.0)
+        LedgerStore(open_store(job)).write(LedgerRow(
+            attempt_id=f"t{i}", instance_id="i", instance_type="t", zone="z", market="spot", price_per_hour=1.0,
+            on_demand_price_per_hour=3.0, started_at=0.0, ended_at=100.0, steps_done=20, outcome="preempted",
+            steps_lost=5, notice_at=None))
+    spot, model, opt = make(job, end=3, mtbf_seconds=3600.0, min_interval_seconds=0.0, notice_window_seconds=120.0)
     with spot:
         assert spot.mtbf == pytest.approx((3600 + 300) / 4)
+        assert spot.notice_evidence == (0, 3)
         spot.track(model=model, optimizer=opt)
         spot.save_cost_ewma = 2.0
         spot._recompute_interval()
-        from airflow_spot.policy.checkpoint_interval import daly_interval
+        # three misses against a prior worth five preemptions at 0.99: the notices are no longer trusted much
+        assert spot.notice_coverage == pytest.approx(5 * 0.99 / 8)
+        assert spot.interval == pytest.approx(daly_interval(2.0, spot.mtbf / (1 - spot.notice_coverage)))
+        # an emergency save slower than the notice window covers nothing: plain Daly on every preemption
+        spot.save_cost_ewma = 200.0
+        spot._recompute_interval()
+        assert spot.notice_coverage == 0.0
+        assert spot.interval == pytest.approx(daly_interval(200.0, spot.mtbf))
 
-        assert spot.interval == pytest.approx(daly_interval(2.0, spot.mtbf))
+
+def test_a_job_that_trusts_its_notices_saves_periodically_about_ten_times_less_often(tmp_path):
+    # no preemption seen yet: the prior (0.99) trusts the notice, so only 1 % of preemptions would lose
+    # work, and Daly's interval over that rate is about sqrt(100) = 10 times the plain one
+    spot, model, opt = make(str(tmp_path), end=3, mtbf_seconds=3600.0, min_interval_seconds=0.0)
+    with spot:
+        spot.track(model=model, optimizer=opt)
+        spot.save_cost_ewma = 2.0
+        spot._recompute_interval()
+        assert spot.notice_coverage == pytest.approx(0.99)
+        assert spot.interval == pytest.approx(daly_interval(2.0, 3600.0 / 0.01))
+        assert spot.interval > 9 * daly_interval(2.0, 3600.0)
 
 
 def test_corrupt_newest_checkpoint_is_skipped_on_resume(tmp_path):
