@@ -369,7 +369,10 @@ class SpotSession:
         self.interval = checkpoint_interval(inputs, self.interval_policy)
 
     def _save_fits_notice(self) -> bool:
-        """An emergency save (staging, then the write) can commit inside the notice window, as measured."""
+        """The session hears notices at all, and an emergency save (staging, then the write) can commit
+        inside the notice window, as measured."""
+        if not self.notice_sources:
+            return False
         if not self.notice_window:
             return True
         return (self.save_cost_ewma or 0.0) + self.writer.last_write_seconds <= self.notice_window

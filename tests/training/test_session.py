@@ -14,14 +14,15 @@ from airflow_spot.storage.object_store import open_store
 from airflow_spot.storage.protocol import PREEMPTED_EXIT_CODE, AttemptStatus, JobLayout
 from airflow_spot.training import ResumableSampler, SpotSession
 from airflow_spot.training.async_save import AsyncCheckpointer
-from airflow_spot.training.notices import REBALANCE
+from airflow_spot.training.notices import REBALANCE, FileNotice
 
 
 def make(job, **kw):
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    spot = SpotSession(job, kw.pop("end", 10), notice_sources=[], heartbeat_seconds=0.02, **kw)
+    kw.setdefault("notice_sources", [])
+    spot = SpotSession(job, kw.pop("end", 10), heartbeat_seconds=0.02, **kw)
     return spot, model, opt
 
 
@@ -109,7 +110,8 @@ def test_interval_follows_measured_save_cost_observed_preemptions_and_the_notice
             attempt_id=f"t{i}", instance_id="i", instance_type="t", zone="z", market="spot", price_per_hour=1.0,
             on_demand_price_per_hour=3.0, started_at=0.0, ended_at=100.0, steps_done=20, outcome="preempted",
             steps_lost=5, notice_at=None))
-    spot, model, opt = make(job, end=3, mtbf_seconds=3600.0, min_interval_seconds=0.0, notice_window_seconds=120.0)
+    spot, model, opt = make(job, end=3, mtbf_seconds=3600.0, min_interval_seconds=0.0, notice_window_seconds=120.0,
+                            notice_sources=[FileNotice(str(tmp_path / "notice"))])
     with spot:
         assert spot.mtbf == pytest.approx((3600 + 300) / 4)
         assert spot.notice_evidence == (0, 3)
@@ -129,7 +131,8 @@ def test_interval_follows_measured_save_cost_observed_preemptions_and_the_notice
 def test_a_job_that_trusts_its_notices_saves_periodically_about_ten_times_less_often(tmp_path):
     # no preemption seen yet: the prior (0.99) trusts the notice, so only 1 % of preemptions would lose
     # work, and Daly's interval over that rate is about sqrt(100) = 10 times the plain one
-    spot, model, opt = make(str(tmp_path), end=3, mtbf_seconds=3600.0, min_interval_seconds=0.0)
+    spot, model, opt = make(str(tmp_path), end=3, mtbf_seconds=3600.0, min_interval_seconds=0.0,
+                            notice_sources=[FileNotice(str(tmp_path / "notice"))])
     with spot:
         spot.track(model=model, optimizer=opt)
         spot.save_cost_ewma = 2.0
@@ -137,6 +140,13 @@ def test_a_job_that_trusts_its_notices_saves_periodically_about_ten_times_less_o
         assert spot.notice_coverage == pytest.approx(0.99)
         assert spot.interval == pytest.approx(daly_interval(2.0, 3600.0 / 0.01))
         assert spot.interval > 9 * daly_interval(2.0, 3600.0)
+    # a session that hears no notice at all has no emergency save to count on: plain Daly
+    deaf, model, opt = make(str(tmp_path / "deaf"), end=3, mtbf_seconds=3600.0, min_interval_seconds=0.0)
+    with deaf:
+        deaf.track(model=model, optimizer=opt)
+        deaf.save_cost_ewma = 2.0
+        deaf._recompute_interval()
+        assert deaf.notice_coverage == 0.0 and deaf.interval == pytest.approx(daly_interval(2.0, 3600.0))
 
 
 def test_corrupt_newest_checkpoint_is_skipped_on_resume(tmp_path):
