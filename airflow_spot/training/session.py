@@ -182,7 +182,13 @@ class SpotSession:
             sources.append(ImdsNotice(e[E.IMDS_URL], interval=poll or 1.0))
 
         def num(name: str, default: float | None) -> float | None:
-            return float(e[name]) if e.get(name) else default
+            if not e.get(name):
+                return default
+            try:
+                return float(e[name])
+            except ValueError:
+                raise ValueError(f"{name}={e[name]!r} is not a number of seconds; set it to e.g. 120, "
+                                 "or unset it for the default") from None
 
         opts = dict(
             start_step=int(e.get(E.START_STEP, "0")),

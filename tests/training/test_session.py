@@ -223,3 +223,12 @@ def test_async_checkpointer_keeps_one_write_in_flight(tmp_path):
     assert writer.save_sync(3, b"three").step == 3
     writer.close()
     assert [m.step for m in ckpts(str(tmp_path)).committed()] == [1, 3]
+
+
+def test_from_env_reads_the_notice_window_and_names_a_bad_number(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPOT_END_STEP", "5")
+    monkeypatch.setenv("SPOT_NOTICE_WINDOW_SECONDS", "30")
+    assert SpotSession.from_env(job_uri=str(tmp_path)).notice_window == 30.0
+    monkeypatch.setenv("SPOT_NOTICE_WINDOW_SECONDS", "two minutes")
+    with pytest.raises(ValueError, match="SPOT_NOTICE_WINDOW_SECONDS='two minutes' is not a number of seconds"):
+        SpotSession.from_env(job_uri=str(tmp_path))
