@@ -376,12 +376,13 @@ class SpotSession:
 
     def _save_fits_notice(self) -> bool:
         """The session hears notices at all, and an emergency save (staging, then the write) can commit
-        inside the notice window, as measured."""
+        inside the notice window, as measured, after the slowest source's poll has seen the notice."""
         if not self.notice_sources:
             return False
         if not self.notice_window:
             return True
-        return (self.save_cost_ewma or 0.0) + self.writer.last_write_seconds <= self.notice_window
+        seen_after = max((getattr(src, "interval", 0.0) for src in self.notice_sources), default=0.0)
+        return (self.save_cost_ewma or 0.0) + self.writer.last_write_seconds + seen_after <= self.notice_window
 
     def _observe_preemptions(self) -> None:
         """The job's preemptions so far: the pool's MTBF (the market's prior blended with them) and what

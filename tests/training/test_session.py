@@ -126,6 +126,13 @@ def test_interval_follows_measured_save_cost_observed_preemptions_and_the_notice
         spot._recompute_interval()
         assert spot.notice_coverage == 0.0
         assert spot.interval == pytest.approx(daly_interval(200.0, spot.mtbf))
+        # the window counts from the notice, and the file source sees it up to one poll (0.1 s) late
+        spot.save_cost_ewma = 119.85 - spot.writer.last_write_seconds
+        spot._recompute_interval()
+        assert spot.notice_coverage > 0.5
+        spot.save_cost_ewma = 119.95 - spot.writer.last_write_seconds
+        spot._recompute_interval()
+        assert spot.notice_coverage == 0.0
 
 
 def test_a_job_that_trusts_its_notices_saves_periodically_about_ten_times_less_often(tmp_path):
