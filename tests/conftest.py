@@ -22,8 +22,14 @@ import pytest  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _private_overhead_history(monkeypatch, tmp_path_factory):
-    """Each test's jobs learn only from that test's jobs: the default history (``_overheads`` beside a job's
-    root) of a job at ``tmp_path`` would be the test session's directory, shared by every test."""
-    from airflow_spot.storage.overhead_history import ENV_URI
+    """Each test's jobs learn only from that test's jobs. The DAG's history (``_overheads`` beside a job's
+    root) of a job at ``tmp_path`` would be the test session's directory, shared by every test, so in this
+    process a job's histories are only the deployment's, which is private to the test (and read from the
+    environment at each call, so a test may point it elsewhere). Airflow processes a test starts see the
+    private deployment history too; their jobs' roots, and so their DAG histories, are in the test's own
+    directories."""
+    from airflow_spot.storage import overhead_history
 
-    monkeypatch.setenv(ENV_URI, f"file://{tmp_path_factory.mktemp('overhead-history')}")
+    monkeypatch.setenv(overhead_history.ENV_URI, f"file://{tmp_path_factory.mktemp('overhead-history')}")
+    monkeypatch.setattr(overhead_history, "history_uris",
+                        lambda job_uri, environ=None: [(os.environ if environ is None else environ)[overhead_history.ENV_URI]])

@@ -131,11 +131,11 @@ class SpotJobSummaryOperator(BaseOperator):
         """What this job's overheads were, for the estimates of the deployment's later jobs (the next runs of
         this DAG above all; ``storage/overhead_history.py``). Best effort: the summary does not depend on it."""
         from airflow_spot.storage.job_view import JobView
-        from airflow_spot.storage.overhead_history import OverheadHistory, job_name
+        from airflow_spot.storage.overhead_history import job_name, record
 
         try:
             now = time.time()
-            OverheadHistory.beside(store).append(job_name(store.uri), now, JobView(store).measured_overheads(now))
+            record(store, job_name(store.uri), now, JobView(store).measured_overheads(now))
         except Exception as exc:  # noqa: BLE001 - a later job then estimates from its own figures alone
             self.log.warning("overheads not recorded for later jobs' estimates (%s: %s)", type(exc).__name__, exc)
 

@@ -21,7 +21,7 @@ from airflow_spot.policy.estimate import (
 from airflow_spot.policy.ledger import LedgerRow, summarize
 from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
-from airflow_spot.storage.overhead_history import OverheadHistory, job_name
+from airflow_spot.storage.overhead_history import job_name, prior_for
 from airflow_spot.storage.protocol import (
     AttemptStatus, Heartbeat, JobLayout, Outcome, SchemaError, SegmentRequest, safe_id,
 )
@@ -331,7 +331,7 @@ class JobView:
         """What the deployment's other jobs measured (empty when there is no readable history)."""
         if self._prior is None:
             try:
-                self._prior = OverheadHistory.beside(self.store).prior(exclude_job=job_name(self.uri))
+                self._prior = prior_for(self.store, exclude_job=job_name(self.uri))
             except Exception as exc:  # noqa: BLE001 - a prior is a hint; the job's own figures still stand
                 log.warning("overhead history beside %s not read (%s); estimating from this job alone", self.uri, exc)
                 self._prior = {}

@@ -10,9 +10,13 @@ on the same Airflow, backend and image and have measured them.
 
 Each finished job appends the overheads it measured itself (:meth:`JobOverheads.measured_fields`), one
 object per job under ``<time>-<job>.json`` (no read-modify-write, concurrent writers are safe); a reader
-takes, per field, the median of the newest :data:`NEWEST` jobs that measured it. Where the history lives
-(:func:`history_uri`): ``AIRFLOW_SPOT_OVERHEAD_HISTORY_URI``, else ``_overheads`` beside the job's root (the
-parent of its ``checkpoint_uri``), as the deployment's availability log, so the runs of one DAG share it.
+takes, per field, the median of the newest :data:`NEWEST` jobs that measured it. Where the histories live
+(:func:`history_uris`): ``_overheads`` beside the job's root (the parent of its ``checkpoint_uri``), as the
+deployment's availability log, so the runs of one DAG share it; and, when
+``AIRFLOW_SPOT_OVERHEAD_HISTORY_URI`` names one, the whole deployment's. A job records its figures in both
+and reads each field from the most specific history that has it: the DAG's own runs (same model, same
+restore) first, the deployment's (same Airflow, same backend) for what they have not measured — a DAG's
+first run above all.
 
 Reading it is best effort: an unreadable entry is skipped, and a job whose history cannot be read
 estimates from its own measurements alone.
@@ -20,6 +24,7 @@ estimates from its own measurements alone.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import statistics
@@ -28,6 +33,8 @@ from airflow_spot.policy.estimate import PRIOR_FIELDS
 from airflow_spot.storage.availability import beside_job_root
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
 from airflow_spot.storage.protocol import safe_id
+
+log = logging.getLogger(__name__)
 
 ENV_URI = "AIRFLOW_SPOT_OVERHEAD_HISTORY_URI"
 DEFAULT_DIR = "_overheads"
@@ -39,11 +46,16 @@ NEWEST = 10
 KEEP = 5 * NEWEST
 
 
-def history_uri(job_uri: str, environ=None) -> str:
-    """``AIRFLOW_SPOT_OVERHEAD_HISTORY_URI`` when set (one history for a whole deployment), else ``_overheads``
-    beside the job's root (inside it when the job is at the root of its bucket)."""
+def history_uris(job_uri: str, environ=None) -> list[str]:
+    """The histories a job belongs to, most specific first: ``_overheads`` beside the job's root (inside it
+    when the job is at the root of its bucket), then ``AIRFLOW_SPOT_OVERHEAD_HISTORY_URI`` when it is set
+    (one history for the whole deployment) and is another place."""
     env = os.environ if environ is None else environ
-    return env.get(ENV_URI) or beside_job_root(job_uri, DEFAULT_DIR)
+    uris = [beside_job_root(job_uri, DEFAULT_DIR)]
+    shared = env.get(ENV_URI)
+    if shared and shared.rstrip("/") != uris[0].rstrip("/"):
+        uris.append(shared)
+    return uris
 
 
 def job_name(job_uri: str) -> str:
@@ -58,9 +70,9 @@ class OverheadHistory:
         self.store = store
 
     @classmethod
-    def beside(cls, job_store: ObjectStore) -> OverheadHistory:
-        """The history of the deployment ``job_store``'s job belongs to, through the job store's client."""
-        return cls(job_store.at(history_uri(job_store.uri)))
+    def beside(cls, job_store: ObjectStore) -> list[OverheadHistory]:
+        """The histories ``job_store``'s job belongs to (:func:`history_uris`), through the job store's client."""
+        return [cls(job_store.at(uri)) for uri in history_uris(job_store.uri)]
 
     def append(self, job: str, at: float, overheads: dict[str, float], keep: int = KEEP) -> str | None:
         """Record one finished job's measured overheads (fields outside :data:`PRIOR_FIELDS` and values that
@@ -103,3 +115,31 @@ class OverheadHistory:
             if len(seen) == len(PRIOR_FIELDS) and all(len(v) >= newest for v in seen.values()):
                 break
         return {k: statistics.median(v) for k, v in seen.items() if v}
+
+
+def record(job_store: ObjectStore, job: str, at: float, overheads: dict[str, float]) -> None:
+    """Append one finished job's measured overheads to every history it belongs to; every history is tried,
+    then the first error is raised (the caller logs it: a later job estimates from what it can read)."""
+    first: Exception | None = None
+    for uri in history_uris(job_store.uri):
+        try:
+            OverheadHistory(job_store.at(uri)).append(job, at, overheads)
+        except Exception as exc:  # noqa: BLE001 - the other history may still take it
+            first = first or exc
+    if first is not None:
+        raise first
+
+
+def prior_for(job_store: ObjectStore, exclude_job: str | None = None) -> dict[str, float]:
+    """Per field, the prior from the most specific history that has it (the DAG's runs, then the
+    deployment's); a history that cannot be read is skipped with a warning."""
+    merged: dict[str, float] = {}
+    for uri in history_uris(job_store.uri):
+        try:
+            found = OverheadHistory(job_store.at(uri)).prior(exclude_job=exclude_job)
+        except Exception as exc:  # noqa: BLE001 - a prior is a hint; the next history or the job's own figures stand
+            log.warning("overhead history %s not read (%s: %s)", uri, type(exc).__name__, exc)
+            continue
+        for k, v in found.items():
+            merged.setdefault(k, v)
+    return merged

@@ -7,17 +7,49 @@ import pytest
 
 from airflow_spot.storage.object_store import open_store
 from airflow_spot.storage.overhead_history import (
-    DEFAULT_DIR, ENV_URI, NEWEST, OverheadHistory, history_uri, job_name,
+    DEFAULT_DIR, ENV_URI, NEWEST, OverheadHistory, history_uris, job_name, prior_for, record,
 )
 
 
-def test_the_history_is_beside_the_job_root_unless_the_environment_names_one():
+def test_a_job_belongs_to_its_dags_history_and_to_the_deployments_when_one_is_named():
     env: dict[str, str] = {}
-    assert history_uri("s3://bucket/train_dag/run_1", env) == f"s3://bucket/train_dag/{DEFAULT_DIR}"
-    assert history_uri("file:///data/jobs/dag/run_2/", env) == f"file:///data/jobs/dag/{DEFAULT_DIR}"
-    assert history_uri("s3://bucket", env) == f"s3://bucket/{DEFAULT_DIR}"  # a job at the bucket's root
-    assert history_uri("s3://bucket/dag/run", {ENV_URI: "s3://shared/overheads"}) == "s3://shared/overheads"
+    assert history_uris("s3://bucket/train_dag/run_1", env) == [f"s3://bucket/train_dag/{DEFAULT_DIR}"]
+    assert history_uris("file:///data/jobs/dag/run_2/", env) == [f"file:///data/jobs/dag/{DEFAULT_DIR}"]
+    assert history_uris("s3://bucket", env) == [f"s3://bucket/{DEFAULT_DIR}"]  # a job at the bucket's root
+    shared = {ENV_URI: "s3://shared/overheads"}
+    assert history_uris("s3://bucket/dag/run", shared) == [f"s3://bucket/dag/{DEFAULT_DIR}", "s3://shared/overheads"]
+    # the deployment's history named as the DAG's own place is one history, not two
+    assert history_uris("s3://bucket/dag/run", {ENV_URI: f"s3://bucket/dag/{DEFAULT_DIR}/"}) == [
+        f"s3://bucket/dag/{DEFAULT_DIR}"]
     assert job_name("s3://bucket/dag/manual__2026-11-24/") == "manual__2026-11-24"
+
+
+def test_a_dags_first_run_borrows_from_the_deployment_what_its_dags_runs_have_not_measured(tmp_path, monkeypatch):
+    from airflow_spot.storage import overhead_history
+
+    monkeypatch.setattr(overhead_history, "history_uris", history_uris)  # the real places (conftest narrows them)
+    monkeypatch.setenv(ENV_URI, f"file://{tmp_path}/deployment")
+    job = open_store(f"file://{tmp_path}/jobs/train_dag/run_2")
+    assert prior_for(job) == {}  # nothing recorded anywhere yet
+    # an earlier run of the same DAG records in both: the DAG's history and the deployment's
+    record(open_store(f"file://{tmp_path}/jobs/train_dag/run_1"), "run_1", 100.0, {"startup": 30.0})
+    assert OverheadHistory(open_store(f"file://{tmp_path}/jobs/train_dag/{DEFAULT_DIR}")).prior() == {"startup": 30.0}
+    assert OverheadHistory(open_store(f"file://{tmp_path}/deployment")).prior() == {"startup": 30.0}
+    # another DAG (another model: a slower restore) measured more
+    record(open_store(f"file://{tmp_path}/jobs/other_dag/run_9"), "run_9", 200.0,
+           {"startup": 90.0, "warm_boundary": 0.7})
+    # the DAG's own runs win where they measured; the deployment fills in the rest
+    assert prior_for(job, exclude_job="run_2") == {"startup": 30.0, "warm_boundary": 0.7}
+    # a new DAG's first run has only the deployment's figures
+    assert prior_for(open_store(f"file://{tmp_path}/jobs/new_dag/run_1")) == {
+        "startup": 60.0, "warm_boundary": 0.7}
+    # an unreadable history is skipped: the other still answers
+    monkeypatch.setenv(ENV_URI, "ftp://nowhere/overheads")
+    assert prior_for(job) == {"startup": 30.0}
+    with pytest.raises(Exception):
+        record(job, "run_2", 300.0, {"startup": 31.0})  # the deployment's could not take it; the error is raised
+    assert OverheadHistory(open_store(f"file://{tmp_path}/jobs/train_dag/{DEFAULT_DIR}")).prior(newest=1) == {
+        "startup": 31.0}  # after the DAG's history took it
 
 
 def test_prior_is_the_median_per_field_of_the_newest_jobs_other_than_the_reader(tmp_path):
