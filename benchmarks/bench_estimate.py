@@ -22,12 +22,14 @@ other GPUs through the catalog. Then both are measured again, each run in its ow
 against the order of the medians — where the rounds agree on that order (else it is a measured tie).
 
     python benchmarks/bench_estimate.py [--seeds 1,2,3,4,5,6,7,8] [--mtbf 30] [--rounds 5] [--skip-online] [--skip-offline]
-        [--recurring]
+        [--recurring | --deployment]
 
 Each seed is the first run of its own DAG by default: nothing the deployment measured before helps its
 estimate. With ``--recurring`` the seeds are successive runs of one DAG, as a scheduled retraining
 pipeline's are, and each run's estimate starts from the overheads the runs before it measured
-(``storage/overhead_history.py``); the first seed has none.
+(``storage/overhead_history.py``); the first seed has none. With ``--deployment`` each seed is again the
+first run of its own DAG, but the DAGs share one deployment history (``AIRFLOW_SPOT_OVERHEAD_HISTORY_URI``),
+as a new DAG of a deployment that has run others does; the first seed has none.
 """
 from __future__ import annotations
 
@@ -299,11 +301,19 @@ def main() -> int:
     p.add_argument("--skip-online", action="store_true")
     p.add_argument("--skip-offline", action="store_true")
     p.add_argument("--out", default="out/bench_estimate")
-    p.add_argument("--recurring", action="store_true",
-                   help="run the seeds as successive runs of one DAG (each learns the earlier runs' overheads)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--recurring", action="store_true",
+                      help="run the seeds as successive runs of one DAG (each learns the earlier runs' overheads)")
+    mode.add_argument("--deployment", action="store_true",
+                      help="run each seed as a new DAG's first run in one deployment (each learns the earlier "
+                           "DAGs' overheads through the deployment's history)")
     args = p.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.deployment:
+        from airflow_spot.storage.overhead_history import ENV_URI
+
+        os.environ[ENV_URI] = f"file://{out / 'deployment_overheads'}"
     started = time.monotonic()
     print(f"load average at start: {os.getloadavg()}", flush=True)
     report: dict = {"load_start": os.getloadavg()}
