@@ -329,12 +329,8 @@ class JobView:
 
     def overhead_prior(self) -> dict[str, float]:
         """What the deployment's other jobs measured (empty when there is no readable history)."""
-        if self._prior is None:
-            try:
-                self._prior = prior_for(self.store, exclude_job=job_name(self.uri))
-            except Exception as exc:  # noqa: BLE001 - a prior is a hint; the job's own figures still stand
-                log.warning("overhead history beside %s not read (%s); estimating from this job alone", self.uri, exc)
-                self._prior = {}
+        if self._prior is None:  # prior_for skips (and logs) a history it cannot read
+            self._prior = prior_for(self.store, exclude_job=job_name(self.uri))
         return self._prior
 
     def snapshot(self, now: float, total_steps: int | None = None, mtbf_seconds: float | None = None,

@@ -69,11 +69,6 @@ class OverheadHistory:
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
 
-    @classmethod
-    def beside(cls, job_store: ObjectStore) -> list[OverheadHistory]:
-        """The histories ``job_store``'s job belongs to (:func:`history_uris`), through the job store's client."""
-        return [cls(job_store.at(uri)) for uri in history_uris(job_store.uri)]
-
     def append(self, job: str, at: float, overheads: dict[str, float], keep: int = KEEP) -> str | None:
         """Record one finished job's measured overheads (fields outside :data:`PRIOR_FIELDS` and values that
         are not finite numbers >= 0 are dropped); nothing is written when none is left. Entries older than

@@ -141,6 +141,7 @@ def test_a_running_attempt_told_to_go_is_a_preemption_under_way(view):
 
 
 def test_the_estimate_takes_what_the_job_has_not_met_from_the_deployments_earlier_jobs(view, tmp_path):
+    from airflow_spot.storage import overhead_history
     from airflow_spot.storage.overhead_history import OverheadHistory, job_name
 
     now = T0 + 250
@@ -148,7 +149,8 @@ def test_the_estimate_takes_what_the_job_has_not_met_from_the_deployments_earlie
     assert before["overheads"]["last_finish"] == 0.0  # no process exit seen yet: it counted nothing
     measured = view.measured_overheads(now)
     assert "last_finish" not in measured and "gap_after_preemption" in measured
-    [history] = OverheadHistory.beside(view.store)  # in the tests, the deployment's only (conftest)
+    [uri] = overhead_history.history_uris(view.uri)  # in the tests, the deployment's only (conftest)
+    history = OverheadHistory(view.store.at(uri))
     # an earlier run of the same DAG saw its last process exit in 4 s; this job's own entry is not its prior
     history.append("earlier_run", T0 - 3600, {"last_finish": 4.0, "gap_after_preemption": 60.0})
     history.append(job_name(view.uri), T0 - 60, {"last_finish": 100.0})
