@@ -483,9 +483,10 @@ def progress_line(snap: dict[str, Any]) -> str:
     est = snap.get("estimate") or {}
     step = est.get("step_seconds")
     pct = f"{100 * snap['progress']:.1f} %" if snap.get("progress") is not None else "?"
+    n = snap.get("preemptions", 0)
     return (
         f"progress: step {snap.get('current_step')} of {snap.get('total_steps') or '?'} ({pct}), "
         f"{(1 / step) if step else 0:.2f} steps/s, ETA {_clock(est.get('remaining_seconds'))}, "
         f"cost so far ${snap.get('cost', 0.0):.4f} (remaining ~${est.get('remaining_cost') or 0.0:.4f}), "
-        f"{snap.get('preemptions', 0)} preemptions"
+        f"{n} preemption{'' if n == 1 else 's'}"
     )
