@@ -57,7 +57,11 @@ class DecisionParams:
     :param recheck_seconds: a pool that refused or preempted this recently is believed down; older, it is
         worth another try (an idle job retries about this often).
     :param watch_seconds: an outage is measured only when someone saw the pool down this shortly before
-        it came back.
+        it came back, so its length is known to within this. Shorter than ``probe_every_seconds`` on
+        purpose: with a watch equal to the probe interval, whether an outage seen only between two probes
+        counted hung on the probes' exact spacing (the replay's came 928 s apart, the operators' come
+        whenever Airflow runs the task). The outages that count are those an idle job's retries (seconds
+        apart in the operators) see end.
     :param prior_outage_seconds: the expected outage length before any outage was observed (weighted as two
         outages). 0 by default: with no outage seen, an idle job waits only the deadline rule's grace
         (on the bundled traces, 52 h even offsets, a 30 min prior cost 1.215 -> 1.196 x hindsight; 5 and
@@ -74,7 +78,7 @@ class DecisionParams:
     ranking: RankingParams = field(default_factory=RankingParams)
     policy: str = "slack-budget"
     recheck_seconds: float = 60.0
-    watch_seconds: float = 900.0
+    watch_seconds: float = 300.0
     prior_outage_seconds: float = 0.0
     probe_every_seconds: float = 900.0
     transfer_seconds: float = 0.0

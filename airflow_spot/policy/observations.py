@@ -85,7 +85,7 @@ def pool_views(
     now: float,
     pools: Iterable[str] = (),
     recheck_seconds: float = 120.0,
-    watch_seconds: float = 900.0,
+    watch_seconds: float = 300.0,
 ) -> dict[str, PoolView]:
     """Per pool (every pool of ``pools`` and every pool with an event) its :class:`PoolView` at ``now``;
     events after ``now`` are ignored.

@@ -43,12 +43,12 @@ def test_a_pool_is_up_after_a_launch_down_after_a_refusal_and_worth_a_new_try_la
 
 def test_up_time_counts_from_the_first_up_event_after_the_last_loss():
     ev = [PoolEvent(A.pool, "launched", 0.0), PoolEvent(A.pool, "preempted", 1000.0),
-          PoolEvent(A.pool, "refused", 1100.0), PoolEvent(A.pool, "probe-up", 1500.0),
+          PoolEvent(A.pool, "refused", 1100.0), PoolEvent(A.pool, "probe-up", 1300.0),
           PoolEvent(A.pool, "probe-up", 2400.0)]
     v = pool_views(ev, 3000.0, [A.pool])[A.pool]
-    assert v.state == "up" and v.up_since == 1500.0
+    assert v.state == "up" and v.up_since == 1300.0
     # an outage is measured from the loss to the next up-event seen shortly after someone looked
-    assert v.outages == (500.0,)
+    assert v.outages == (300.0,)
 
 
 def test_an_outage_nobody_watched_is_not_measured():
@@ -56,8 +56,24 @@ def test_an_outage_nobody_watched_is_not_measured():
     assert pool_views(ev, 6 * H, [A.pool], watch_seconds=900.0)[A.pool].outages == ()
 
 
+@pytest.mark.parametrize("gap", [880.0, 900.0, 928.0, 1100.0])
+def test_an_outage_seen_only_between_two_probes_is_not_measured_whatever_their_spacing(gap):
+    # an on-demand job probes every probe_every_seconds; such an outage is known only to within a probe
+    # interval, so it never counts, however the probes happen to fall
+    params = DecisionParams()
+    assert params.watch_seconds < params.probe_every_seconds
+    ev = [PoolEvent(A.pool, "refused", 0.0), PoolEvent(A.pool, "probe-down", gap),
+          PoolEvent(A.pool, "probe-up", 2 * gap)]
+    v = pool_views(ev, 3 * gap, [A.pool], params.recheck_seconds, params.watch_seconds)[A.pool]
+    assert v.state == "up" and v.outages == ()
+    # an idle job retrying every recheck_seconds measures one
+    ev = [PoolEvent(A.pool, "refused", 0.0), PoolEvent(A.pool, "refused", 60.0), PoolEvent(A.pool, "launched", 120.0)]
+    assert pool_views(ev, 200.0, [A.pool], params.recheck_seconds, params.watch_seconds)[A.pool].outages == (120.0,)
+
+
 def test_expected_outage_blends_the_prior_with_what_was_seen():
-    v = pool_views([PoolEvent(A.pool, "refused", 0.0), PoolEvent(A.pool, "launched", 600.0)], 700.0, [A.pool])
+    v = pool_views([PoolEvent(A.pool, "refused", 0.0), PoolEvent(A.pool, "refused", 400.0),
+                    PoolEvent(A.pool, "launched", 600.0)], 700.0, [A.pool])
     assert expected_outage_seconds(v.values(), prior_seconds=1800.0, prior_weight=2.0) == pytest.approx(
         (2 * 1800.0 + 600.0) / 3)
     assert expected_outage_seconds([], prior_seconds=1800.0) == 1800.0
@@ -81,9 +97,9 @@ def test_an_early_short_outage_of_every_zone_is_waited_out_when_outages_were_see
     two watched outages, of 1500 s and 1200 s: the expected outage, shrunk towards the 0 s prior (weight 2),
     is (1500 + 1200) / 4 = 675 s; 120 s have been waited, and the slack after the floor, a restart and the
     spot reserve (14040 - 1080 - 720 - 0.03 x 172800 = 7056 s) pays the 555 s left: the job waits."""
-    seen = [PoolEvent(A.pool, "preempted", -2 * H, job="other"), PoolEvent(A.pool, "refused", -2 * H + 900, job="other"),
+    seen = [PoolEvent(A.pool, "preempted", -2 * H, job="other"), PoolEvent(A.pool, "refused", -2 * H + 1300, job="other"),
             PoolEvent(A.pool, "launched", -2 * H + 1500, job="other"),
-            PoolEvent(B.pool, "preempted", -H, job="other"), PoolEvent(B.pool, "refused", -H + 600, job="other"),
+            PoolEvent(B.pool, "preempted", -H, job="other"), PoolEvent(B.pool, "refused", -H + 1000, job="other"),
             PoolEvent(B.pool, "launched", -H + 1200, job="other")]
     now = 0.1 * H
     refusals = all_refused(now - 120) + all_refused(now)
