@@ -27,9 +27,10 @@ against the order of the medians — where the rounds agree on that order (else 
 How much of a job's remaining time is the pool's luck depends on the job's scale, so two scales are
 reported. The default job (900 steps, MTBF 30 s, ~40 s) is the demo's: it sees about one preemption,
 each costing ~10 % of what is left, so the luck alone spreads one job's remaining time by 10-20 % (one
-standard deviation) and many single readings miss 10 % whatever the estimator does. A job in the proportions of a real one (``--mtbf 60 --total-steps 7200
---steps-per-segment 1200``: a restart ~6 % of the MTBF, as 0.2 h is of a 3.6 h spot MTBF, and about four
-preemptions per job) shows the estimator where the luck no longer dominates.
+standard deviation) and many single readings miss 10 % whatever the estimator does. A job in the
+proportions of a real one (``--mtbf 60 --total-steps 7200 --steps-per-segment 1200``: a restart ~6 % of
+the MTBF, as 0.2 h is of a 3.6 h spot MTBF, and about four preemptions per job) shows the estimator where
+the luck no longer dominates.
 
 Each seed is the first run of its own DAG by default: nothing the deployment measured before helps its
 estimate. With ``--recurring`` the seeds are successive runs of one DAG, as a scheduled retraining

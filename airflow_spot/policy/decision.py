@@ -31,7 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from airflow_spot.policy.deadline import WAIT, DeadlineParams, DeadlineState, Observation, decide
-from airflow_spot.policy.observations import JobObservation, PoolEvent, PoolView, expected_outage_seconds, pool_views
+from airflow_spot.policy.observations import (
+    WATCH_SECONDS, JobObservation, PoolEvent, PoolView, expected_outage_seconds, pool_views,
+)
 from airflow_spot.policy.offer_ranking import RankingParams, cost_per_step
 from airflow_spot.policy.offers import Market, Offer
 
@@ -78,7 +80,7 @@ class DecisionParams:
     ranking: RankingParams = field(default_factory=RankingParams)
     policy: str = "slack-budget"
     recheck_seconds: float = 60.0
-    watch_seconds: float = 300.0
+    watch_seconds: float = WATCH_SECONDS
     prior_outage_seconds: float = 0.0
     probe_every_seconds: float = 900.0
     transfer_seconds: float = 0.0

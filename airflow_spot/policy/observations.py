@@ -30,6 +30,9 @@ UP_KINDS = frozenset({"launched", "probe-up", "running"})
 #: the pool had no capacity at ``at`` (a refusal) or lost it (a preemption)
 DOWN_KINDS = frozenset({"refused", "preempted", "probe-down"})
 EVENT_KINDS = UP_KINDS | DOWN_KINDS
+#: an outage is measured only when a down-event came at most this long before the pool was seen back
+#: (shorter than the 900 s probe interval on purpose: see ``DecisionParams.watch_seconds``)
+WATCH_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ def pool_views(
     now: float,
     pools: Iterable[str] = (),
     recheck_seconds: float = 120.0,
-    watch_seconds: float = 300.0,
+    watch_seconds: float = WATCH_SECONDS,
 ) -> dict[str, PoolView]:
     """Per pool (every pool of ``pools`` and every pool with an event) its :class:`PoolView` at ``now``;
     events after ``now`` are ignored.
