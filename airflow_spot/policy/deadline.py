@@ -63,7 +63,10 @@ class DeadlineParams:
     :param min_spot_up_seconds: ``slack-budget``: leave on-demand only for a pool that has been up this
         long (a pool that just came back tends to go again soon).
     :param outage_grace_seconds: ``slack-budget``: an idle job without waiting budget still waits this
-        long into an outage (``no_spot_seconds``) before paying an on-demand start it would then keep."""
+        long into an outage (``no_spot_seconds``) before paying an on-demand start it would then keep.
+    :param last_shot_up_seconds: ``slack-budget``: None, or a job on on-demand whose slack cannot pay the
+        reserve for future preemptions still leaves for a pool up this long, when the slack pays the
+        switch's restart and the floor (a preemption then sends it back to on-demand at the floor)."""
 
     restart_overhead_seconds: float = 600.0
     hysteresis_seconds: float | None = None
@@ -75,6 +78,7 @@ class DeadlineParams:
     floor_restarts: float = 1.5
     min_spot_up_seconds: float = 0.75 * 3600.0
     outage_grace_seconds: float = 60.0
+    last_shot_up_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.restart_overhead_seconds < 0:
@@ -85,6 +89,8 @@ class DeadlineParams:
             raise ValueError(f"reserve_per_work must be >= 0, got {self.reserve_per_work!r}")
         if self.safety_restarts < 0:
             raise ValueError(f"safety_restarts must be >= 0, got {self.safety_restarts!r}")
+        if self.last_shot_up_seconds is not None and self.last_shot_up_seconds < 0:
+            raise ValueError(f"last_shot_up_seconds must be >= 0 or None, got {self.last_shot_up_seconds!r}")
         if self.spot_reserve_age_seconds is not None and self.spot_reserve_age_seconds <= 0:
             raise ValueError(f"spot_reserve_age_seconds must be > 0 or None, got {self.spot_reserve_age_seconds!r}")
         for name in ("wait_reserve_per_work", "spot_reserve_per_work", "floor_restarts", "min_spot_up_seconds",
@@ -248,7 +254,8 @@ def slack_budget(state: DeadlineState, obs: Observation, now: float, params: Dea
       ``spot_reserve_age_seconds`` the reserve falls as the pool's observed up-time grows, see
       :func:`spot_reserve_per_work`) and the pool has been up
       ``min_spot_up_seconds`` (``spot_up_seconds``; a fresh pool is likely to go again before the
-      switch's restart pays off);
+      switch's restart pays off); or, with ``last_shot_up_seconds``, if only ``S - r >= F`` holds but
+      the pool has been up that long (one more spot run, on-demand again after its preemption);
     * no spot, on on-demand: stay — stopping to idle would pay a second restart when the outage goes on;
     * no spot, idle: wait while ``S - F > wait_reserve_per_work * W``; or, given the expected outage
       length ``E`` (observed) and ``w`` waited so far, while ``w < E`` and
@@ -273,9 +280,15 @@ def slack_budget(state: DeadlineState, obs: Observation, now: float, params: Dea
         return Decision(Market.SPOT.value, f"on spot, slack {left:.0f}s", state)
     if obs.spot_available and running is Market.ON_DEMAND:
         spare = left - r - floor - spot_reserve_per_work(params, obs.spot_up_seconds) * work_left
-        if spare < 0:
-            return Decision(Market.ON_DEMAND.value, f"on-demand: a switch would leave {spare:+.0f}s spare slack", state)
         age = obs.spot_up_seconds
+        if spare < 0:
+            shot = params.last_shot_up_seconds
+            if shot is not None and age is not None and age >= shot and left - r >= floor:
+                # the reserve is for coming back after later preemptions; a job that cannot keep it would
+                # otherwise stay on on-demand to the end however long spot stays up
+                return Decision(Market.SPOT.value, f"one more spot run: pool up {age:.0f}s, slack {left:.0f}s "
+                                                   "pays its restart and the floor", state)
+            return Decision(Market.ON_DEMAND.value, f"on-demand: a switch would leave {spare:+.0f}s spare slack", state)
         if age is not None and age < params.min_spot_up_seconds:
             wanted = params.min_spot_up_seconds
             why = f"on-demand until a pool has been up {wanted:.0f}s (best {age:.0f}s)"

@@ -11,8 +11,9 @@ refused, decide once more with those refusals (then the answer is on-demand or w
 
 What is derived from the events (:mod:`airflow_spot.policy.observations`): which pools are believed up,
 down or unknown; how long the best believed-up pool has been seen up (``spot_up_seconds``); how long
-every pool has refused the job (``no_spot_seconds``); the expected outage length. The deadline rule is
-:func:`airflow_spot.policy.deadline.slack_budget` by default.
+every pool has refused the job (``no_spot_seconds``); the expected outage length; the job's own
+preemption rate, which scales the slack kept for future preemptions when leaving on-demand. The
+deadline rule is :func:`airflow_spot.policy.deadline.slack_budget` by default.
 
 Ranking of spot offers: pools believed up, then unknown ones, then those that just refused; within a
 group the cheapest per unit of work (:func:`~airflow_spot.policy.offer_ranking.cost_per_step`, each
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 from airflow_spot.policy.deadline import WAIT, DeadlineParams, DeadlineState, Observation, decide
 from airflow_spot.policy.observations import (
-    WATCH_SECONDS, JobObservation, PoolEvent, PoolView, expected_outage_seconds, pool_views,
+    WATCH_SECONDS, JobObservation, PoolEvent, PoolView, expected_outage_seconds, own_preemption_rate, pool_views,
 )
 from airflow_spot.policy.offer_ranking import RankingParams, cost_per_step
 from airflow_spot.policy.offers import Market, Offer
@@ -42,8 +43,12 @@ _STATE_ORDER = {"up": 0, "unknown": 1, "down": 2}
 #: constants of the deadline rule where they differ from ``oracle-age``'s (chosen on the even hourly
 #: offsets at 52 h of the bundled traces, ``benchmarks/results_simulate.md``): the slack kept for future
 #: preemptions when leaving on-demand scales with the pool's hazard given its observed up-time (0.03
-#: at 45 min, 0.02 at 3 h, -> 0.015 per second of work left)
-OBSERVED_DEADLINE_DEFAULTS = {"spot_reserve_per_work": 0.015, "spot_reserve_age_seconds": 3600.0}
+#: at 45 min, 0.02 at 3 h, -> 0.015 per second of work left; and with the job's own preemption rate,
+#: ``DecisionParams.rate_prior_hours``); a job that cannot keep that reserve still leaves on-demand
+#: for a pool up 2 h when its slack pays the restart and the floor (1 / 2 / 4 h: 1.172 / 1.153 /
+#: 1.155 x hindsight)
+OBSERVED_DEADLINE_DEFAULTS = {"spot_reserve_per_work": 0.015, "spot_reserve_age_seconds": 3600.0,
+                              "last_shot_up_seconds": 7200.0}
 
 
 def observed_deadline_params(**overrides) -> DeadlineParams:
@@ -68,6 +73,14 @@ class DecisionParams:
         outages). 0 by default: with no outage seen, an idle job waits only the deadline rule's grace
         (on the bundled traces, 52 h even offsets, a 30 min prior cost 1.215 -> 1.196 x hindsight; 5 and
         20 min cost more still: waiting without evidence spends slack the restarts need)
+    :param rate_prior_hours: the slack kept for future preemptions when leaving on-demand
+        (``DeadlineParams.spot_reserve_per_work``) scales with the job's own preemption rate over the
+        market's prior (the spot offers' mean ``preemption_rate_per_hour``): the restarts still to come
+        are the work left times that rate. The prior weighs as this many hours of spot time
+        (:func:`~airflow_spot.policy.observations.own_preemption_rate`); None: the market's prior alone.
+        On the bundled traces, 52 h even offsets, before ``last_shot_up_seconds``: 10 / 20 / 40 / 80 h
+        gave 1.158 / 1.154 / 1.153 / 1.162 x hindsight against 1.168 unscaled
+        (``benchmarks/results_simulate.md``).
     :param probe_every_seconds: on on-demand, ask for a probe of the spot pools when the newest spot
         observation is this old (executors that cannot probe ignore it).
     :param transfer_seconds: restart time added when the next instance is in another region than the
@@ -82,6 +95,7 @@ class DecisionParams:
     recheck_seconds: float = 60.0
     watch_seconds: float = WATCH_SECONDS
     prior_outage_seconds: float = 0.0
+    rate_prior_hours: float | None = 20.0
     probe_every_seconds: float = 900.0
     transfer_seconds: float = 0.0
     transfer_dollars: float = 0.0
@@ -92,6 +106,8 @@ class DecisionParams:
                      "transfer_seconds", "transfer_dollars"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.rate_prior_hours is not None and self.rate_prior_hours <= 0:
+            raise ValueError(f"rate_prior_hours must be > 0 or None, got {self.rate_prior_hours!r}")
 
 
 @dataclass(frozen=True)
@@ -108,6 +124,8 @@ class AttemptDecision:
     probe: bool = False
     spot_up_seconds: float | None = None
     expected_outage_seconds: float | None = None
+    #: the job's own preemption rate the spot reserve was scaled with (None: not scaled)
+    preemption_rate_per_hour: float | None = None
 
 
 def _move_penalty(offer: Offer, params: DecisionParams, work_left: float) -> float:
@@ -170,6 +188,13 @@ def decide_attempt(
     )
     work_left = obs.work_total - obs.work_done
     deadline_params = params.deadline
+    rate = None
+    priors = [o.preemption_rate_per_hour for o in spot if o.preemption_rate_per_hour > 0]
+    if priors and params.rate_prior_hours is not None:
+        prior = sum(priors) / len(priors)
+        rate = own_preemption_rate(events, now, prior, params.rate_prior_hours)
+        deadline_params = replace(deadline_params,
+                                  spot_reserve_per_work=deadline_params.spot_reserve_per_work * rate / prior)
     best_spot = rank_observed(spot, views, now, params, work_left)[:1]
     if best_spot and params.home_region and best_spot[0].region != params.home_region:
         # going to spot means moving the checkpoint: a longer restart for the deadline rule
@@ -187,7 +212,7 @@ def decide_attempt(
             # probe only when a settled pool would change the answer
             settled = replace(dobs, spot_available=True, spot_up_seconds=float("inf"))
             probe = decide(state, settled, now, deadline_params, params.policy).market == Market.SPOT.value
-    return AttemptDecision(d.market, tuple(ranked), d.reason, d.state, probe, spot_up, expected)
+    return AttemptDecision(d.market, tuple(ranked), d.reason, d.state, probe, spot_up, expected, rate)
 
 
 def as_launch_market(decision: AttemptDecision) -> AttemptDecision:

@@ -17,6 +17,9 @@ Per pool, from the events at or before ``now``:
   true outage: it came back somewhere in between); their mean, blended with a prior, is the expected
   outage length the deadline policy budgets its waiting with.
 
+Of the job itself: its own preemption rate (preemptions per hour its own spot instances ran, blended
+with the market's prior), which scales the slack kept for future preemptions' restarts.
+
 Pure: events and time are passed in; no I/O, no clock.
 """
 from __future__ import annotations
@@ -24,6 +27,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from airflow_spot.policy.checkpoint_interval import estimate_mtbf
 
 #: the pool held capacity at ``at``
 UP_KINDS = frozenset({"launched", "probe-up", "running"})
@@ -134,6 +139,43 @@ def expected_outage_seconds(views: Iterable[PoolView], prior_seconds: float, pri
     length had been seen (a deployment with no history waits the prior)."""
     seen = [o for v in views for o in v.outages]
     return (prior_seconds * prior_weight + sum(seen)) / (prior_weight + len(seen))
+
+
+def own_preemption_rate(events: Iterable[PoolEvent], now: float, prior_rate_per_hour: float,
+                        prior_hours: float) -> float:
+    """Preemptions per hour of the job's own spot instances, shrunk towards ``prior_rate_per_hour`` as if
+    ``prior_hours`` of spot time at that rate had been seen (the Gamma-prior estimate of
+    :func:`~airflow_spot.policy.checkpoint_interval.estimate_mtbf`, as a rate).
+
+    Only the job's own events count (``job == ""``: its ledger and its running instance), because only
+    for its own instances is it known how long they were up before the loss. An instance's time runs
+    from its launch to its preemption, or, when it was not preempted, to the newest event that saw it
+    (or its pool) up; a ``launched`` event is a new instance (one reused by the next segment is
+    ``running``), so the time between two instances in one pool is not counted."""
+    by_pool: dict[str, list[PoolEvent]] = {}
+    for e in events:
+        if e.at <= now and not e.job:
+            by_pool.setdefault(e.pool, []).append(e)
+    seconds = 0.0
+    losses = 0
+    for evs in by_pool.values():
+        evs.sort(key=lambda e: (e.at, e.up))
+        start = last_up = None
+        for e in evs:
+            if start is not None and (e.kind == "launched" or not e.up):
+                # the instance ends here: lost if preempted, else unharmed at the last sight of it up
+                lost = e.kind == "preempted"
+                seconds += (e.at if lost else last_up) - start
+                losses += lost
+                start = None
+            if e.kind == "launched":
+                start = e.at
+            if e.up:
+                last_up = e.at
+        if start is not None:
+            seconds += last_up - start
+    prior_mtbf = 3600.0 / prior_rate_per_hour
+    return 3600.0 / estimate_mtbf(prior_mtbf, losses, seconds, prior_weight=prior_rate_per_hour * prior_hours)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from airflow_spot.market.catalog import DEFAULT_MTBF_HOURS
@@ -153,14 +153,15 @@ def run_one(spec, pools, on_demand, name: str, offset_ticks: int = 0, jobs: int 
         return SimResult(HINDSIGHT, cost, math.nan, True, None, True, 0, 0.0, math.nan, math.nan)
     shared: list = []
     result = None
-    for _ in range(max(1, jobs)):
+    for k in range(max(1, jobs)):
         controller = controllers.get(name)()
         if hasattr(controller, "shared"):
             controller.shared = list(shared)
         result = simulate(spec, pools, on_demand, controller, offset_ticks=offset_ticks)
         if not hasattr(controller, "shared"):
             break  # the others do not read the deployment's events: one job says it all
-        shared.extend(controller.events)
+        # named as another job's: only a job's own events say how long its instances lived
+        shared.extend(replace(e, job=f"replayed-job-{k}") for e in controller.events)
     assert result is not None
     return result
 

@@ -221,3 +221,70 @@ def test_leaving_on_demand_keeps_less_slack_for_a_pool_up_longer():
         assert d.market == market, (age, d.reason)
     with pytest.raises(ValueError, match="spot_reserve_age_seconds"):
         DeadlineParams(spot_reserve_age_seconds=0.0)
+
+
+def test_the_job_s_own_preemption_rate_counts_its_instances_time_and_losses_only():
+    """A ran 0-2 h and was preempted (2 h, 1 loss); B ran 2-3 h and left unharmed (refused later: 1 h);
+    C runs since 5 h, seen running at 6 h (1 h); another job's preemption does not count. Prior 0.1/h
+    worth 10 h: (0.1 x 10 + 1) / (10 + 4) per hour."""
+    from airflow_spot.policy.observations import own_preemption_rate
+
+    ev = [PoolEvent(A.pool, "launched", 0.0), PoolEvent(A.pool, "preempted", 2 * H),
+          PoolEvent(B.pool, "launched", 2 * H), PoolEvent(B.pool, "running", 3 * H),
+          PoolEvent(B.pool, "refused", 5 * H), PoolEvent(C.pool, "launched", 5 * H),
+          PoolEvent(C.pool, "running", 6 * H),
+          PoolEvent(B.pool, "launched", 0.0, job="other"), PoolEvent(B.pool, "preempted", 0.5 * H, job="other")]
+    assert own_preemption_rate(ev, 6 * H, 0.1, 10.0) == pytest.approx(2.0 / 14.0)
+    assert own_preemption_rate([], 6 * H, 0.1, 10.0) == pytest.approx(0.1)
+    assert own_preemption_rate(ev, 1 * H, 0.1, 10.0) == pytest.approx(1.0 / 10.0)  # the future is not read
+    # two instances in one pool, 0-1 h (unharmed) and 5-6 h (preempted): 2 h, not the 6 h between
+    again = [PoolEvent(A.pool, "launched", 0.0), PoolEvent(A.pool, "running", 1 * H),
+             PoolEvent(A.pool, "launched", 5 * H), PoolEvent(A.pool, "preempted", 6 * H)]
+    assert own_preemption_rate(again, 6 * H, 0.1, 10.0) == pytest.approx(2.0 / 12.0)
+
+
+def test_leaving_on_demand_keeps_more_slack_when_the_job_s_own_instances_were_preempted_often():
+    """On on-demand, 20 h of work left, 4500 s of slack, a pool up 1 h; restart 720 s, floor 1080 s,
+    reserve 0.03 per second of work left (2160 s at the market's 0.25/h). Four preemptions in 4 h of the
+    job's own spot time: rate (0.25 x 20 + 4) / 24 = 0.375/h, the reserve x 1.5 = 3240 s, so the switch
+    needs 5040 s: stay. The same history from another job of the deployment does not scale it."""
+    now, work = 10 * H, 20 * H
+    deadline_h = (now + work + 4500) / H
+    probes = [PoolEvent(A.pool, "probe-up", now - H), PoolEvent(A.pool, "probe-up", now - 30)]
+    mine = []
+    for i, pool in enumerate((A.pool, B.pool, C.pool, B.pool)):
+        mine += [PoolEvent(pool, "launched", i * H), PoolEvent(pool, "preempted", (i + 1) * H)]
+    theirs = [PoolEvent(e.pool, e.kind, e.at, job="other") for e in mine]
+    base = dict(work_done=now, work_h=30.0, deadline_h=deadline_h, running="on-demand")
+    d = decide_attempt(job(now, mine + probes, **base), params=PARAMS)
+    assert d.market == Market.ON_DEMAND.value and d.preemption_rate_per_hour == pytest.approx(0.375)
+    d = decide_attempt(job(now, theirs + probes, **base), params=PARAMS)
+    assert d.market == Market.SPOT.value and d.preemption_rate_per_hour == pytest.approx(0.25)
+    no_scaling = DecisionParams(deadline=DeadlineParams(restart_overhead_seconds=R), rate_prior_hours=None)
+    d = decide_attempt(job(now, mine + probes, **base), params=no_scaling)
+    assert d.market == Market.SPOT.value and d.preemption_rate_per_hour is None
+    with pytest.raises(ValueError, match="rate_prior_hours"):
+        DecisionParams(rate_prior_hours=0.0)
+
+
+def test_a_job_without_slack_for_the_reserve_still_takes_one_more_spot_run_on_a_settled_pool():
+    """On on-demand, 20 h of work left, 2160 s of slack: the reserve (0.03 x 72000 = 2160 s) cannot be
+    kept, but the slack pays the switch's restart (720 s) and the floor (1080 s). With
+    ``last_shot_up_seconds`` 2 h a pool up 3 h is worth one more spot run; one up 1 h is not, nor is any
+    pool when the slack is below restart + floor. After that run's preemption the slack left (1440 s) no
+    longer pays a restart above the floor: on-demand, not another spot start."""
+    p = DeadlineParams(restart_overhead_seconds=R, last_shot_up_seconds=2 * H)
+
+    def obs(slack_s, age, running="on-demand"):
+        return Observation(started_at=0.0, deadline_at=10 * H + 20 * H + slack_s, work_done=10 * H,
+                           work_total=30 * H, spot_available=True, running=running, spot_up_seconds=age)
+
+    assert slack_budget(DeadlineState(), obs(2160, 3 * H), 10 * H, p).market == Market.SPOT.value
+    assert slack_budget(DeadlineState(), obs(2160, 1 * H), 10 * H, p).market == Market.ON_DEMAND.value
+    assert slack_budget(DeadlineState(), obs(1700, 3 * H), 10 * H, p).market == Market.ON_DEMAND.value
+    off = DeadlineParams(restart_overhead_seconds=R)
+    assert slack_budget(DeadlineState(), obs(2160, 3 * H), 10 * H, off).market == Market.ON_DEMAND.value
+    after = slack_budget(DeadlineState(), obs(2160 - 720, 0.0, running=None), 10 * H, p)
+    assert after.market == Market.ON_DEMAND.value, after.reason
+    with pytest.raises(ValueError, match="last_shot_up_seconds"):
+        DeadlineParams(last_shot_up_seconds=-1.0)
