@@ -41,8 +41,9 @@ class Plan:
 
 
 def ledger_events(rows: Sequence[Any]) -> list:
-    """Pool events of the job's own ledger rows: a new spot instance held capacity when it started, one
-    that completed held it until it ended, a preempted or lost one lost it when it ended."""
+    """Pool events of the job's own ledger rows: a new spot instance held capacity when it started
+    (``launched``; an instance reused from the previous segment is ``running``), one that completed held
+    it until it ended, a preempted or lost one lost it when it ended."""
     from airflow_spot.policy.observations import PoolEvent
 
     out = []
@@ -50,7 +51,7 @@ def ledger_events(rows: Sequence[Any]) -> list:
         if Market(r.market) is not Market.SPOT:
             continue
         pool = f"{r.instance_type}@{r.zone}"
-        out.append(PoolEvent(pool, "launched", float(r.started_at)))
+        out.append(PoolEvent(pool, "launched" if r.new_instance else "running", float(r.started_at)))
         if r.outcome in ("preempted", "lost"):
             out.append(PoolEvent(pool, "preempted", float(r.ended_at)))
         else:
@@ -128,6 +129,8 @@ def plan(
         reason=(
             f"{decision.market} ({decision.reason}); "
             f"best {best.instance_type} in {best.zone} at ${best.price_per_hour:.4f}/h"
+            + ("" if decision.preemption_rate_per_hour is None
+               else f"; this job's preemptions {decision.preemption_rate_per_hour:.2f}/h with the prior")
         ),
         mtbf_seconds=mtbf,
         committed=decision.state.committed,

@@ -230,3 +230,30 @@ def test_the_operator_records_refusals_and_plans_again_with_them(tmp_path):
     finally:
         backend.terminate([i.instance_id for i in backend.list_instances({})
                            if not InstanceState(i.state).is_terminal()])
+
+
+def test_the_plan_scales_its_preemption_reserve_with_the_job_s_own_preemptions(market):
+    """Three spot attempts of an hour each, all preempted: the plan's decision sees the job's own rate,
+    (prior x 20 h + 3) / (20 h + 3 h) with the prior the matching spot offers' mean rate, and says so."""
+    best = make_plan(market).ranked[0]
+    rows = [LedgerRow(f"seg.try{i}", f"i-{i}", best.instance_type, best.zone, "spot", best.price_per_hour,
+                      best.on_demand_price_per_hour, T0 - (3 - i) * 3600, T0 - (2 - i) * 3600, 5, "preempted")
+            for i in range(3)]
+    spots = [o for o in market.offers(GPUS) if GPUS.matches(o) and o.is_spot and o.preemption_rate_per_hour > 0]
+    prior = sum(o.preemption_rate_per_hour for o in spots) / len(spots)
+    p = make_plan(market, ledger_rows=rows, deadline=timedelta(hours=10), step_seconds=18.0)
+    assert f"this job's preemptions {(prior * 20 + 3) / 23:.2f}/h" in p.reason
+    fresh = make_plan(market, deadline=timedelta(hours=10), step_seconds=18.0)
+    assert f"this job's preemptions {prior:.2f}/h" in fresh.reason
+
+
+def test_ledger_events_tell_a_new_instance_from_one_reused_by_the_next_segment():
+    from airflow_spot.operators.planning import ledger_events
+
+    def row(i, start, end, outcome, new):
+        return LedgerRow(f"seg{i}.try1", "i-1", "g5.xlarge", "use1-az1", "spot", 0.5, 1.0, start, end, 5, outcome,
+                         new_instance=new)
+
+    ev = ledger_events([row(0, 0.0, 600.0, "completed", True), row(1, 630.0, 900.0, "preempted", False)])
+    assert [(e.kind, e.at) for e in ev] == [("launched", 0.0), ("running", 600.0), ("running", 630.0),
+                                            ("preempted", 900.0)]
