@@ -6,7 +6,8 @@ trace start), all four zones from the start, and the distribution over every hou
 52 h and a 72 h deadline: per policy mean / p90 / worst cost as a multiple of on-demand and of the
 hindsight optimum (``cost / hindsight``), deadlines met; ``ours`` (what the operators run: observed
 inputs only) on the even offsets (where its constants were chosen) and the odd ones (held out)
-separately; and issue 11's targets. Writes the figures to benchmarks/results_simulate.json.
+separately; ``ours`` at the first deadline with other segment lengths than 15 min (``--segments``: it
+decides at segment boundaries, as the operators do); and issue 11's targets. Writes the figures to benchmarks/results_simulate.json.
 
     python benchmarks/bench_simulate.py [--traces DIR|FILE,FILE] [--policies a,b] [--workers 2] [--json F]
 
@@ -23,6 +24,7 @@ import json
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from airflow_spot.market.traces import PREEMPTION_TRACES_SUBDIR, default_traces_dir, load_traces
@@ -63,6 +65,8 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(controllers.names()))
     ap.add_argument("--workers", type=int, default=1, help="processes (at most 2 on a shared machine)")
     ap.add_argument("--deadlines", default="52,72", help="comma-separated deadlines in hours")
+    ap.add_argument("--segments", default="5,30,60",
+                    help="also replay ours at the first deadline with segments of these minutes (15 is the default)")
     ap.add_argument("--json", default=str(HERE / "results_simulate.json"), help="where to write the figures")
     args = ap.parse_args()
     traces = _traces(args.traces)
@@ -119,6 +123,17 @@ def main() -> None:
                 print(f"{d.policy}: mean x on-demand even offsets {d.mean_over(0):.3f} / odd {d.mean_over(1):.3f}; "
                       f"/ hindsight even {statistics.mean(even):.3f} / odd {statistics.mean(odd):.3f}")
         by = {d.policy: d for d in dists}
+        minutes = [float(x) for x in args.segments.split(",") if x]
+        if "ours" in by and minutes and deadline == int(args.deadlines.split(",")[0]):
+            # the operators decide at segment boundaries; how much the figures hang on that cadence
+            seg_jobs = [(replace(spec, segment_seconds=m * 60.0), args.traces, "ours", offs, base) for m in minutes]
+            with ProcessPoolExecutor(max_workers=max(1, min(args.workers, 2))) as ex:
+                seg = dict(zip(minutes, ex.map(_dist, seg_jobs)))
+            seg[spec.segment_seconds / 60.0] = by["ours"]
+            row = {f"{m:g}": statistics.mean(hindsight_ratios(seg[m], hs)) for m in sorted(seg)}
+            print(f"ours by segment length (minutes: mean / hindsight, {len(offs)} offsets): "
+                  + ", ".join(f"{m} min {v:.3f}" for m, v in row.items()))
+            out[key]["ours by segment minutes"] = row
         if "ours" in by:
             ours = by["ours"]
             over = statistics.mean(hindsight_ratios(ours, hs))

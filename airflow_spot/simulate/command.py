@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-cost-seconds", type=float, default=10.0, help="training stall per checkpoint")
     p.add_argument("--restart-overhead-hours", type=float, default=0.2, help="paid time without progress per new instance")
     p.add_argument("--notice-seconds", type=float, default=120.0, help="preemption notice window")
+    p.add_argument("--segment-minutes", type=float, default=15.0,
+                   help="wall-clock minutes of one segment (steps_per_segment x step time): `ours` decides at "
+                        "segment boundaries, as the operators do (default 15)")
     p.add_argument("--traces", default=None,
                    help="trace files or directories (default: the bundled AWS V100 preemption traces, 4 zones)")
     p.add_argument("--zones", default=None, help="comma-separated zones to keep (e.g. us-west-2b,us-west-2c)")
@@ -68,6 +71,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} is $/h of an instance and must be > 0, got {value}")
     if not args.start_hour >= 0:
         raise ValueError(f"--start-hour must be >= 0 (hours into the traces), got {args.start_hour}")
+    if not args.segment_minutes > 0:
+        raise ValueError(f"--segment-minutes is the wall-clock length of one segment and must be > 0, "
+                         f"got {args.segment_minutes}")
     if not args.offset_step_hours > 0:
         raise ValueError(f"--offset-step-hours must be > 0, got {args.offset_step_hours}")
 
@@ -91,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         spec = JobSpec(work_hours=args.work_hours, deadline_hours=args.deadline_hours,
                        save_cost_seconds=args.save_cost_seconds, restart_overhead_hours=args.restart_overhead_hours,
                        notice_seconds=args.notice_seconds, nodes=args.nodes, transfer_seconds=args.transfer_seconds,
-                       transfer_dollars=args.transfer_dollars)
+                       transfer_dollars=args.transfer_dollars, segment_seconds=args.segment_minutes * 60.0)
         traces = []
         for path in _trace_paths(args.traces):
             traces.extend(load_traces(path))
@@ -132,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         if best is None:
             best = run_one(spec, pools, on_demand, HINDSIGHT, start).cost
     print(f"job: {spec.work_hours:g} GPU h x {spec.nodes} node(s), deadline {spec.deadline_hours} h, restart "
-          f"{spec.restart_overhead_hours:g} h, zones {', '.join(t.zone for t in traces)}, "
+          f"{spec.restart_overhead_hours:g} h, segments {spec.segment_seconds / 60:g} min, zones {', '.join(t.zone for t in traces)}, "
           f"start hour {args.start_hour:g}, "
           f"{args.jobs} job(s); on-demand only = ${baseline:.2f}"
           + (f"; hindsight optimum = ${best:.2f}" if best else ""))

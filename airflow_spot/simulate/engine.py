@@ -42,7 +42,9 @@ class JobSpec:
         at least this (multi-node availability traces); the pools' prices are the gang's.
     :param transfer_seconds: extra restart time when an instance starts in another region than the
         job's last checkpoint (moving it across regions).
-    :param transfer_dollars: money per such move (egress)."""
+    :param transfer_dollars: money per such move (egress).
+    :param segment_seconds: wall-clock length of one segment (``steps_per_segment`` times the step time):
+        the operators decide where the job runs at segment boundaries, so the replay of ``ours`` does too."""
 
     work_hours: float
     deadline_hours: float | None = None
@@ -52,6 +54,7 @@ class JobSpec:
     nodes: int = 1
     transfer_seconds: float = 0.0
     transfer_dollars: float = 0.0
+    segment_seconds: float = 900.0
 
     def __post_init__(self) -> None:
         if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
@@ -63,6 +66,8 @@ class JobSpec:
                 f"deadline_hours {self.deadline_hours} is shorter than the work ({self.work_hours} h): "
                 "no policy can meet it; raise the deadline or shrink the job"
             )
+        if not self.segment_seconds > 0:  # also NaN
+            raise ValueError(f"segment_seconds must be > 0 (one segment's wall-clock time), got {self.segment_seconds!r}")
         for name in ("save_cost_seconds", "restart_overhead_hours", "notice_seconds", "transfer_seconds",
                      "transfer_dollars"):
             if getattr(self, name) < 0:

@@ -4,8 +4,8 @@
 (:func:`airflow_spot.policy.decision.decide_attempt`) and the same observation type
 (:class:`~airflow_spot.policy.observations.JobObservation`):
 
-* it decides only where the operators decide: at segment boundaries (every ``segment_seconds`` of an
-  instance's time), after a preemption, and, while idle, every ``recheck_seconds`` (an Airflow retry);
+* it decides only where the operators decide: at segment boundaries (every ``JobSpec.segment_seconds``
+  of an instance's time), after a preemption, and, while idle, every ``recheck_seconds`` (an Airflow retry);
 * it never reads which pools are up: it tries the ranked spot offers in order; a pool that is up accepts
   (event ``launched``), one that is down refuses (``refused``); when all refuse it decides once more
   with those refusals (on-demand or wait) — the operator's ``_get_instance`` loop;
@@ -51,7 +51,6 @@ def session_interval(view: View, prior_mtbf_hours: float, emergency_save: bool) 
 class ObservedController:
     name: str = "ours"
     emergency_save: bool = True
-    segment_seconds: float = 900.0
     recheck_seconds: float = 60.0
     probes: bool = True
     probe_billed_seconds: float = 60.0
@@ -166,7 +165,7 @@ class ObservedController:
         if target is not None and target[0] == "spot":
             self._home_region = view.pools[target[1]].offer.region
         self._where = target
-        self._next_at = view.now + (self.recheck_seconds if target is None else self.segment_seconds)
+        self._next_at = view.now + (self.recheck_seconds if target is None else view.spec.segment_seconds)
         return target
 
     def checkpoint_interval(self, view: View) -> float:

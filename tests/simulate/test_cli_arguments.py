@@ -26,6 +26,7 @@ def run(capsys, *argv: str) -> tuple[int | None, str]:
         (["--start-hour", "-3"], "--start-hour must be >= 0"),
         (["--start-hour", "100000"], "--start-hour 100000 is past the end of the traces"),
         (["--offsets", "--offset-step-hours", "0"], "--offset-step-hours must be > 0"),
+        (["--segment-minutes", "0"], "--segment-minutes is the wall-clock length of one segment and must be > 0"),
         (["--zones", "mars-1a"], "zones ['mars-1a'] have no trace"),
         (["--policies", "cheapest"], "unknown simulated controller policy 'cheapest'"),
     ],

@@ -49,6 +49,20 @@ def test_probes_on_on_demand_are_charged():
     assert simulate(spec, [pool("us-west-2b", trace)], ON_DEMAND, nop, max_hours=5.0).rows[-1].market == "on-demand"
 
 
+@pytest.mark.parametrize("minutes", [15, 30])
+def test_ours_leaves_on_demand_only_at_a_segment_boundary(minutes):
+    # the operators decide at segment boundaries: an on-demand instance is kept for whole segments, and
+    # the move back to spot comes at one of them, however early the pool settled
+    spec = JobSpec(work_hours=3, deadline_hours=4, save_cost_seconds=0.0, restart_overhead_hours=0.1,
+                   segment_seconds=minutes * 60.0)
+    trace = [1] * 20 + [0] * 80 + [1] * 200
+    r = simulate(spec, [pool("us-west-2b", trace)], ON_DEMAND, controllers.get("ours")(), max_hours=5.0)
+    od, back = r.rows[-2], r.rows[-1]
+    assert (od.market, back.market) == ("on-demand", "spot") and r.deadline_met
+    assert (back.started_at - od.started_at) % (minutes * 60) == pytest.approx(0.0)
+    assert back.started_at - od.started_at >= 45 * 60  # and the pool had been seen up 45 min
+
+
 def test_a_second_job_of_the_deployment_sees_the_first_ones_events():
     spec = JobSpec(work_hours=10 / 60, save_cost_seconds=0.0, restart_overhead_hours=1 / 60)
     pools = [pool("us-west-2b", [0] * 21 + [1] * 60)]
