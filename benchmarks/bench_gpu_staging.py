@@ -1,0 +1,149 @@
+"""Checkpoint stall of a large state on the GPU: staging through pinned against pageable host memory.
+
+Side by side in one run, on the same GPU state (float32 parameters in 64 MB tensors, plus Adam-sized
+moments: ``--gb`` is the whole state):
+
+* the training stall of a two-phase save (``SpotSession``'s staging: what training waits for), with
+  page-locked (pinned) host buffers — the default — and with pageable ones (``Stager(pin_memory=False)``),
+  warm buffers (median of ``--repeats``) and the first save (buffers allocated, pinned ones locked);
+* the synchronous save a loop without the two-phase design would wait for (stage + serialise + sha256 +
+  fsync + manifest, file:// on the machine's disk), and the background write after a pinned stage;
+* the emergency save, notice to committed checkpoint.
+
+Needs a CUDA GPU. Figures go to stdout and, with ``--json F``, to a file.
+
+    python benchmarks/bench_gpu_staging.py [--gb 2,8] [--repeats 5] [--dir /tmp] [--json F]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+from airflow_spot.training.session import SpotSession
+from airflow_spot.training.state import Stager
+
+TENSOR_MB = 64
+
+
+class GpuState(torch.nn.Module):
+    """``gb`` gigabytes of float32 state on the GPU, in 64 MB tensors (a third parameters, two thirds
+    optimizer moments, as Adam keeps them)."""
+
+    def __init__(self, gb: float) -> None:
+        super().__init__()
+        n = max(3, int(gb * 1024 / TENSOR_MB) // 3 * 3)
+        numel = TENSOR_MB * 1024 * 1024 // 4
+        self.ps = torch.nn.ParameterList(
+            torch.nn.Parameter(torch.randn(numel, device="cuda")) for _ in range(n)
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.ps)
+
+
+def stall(stager: Stager, model: GpuState, repeats: int) -> tuple[float, float]:
+    """(first stage, median warm stage) in seconds; each after the GPU has finished a kernel on every tensor."""
+    times = []
+    for _ in range(repeats + 1):
+        with torch.no_grad():
+            for p in model.ps:
+                p.add_(1.0)
+        torch.cuda.synchronize()  # a training step has just ended
+        t = time.perf_counter()
+        staged = stager.stage(model.state_dict(), ("model",))
+        times.append(time.perf_counter() - t)
+        assert torch.equal(staged[next(iter(staged))], model.ps[0].detach().cpu())
+    return times[0], statistics.median(times[1:])
+
+
+def session_saves(directory: str, model: GpuState, repeats: int) -> dict:
+    spot = SpotSession(f"file://{directory}", 10**9, notice_sources=[], heartbeat_seconds=3600, keep=2)
+    spot.__enter__()
+    spot.track(model=model)
+    sync, pinned_stall, background = [], [], []
+    for i in range(repeats):
+        spot.step = 2 * i + 1
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        spot._save("final", wait=True)
+        sync.append(time.perf_counter() - t)
+        spot.step += 1
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        spot._save("periodic", wait=False)
+        pinned_stall.append(time.perf_counter() - t)
+        spot.writer.wait()
+        background.append(time.perf_counter() - t)
+    spot.step += 1
+    spot._on_notice("preemption", "benchmark")
+    t = time.perf_counter()
+    try:
+        spot._emergency_exit()
+    except SystemExit:
+        pass
+    emergency = time.perf_counter() - t
+    spot.__exit__(None, None, None)
+    return {"sync": statistics.median(sync), "session_stall": statistics.median(pinned_stall),
+            "stall_plus_write": statistics.median(background), "emergency": emergency}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gb", default="2,8", help="comma-separated state sizes in GB")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--dir", default=tempfile.gettempdir(), help="where the file:// store goes")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--session-gb", type=float, default=2.0,
+                    help="state size for the session's synchronous and emergency saves (disk-bound)")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_gpu_staging: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    name = torch.cuda.get_device_name()
+    print(f"{name}, torch {torch.__version__}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+    out: dict = {"device": name, "torch": torch.__version__, "sizes": {}}
+    for gb in [float(x) for x in args.gb.split(",") if x]:
+        model = GpuState(gb)
+        size = model.nbytes / 1e9
+        row = {}
+        for label, stager in (("pageable", Stager(pin_memory=False)), ("pinned", Stager())):
+            first, warm = stall(stager, model, args.repeats)
+            row[label] = {"first_s": first, "warm_s": warm, "GB_per_s": size / warm}
+            del stager
+        row["pinned_over_pageable"] = row["pinned"]["warm_s"] / row["pageable"]["warm_s"]
+        out["sizes"][f"{size:.2f}"] = row
+        print(f"state {size:.2f} GB on the GPU, staging stall (median of {args.repeats}, warm buffers):")
+        for label in ("pageable", "pinned"):
+            r = row[label]
+            print(f"  {label:9s} {r['warm_s']:7.3f} s  ({r['GB_per_s']:5.1f} GB/s; first save {r['first_s']:6.2f} s)")
+        print(f"  pinned / pageable {row['pinned_over_pageable']:.3f}")
+        del model
+        torch.cuda.empty_cache()
+    model = GpuState(args.session_gb)
+    with tempfile.TemporaryDirectory(dir=args.dir) as d:
+        s = session_saves(d, model, args.repeats)
+    size = model.nbytes / 1e9
+    out["session"] = {"GB": size, **s, "stall_over_sync": s["session_stall"] / s["sync"]}
+    print(f"SpotSession, {size:.2f} GB on the GPU, file:// in {args.dir} (median of {args.repeats}):")
+    print(f"  synchronous save (training waits for all of it)  {s['sync']:7.3f} s   1.000")
+    print(f"  two-phase: training stall (pinned staging)       {s['session_stall']:7.3f} s   "
+          f"{s['session_stall'] / s['sync']:.3f}   target <= 0.10")
+    print(f"  two-phase: stall + background write              {s['stall_plus_write']:7.3f} s")
+    print(f"  emergency save, notice -> committed              {s['emergency']:7.3f} s   "
+          f"{s['emergency'] / 30:.1%} of a 30 s notice, {s['emergency'] / 120:.1%} of 120 s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
