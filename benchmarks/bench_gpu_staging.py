@@ -9,6 +9,8 @@ moments: ``--gb`` is the whole state):
 * the synchronous save a loop without the two-phase design would wait for (stage + serialise + sha256 +
   fsync + manifest, file:// on the machine's disk), and the background write after a pinned stage;
 * the emergency save, notice to committed checkpoint.
+* the store's write of the staged state with each chunk's sha256 computed while it is written, against
+  hashing then writing (``bench_checkpoint_save.bench_hash_overlap``).
 
 Needs a CUDA GPU. Figures go to stdout and, with ``--json F``, to a file.
 
@@ -139,6 +141,14 @@ def main() -> int:
     print(f"  two-phase: stall + background write              {s['stall_plus_write']:7.3f} s")
     print(f"  emergency save, notice -> committed              {s['emergency']:7.3f} s   "
           f"{s['emergency'] / 30:.1%} of a 30 s notice, {s['emergency'] / 120:.1%} of 120 s")
+    # the write of a staged state (host memory, as the background thread and the emergency save see it)
+    from bench_checkpoint_save import bench_hash_overlap, print_hash_overlap
+
+    staged = Stager().stage(model.state_dict())
+    with tempfile.TemporaryDirectory(dir=args.dir) as d:
+        h = bench_hash_overlap(d, staged, args.repeats)
+    print_hash_overlap(model.nbytes / 1e6, h, args.repeats)
+    out["session"]["store_save"] = {**h, "overlapped_over_before": h["overlapped"] / h["sequential (before)"]}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

@@ -33,6 +33,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -102,18 +103,45 @@ class CheckpointStatus:
 
 
 class _HashingWriter:
-    """File wrapper that checksums and counts bytes as they are written (no second read)."""
+    """File wrapper that checksums and counts bytes as they are written (no second read).
+
+    A large chunk (a tensor's storage, as ``torch.save`` writes it) is hashed in a helper thread while
+    this one writes it: both release the GIL, so a chunk costs the longer of the two instead of their
+    sum (SHA-256 runs at about the speed a local disk writes, ``benchmarks/results/gpu_staging.txt``).
+    Each chunk's hash is finished before ``write`` returns, so the chunks are hashed in order and the
+    caller may reuse its buffer at once. Use as a context manager (it owns the helper thread)."""
+
+    PARALLEL_BYTES = 1 << 20
 
     def __init__(self, f: BinaryIO) -> None:
         self._f = f
         self.sha = hashlib.sha256()
         self.size = 0
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __enter__(self) -> _HashingWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def write(self, data) -> int:
-        self.sha.update(data)
-        n = self._f.write(data)
-        self.size += len(memoryview(data).cast("B")) if n is None else n
-        return n if n is not None else len(data)
+        view = memoryview(data).cast("B")
+        if view.nbytes >= self.PARALLEL_BYTES:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spot-sha256")
+            hashed = self._pool.submit(self.sha.update, view)
+            try:
+                n = self._f.write(data)
+            finally:
+                hashed.result()
+        else:
+            self.sha.update(view)
+            n = self._f.write(data)
+        self.size += view.nbytes if n is None else n
+        return n if n is not None else view.nbytes
 
     def flush(self) -> None:
         self._f.flush()
@@ -153,8 +181,7 @@ class CheckpointStore:
         directory = f"{step:012d}-{self.writer}-{uuid.uuid4().hex[:8]}"
         payload_key = f"{directory}/{PAYLOAD}"
         try:
-            with self.store.open_write(payload_key) as raw:
-                hw = _HashingWriter(raw)
+            with self.store.open_write(payload_key) as raw, _HashingWriter(raw) as hw:
                 write(hw)
                 raw.flush()
             manifest = Manifest(

@@ -141,3 +141,50 @@ def test_hashing_writer_accepts_memoryviews(ckpts):
     m = ckpts.save(1, lambda f: f.write(buf.getbuffer()))
     assert m.files[0].size == 300
     assert ckpts.restore_latest(_read)[1] == b"abc" * 100
+
+
+def test_large_chunks_are_hashed_in_order_while_the_caller_may_reuse_its_buffer(ckpts, monkeypatch):
+    # a chunk of 1 MB or more is hashed beside its write: the digest must still be that of the bytes in
+    # the order written, as they were when written (the caller refills its buffer after each write)
+    import hashlib
+
+    from airflow_spot.storage import checkpoint
+
+    monkeypatch.setattr(checkpoint._HashingWriter, "PARALLEL_BYTES", 4096)
+    chunk = bytearray(8192)
+    expected = hashlib.sha256()
+    written = []
+
+    def write(f):
+        for i in range(40):
+            chunk[:] = bytes([i % 251]) * len(chunk)
+            f.write(chunk if i % 3 else memoryview(chunk)[: 100 + i])  # large and small, mixed
+            data = bytes(chunk if i % 3 else chunk[: 100 + i])
+            expected.update(data)
+            written.append(data)
+
+    m = ckpts.save(3, write)
+    assert m.files[0].sha256 == expected.hexdigest() and m.files[0].size == sum(map(len, written))
+    assert ckpts.restore_latest(_read)[1] == b"".join(written)
+
+
+def test_a_file_save_flushes_to_disk_while_it_writes_and_a_failed_flush_fails_the_save(ckpts, monkeypatch):
+    from airflow_spot.storage import object_store
+    from airflow_spot.storage.checkpoint import CheckpointSaveError
+
+    monkeypatch.setattr(object_store._EarlyWriteback, "EVERY_BYTES", 64 * 1024)
+    flushed = []
+    real = object_store._fdatasync
+    monkeypatch.setattr(object_store, "_fdatasync", lambda fd: flushed.append(fd) or real(fd))
+    payload = bytes(range(256)) * 4096  # 1 MiB in 16 writes of 64 KiB
+    m = ckpts.save(1, lambda f: [f.write(payload[i:i + 65536]) for i in range(0, len(payload), 65536)])
+    assert flushed, "nothing was flushed before the commit"
+    assert ckpts.restore_latest(_read) == (m, payload)
+
+    def broken(fd):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(object_store, "_fdatasync", broken)
+    with pytest.raises(CheckpointSaveError, match="Input/output error"):
+        ckpts.save(2, lambda f: [f.write(payload[i:i + 65536]) for i in range(0, len(payload), 65536)])
+    assert ckpts.latest_step() == 1  # nothing committed for step 2
