@@ -27,6 +27,7 @@ import tempfile
 import time
 
 import torch
+from bench_checkpoint_save import bench_hash_overlap, emergency_after_notice, print_hash_overlap
 
 from airflow_spot.training.session import SpotSession
 from airflow_spot.training.state import Stager
@@ -85,14 +86,7 @@ def session_saves(directory: str, model: GpuState, repeats: int) -> dict:
         spot.writer.wait()
         background.append(time.perf_counter() - t)
     spot.step += 1
-    spot._on_notice("preemption", "benchmark")
-    t = time.perf_counter()
-    try:
-        spot._emergency_exit()
-    except SystemExit:
-        pass
-    emergency = time.perf_counter() - t
-    spot.__exit__(None, None, None)
+    emergency = emergency_after_notice(spot)
     return {"sync": statistics.median(sync), "session_stall": statistics.median(pinned_stall),
             "stall_plus_write": statistics.median(background), "emergency": emergency}
 
@@ -142,8 +136,6 @@ def main() -> int:
     print(f"  emergency save, notice -> committed              {s['emergency']:7.3f} s   "
           f"{s['emergency'] / 30:.1%} of a 30 s notice, {s['emergency'] / 120:.1%} of 120 s")
     # the write of a staged state (host memory, as the background thread and the emergency save see it)
-    from bench_checkpoint_save import bench_hash_overlap, print_hash_overlap
-
     staged = Stager().stage(model.state_dict())
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         h = bench_hash_overlap(d, staged, args.repeats)
