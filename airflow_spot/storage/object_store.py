@@ -210,7 +210,7 @@ class _EarlyWriteback:
     """A file whose dirty pages go to the disk while it is still being written.
 
     The commit fsyncs the payload; left to the end, that fsync writes the whole file after the
-    serialising and hashing are done, so a save costs their sum. Here, every ``every_bytes`` written, a
+    serialising and hashing are done, so a save costs their sum. Here, every ``EVERY_BYTES`` written, a
     helper thread flushes what is written so far (``fdatasync``, which releases the GIL) while the
     writer goes on, so the final fsync has only the tail left (``benchmarks/results/gpu_staging.txt``)."""
 
@@ -218,7 +218,6 @@ class _EarlyWriteback:
 
     def __init__(self, f: BinaryIO) -> None:
         self._f = f
-        self.every_bytes = self.EVERY_BYTES
         self._unsynced = 0
         self._pool: ThreadPoolExecutor | None = None
         self._sync: Future | None = None
@@ -236,7 +235,7 @@ class _EarlyWriteback:
     def write(self, data) -> int:
         n = self._f.write(data)
         self._unsynced += memoryview(data).nbytes if n is None else n
-        if self._unsynced >= self.every_bytes and (self._sync is None or self._sync.done()):
+        if self._unsynced >= self.EVERY_BYTES and (self._sync is None or self._sync.done()):
             if self._sync is not None:
                 self._sync.result()
             self._f.flush()  # hand Python's buffer to the kernel first

@@ -22,7 +22,7 @@ class Stager:
     GPU tensors are staged into page-locked (pinned) host buffers: the copy engine then moves them at full
     link speed, without the driver's own bounce through a pinned buffer that a pageable destination
     costs, and all of one save's copies are queued at once and waited for once
-    (``benchmarks/bench_checkpoint_save.py --device cuda``). ``pin_memory=False`` turns that off; where
+    (``benchmarks/bench_gpu_staging.py``). ``pin_memory=False`` turns that off; where
     the host cannot pin more memory, the buffer falls back to pageable memory.
     """
 
