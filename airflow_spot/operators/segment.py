@@ -334,6 +334,10 @@ class SpotSegmentOperator(BaseOperator):
             self.log.info("probed %d spot pools while on on-demand", answered)
             plan = replan()
         self.log.info("offer plan: %s", plan.reason)
+        advice = planning.segment_length_advice(self.end_step - self.start_step, plan_inputs["step_seconds"],
+                                                self.deadline)
+        if advice:
+            self.log.warning("%s", advice)
         if plan.committed and not job.get("deadline_committed"):
             write_job(store, {**job, "deadline_committed": True})
         attempt_id = self.attempt_id(context, store, create=True)

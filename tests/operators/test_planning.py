@@ -8,7 +8,7 @@ import pytest
 
 from airflow_spot.backends.base import InstanceInfo, InstanceState
 from airflow_spot.market import get_market
-from airflow_spot.operators.planning import NoOfferError, pick_warm, plan
+from airflow_spot.operators.planning import NoOfferError, pick_warm, plan, segment_length_advice
 from airflow_spot.policy.ledger import LedgerRow
 from airflow_spot.policy.offer_ranking import cost_per_step
 from airflow_spot.policy.offers import GpuRequest, Market
@@ -257,3 +257,12 @@ def test_ledger_events_tell_a_new_instance_from_one_reused_by_the_next_segment()
     ev = ledger_events([row(0, 0.0, 600.0, "completed", True), row(1, 630.0, 900.0, "preempted", False)])
     assert [(e.kind, e.at) for e in ev] == [("launched", 0.0), ("running", 600.0), ("running", 630.0),
                                             ("preempted", 900.0)]
+
+
+def test_hour_long_segments_under_a_deadline_get_advice_with_a_step_count():
+    day = timedelta(hours=52)
+    advice = segment_length_advice(3600, 1.0, day)  # 60 min segments
+    assert advice and "about 60 min" in advice and "steps_per_segment=1200" in advice
+    assert segment_length_advice(1200, 1.0, day) is None  # 20 min: fine
+    assert segment_length_advice(3600, 1.0, None) is None  # no deadline: spot only, nothing to decide
+    assert segment_length_advice(3600, None, day) is None  # no step time measured yet
