@@ -234,7 +234,9 @@ class _EarlyWriteback:
 
     def write(self, data) -> int:
         n = self._f.write(data)
-        self._unsynced += memoryview(data).nbytes if n is None else n
+        if n is None:  # a raw file may not report what it took; a buffered one always took it all
+            n = memoryview(data).nbytes
+        self._unsynced += n
         if self._unsynced >= self.EVERY_BYTES and (self._sync is None or self._sync.done()):
             if self._sync is not None:
                 self._sync.result()
@@ -243,7 +245,7 @@ class _EarlyWriteback:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spot-writeback")
             self._sync = self._pool.submit(_fdatasync, self._f.fileno())
             self._unsynced = 0
-        return n if n is not None else memoryview(data).nbytes
+        return n
 
     def flush(self) -> None:
         self._f.flush()
