@@ -66,8 +66,8 @@ class DecisionParams:
     :param watch_seconds: an outage is measured only when someone saw the pool down this shortly before
         it came back, so its length is known to within this. Shorter than ``probe_every_seconds`` on
         purpose: with a watch equal to the probe interval, whether an outage seen only between two probes
-        counted hung on the probes' exact spacing (the replay's came 928 s apart, the operators' come
-        whenever Airflow runs the task). The outages that count are those an idle job's retries (seconds
+        counted hung on the probes' exact spacing (the replay's once came 928 s apart, rounded to the
+        traces' 32 s ticks; the operators' come whenever Airflow runs the task). The outages that count are those an idle job's retries (seconds
         apart in the operators) see end.
     :param prior_outage_seconds: the expected outage length before any outage was observed (weighted as two
         outages). 0 by default: with no outage seen, an idle job waits only the deadline rule's grace

@@ -13,6 +13,10 @@ Model (one tick = the traces' ``gap_seconds``):
 * Work is counted in seconds on the reference GPU (V100 = 1.0); an instance with relative throughput
   ``x`` does ``x`` seconds of work per second.
 
+A controller decides at the start of every tick, and also inside a tick at the time it names
+(``next_decision_at``: ``ours`` decides at segment boundaries and retries a waiting job every minute, as
+the operators do), with the tick's capacity: a trace sampled every 10 minutes says nothing finer.
+
 What a controller sees at tick ``t`` (:class:`View`): the job's progress, where it runs, which pools can
 be launched now, when each pool was last seen to lose capacity (a 1 -> 0 step of its trace) and since
 when it has been up (the last 0 -> 1 step) — the past, never the future. Seeing other pools' capacity
@@ -112,6 +116,9 @@ class View:
 
 
 class Controller(Protocol):
+    """May also have ``next_decision_at`` (seconds on the replay's clock): the replay then asks it again
+    at that time when it falls inside the current tick."""
+
     name: str
     emergency_save: bool
 
@@ -222,40 +229,53 @@ def simulate(
             ours_count[pools[attempt.where[1]].name] = ours_count.get(pools[attempt.where[1]].name, 0) + 1
             close(now, "preempted", committed, lost)
             since_ckpt = pending = 0.0
-        view = View(now, spec, pools, on_demand, up, last_loss, up_since, ours, ours_count, progress,
-                    attempt.where if attempt is not None else None)
-        target = controller.decide(view)
-        if target is not None and target[0] == "spot" and not up[target[1]]:
-            raise RuntimeError(f"controller {controller.name} chose pool {pools[target[1]].name}, which is down")
-        current = attempt.where if attempt is not None else None
-        if target != current:
-            if attempt is not None:  # leaving on purpose: checkpoint first
-                committed = progress
-                close(now, "completed", committed, 0.0)
-            if target is not None:
-                offer = on_demand if target[0] == "on-demand" else pools[target[1]].offer
-                attempt = _Attempt(target, offer, now, committed)
-                pending, since_ckpt = r, 0.0
-                if checkpoint_region is not None and offer.region != checkpoint_region:
-                    pending += spec.transfer_seconds  # the checkpoint moves to the new region
-                    transfer_cost += spec.transfer_dollars
-                checkpoint_region = offer.region
-        if attempt is not None:
-            thr = attempt.offer.relative_throughput
-            use = min(pending, gap)
-            pending -= use
-            work = (gap - use) * thr
-            if progress + work >= total:
-                done_at = now + use + (total - progress) / thr
-                progress = committed = total
-                close(done_at, "completed", total, 0.0)
-                timeline.append((done_at / HOUR, 1.0, cost_so_far))
+        at, tick_end = now, now + gap
+        while True:  # decisions at the tick's start and wherever the controller asks for one inside it
+            view = View(at, spec, pools, on_demand, up, last_loss, up_since, ours, ours_count, progress,
+                        attempt.where if attempt is not None else None)
+            target = controller.decide(view)
+            if target is not None and target[0] == "spot" and not up[target[1]]:
+                raise RuntimeError(f"controller {controller.name} chose pool {pools[target[1]].name}, which is down")
+            current = attempt.where if attempt is not None else None
+            if target != current:
+                if attempt is not None:  # leaving on purpose: checkpoint first
+                    committed = progress
+                    close(at, "completed", committed, 0.0)
+                if target is not None:
+                    offer = on_demand if target[0] == "on-demand" else pools[target[1]].offer
+                    attempt = _Attempt(target, offer, at, committed)
+                    pending, since_ckpt = r, 0.0
+                    if checkpoint_region is not None and offer.region != checkpoint_region:
+                        pending += spec.transfer_seconds  # the checkpoint moves to the new region
+                        transfer_cost += spec.transfer_dollars
+                    checkpoint_region = offer.region
+            # a trace holds its value for a whole tick; a controller that decides more often than the
+            # trace was sampled (the operators retry a job waiting for capacity every minute) is asked
+            # again inside the tick, with the same capacity
+            nxt = getattr(controller, "next_decision_at", None)
+            until = nxt if nxt is not None and at < nxt < tick_end else tick_end
+            span = until - at
+            if attempt is not None:
+                thr = attempt.offer.relative_throughput
+                use = min(pending, span)
+                pending -= use
+                work = (span - use) * thr
+                if progress + work >= total:
+                    done_at = at + use + (total - progress) / thr
+                    progress = committed = total
+                    close(done_at, "completed", total, 0.0)
+                    timeline.append((done_at / HOUR, 1.0, cost_so_far))
+                    break
+                progress += work
+                since_ckpt += span - use
+                if since_ckpt >= controller.checkpoint_interval(view):
+                    committed, since_ckpt = progress, 0.0
+                    pending += spec.save_cost_seconds
+            if until >= tick_end:
                 break
-            progress += work
-            since_ckpt += gap - use
-            if since_ckpt >= controller.checkpoint_interval(view):
-                committed, since_ckpt = progress, 0.0
-                pending += spec.save_cost_seconds
+            at = until
+        if done_at is not None:
+            break
         if t % timeline_every == 0:
             running_cost = cost_so_far + ((now + gap - attempt.start) / HOUR * attempt.offer.price_per_hour if attempt else 0)
             timeline.append(((now + gap) / HOUR, progress / total, running_cost))

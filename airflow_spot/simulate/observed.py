@@ -75,6 +75,11 @@ class ObservedController:
     #: pool -> (index of its newest event, whether that event continues a run)
     _last: dict = field(default_factory=dict)
 
+    @property
+    def next_decision_at(self) -> float:
+        """When this controller decides next (the replay asks it then, even inside a trace's tick)."""
+        return self._next_at
+
     def _record(self, event: PoolEvent) -> None:
         """Append an event; of a run of same-direction events of one pool only the first and the newest are
         kept (all that ``pool_views`` reads from a run), so long waits do not slow every decision down."""

@@ -190,3 +190,18 @@ def test_replayed_jobs_checkpoint_as_the_session_would_given_the_notices_they_ge
     assert covered == pytest.approx(min(3600.0, daly_interval(10, m / (1 - q))))
     assert covered > 5 * daly_interval(10, m)
     assert session_interval(view({}, running=("on-demand", 0)), 3.6, True) == 3600.0
+
+
+def test_ours_decides_at_its_own_times_inside_a_coarse_trace_tick():
+    # a trace sampled every 10 min (the availability traces): preempted at 60 min, capacity back at 90.
+    # The operators retry a job waiting for capacity every minute; the replay asks `ours` then too, with
+    # the tick's capacity, so the minute's grace is a minute, not a whole tick
+    spec = JobSpec(work_hours=10, deadline_hours=11, save_cost_seconds=0.0, restart_overhead_hours=0.1)
+    trace = SpotTrace(name="us-west-2b", zone="us-west-2b", gap_seconds=600.0, values=(1,) * 6 + (0,) * 3 + (1,) * 80)
+    p = SimPool(trace, Offer("p3.2xlarge", "us-west-2", "us-west-2b", Market.SPOT, SPOT, OD, "V100", 1, 16.0))
+    c = controllers.get("ours")()
+    r = simulate(spec, [p], ON_DEMAND, c, max_hours=12)
+    od = next(x for x in r.rows if x.market == "on-demand")
+    assert od.started_at == 3600 + c.recheck_seconds
+    # on on-demand it decides at segment boundaries, also between two of the trace's ticks
+    assert any((x.started_at - od.started_at) % 600 != 0 for x in r.rows if x.started_at > od.started_at)
