@@ -1,8 +1,9 @@
 """How Airflow retries a segment: its own 3.3 ``retry_policy`` (``ExceptionRetryPolicy``) decides per exception.
 
-* :class:`~airflow_spot.operators.segment.SegmentPreempted` (preempted, lost, no capacity now): retry at
-  once. Nothing is wrong with the job, the next try resumes from the last committed step on a fresh instance,
-  and every second of delay is a second of the job doing nothing. The decision's reason (shown by Airflow
+* :class:`~airflow_spot.operators.segment.SegmentPreempted` (preempted or lost): retry at once. Nothing
+  is wrong with the job, the next try resumes from the last committed step on a fresh instance, and
+  every second of delay is a second of the job doing nothing. (No capacity anywhere is not a try: the
+  segment waits on a timer and decides again, ``SpotSegmentOperator.capacity_recheck_seconds``.) The decision's reason (shown by Airflow
   as the try's retry reason) carries the exception's message: which instance, which step it resumes from.
 * :class:`~airflow_spot.operators.segment.SegmentCodeFailure` (the user's command failed): retry after the
   task's own ``retry_delay`` (and its exponential backoff, if set), again with the reason.

@@ -61,6 +61,10 @@ class SegmentPreempted(AirflowException):
     """The attempt was preempted (or its instance lost); Airflow retries the segment on a fresh instance."""
 
 
+class NoCapacityNow(SegmentPreempted):
+    """Every offer of the plan refused for capacity: the segment waits (a timer, not a try) and decides again."""
+
+
 class SegmentCodeFailure(AirflowException):
     """The user's command failed; Airflow retries it while the user-code budget lasts."""
 
@@ -131,6 +135,12 @@ class SpotSegmentOperator(BaseOperator):
         them (launch and terminate at once, billed the minimum) so it can tell when a pool has settled.
     :param deferrable: wait in the triggerer (True) or in a worker slot (False); ``None`` (default) means
         True unless ``AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE`` says otherwise (see :func:`default_deferrable`).
+    :param capacity_recheck_seconds: when no offer of the plan can be launched (every pool refuses and the
+        plan is to wait for spot), decide again after this long: a timer (deferred, or in the worker when
+        not deferrable), not an Airflow try, so an outage spends no retries. The simulator's replay of
+        ``ours`` rechecks a waiting job as often (``ObservedController.recheck_seconds``).
+    :param max_capacity_wait_seconds: fail the segment, saying why, once the job has found no capacity
+        this long (its own capacity refusals since it last held an instance); its checkpoints stay.
     :param step_profile: seconds per training step the job was measured at, per GPU model (e.g.
         ``{"T4": 0.42}``, from ``airflow-spot estimate --profile-command``); the UI's ranking of instance
         types before the job starts scales it by the catalog's relative throughputs (optional).
@@ -179,6 +189,8 @@ class SpotSegmentOperator(BaseOperator):
         availability_uri: str | None = None,
         probe_spot: bool = True,
         step_profile: dict[str, float] | None = None,
+        capacity_recheck_seconds: float = 60.0,
+        max_capacity_wait_seconds: float = 24 * 3600.0,
         **kwargs: Any,
     ) -> None:
         # Airflow's own retry policy decides how each failure is retried (operators/retry.py); a policy
@@ -217,6 +229,8 @@ class SpotSegmentOperator(BaseOperator):
         self.warm_process = bool(warm_process)
         self.availability_uri = availability_uri
         self.probe_spot = bool(probe_spot)
+        self.capacity_recheck_seconds = float(capacity_recheck_seconds)
+        self.max_capacity_wait_seconds = float(max_capacity_wait_seconds)
         self.spot_job = {  # what the job asks for, readable from the serialized DAG before it starts
             "job_name": job_name, "gpus": self.gpus.to_dict(), "total_steps": self.total_steps,
             "backend": backend, "market_options": self.market_options, "aws_conn_id": aws_conn_id,
@@ -277,6 +291,43 @@ class SpotSegmentOperator(BaseOperator):
 
     # ------------------------------------------------------------------ execute
     def execute(self, context: Context) -> dict[str, Any] | None:
+        while True:  # bounded: _capacity_wait fails the task past max_capacity_wait_seconds
+            try:
+                return self._run_segment(context)
+            except NoCapacityNow as exc:
+                delay = self._capacity_wait(exc)
+            if self.deferrable:  # no worker slot held while waiting; the tries stay for preemptions
+                from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+
+                self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=delay)),
+                           method_name="execute_after_capacity_wait")
+            time.sleep(delay)
+
+    def execute_after_capacity_wait(self, context: Context, event: Any = None) -> dict[str, Any] | None:
+        """Back from waiting for capacity: plan and launch again (the plan sees the refusals)."""
+        return self.execute(context)
+
+    def _capacity_wait(self, exc: NoCapacityNow) -> float:
+        """Seconds to wait before deciding again; fails the task once the job has waited too long."""
+        store = self._open_store()
+        events = self._availability(store).job_events()
+        last_up = max((e.at for e in events if e.up), default=None)
+        refused = [e.at for e in events if e.kind == "refused" and (last_up is None or e.at > last_up)]
+        now = time.time()
+        waited = now - min(refused) if refused else 0.0
+        if waited >= self.max_capacity_wait_seconds:
+            raise AirflowFailException(
+                f"segment {self.segment_index}: no capacity in any of the job's offers for {waited / 3600:.2f} h "
+                f"(max_capacity_wait_seconds={self.max_capacity_wait_seconds:g}); {exc}. The checkpoints are "
+                "kept: clear the task to wait again, give the job a deadline so it may use on-demand, allow more "
+                "instance types or regions (gpus=...), or raise segment_options['max_capacity_wait_seconds']"
+            )
+        delay = min(self.capacity_recheck_seconds, max(1.0, self.max_capacity_wait_seconds - waited))
+        self.log.info("%s; the plan is to wait for capacity: deciding again in %.0f s (no capacity for %.0f s, "
+                      "at most %.0f s)", exc, delay, waited, self.max_capacity_wait_seconds)
+        return delay
+
+    def _run_segment(self, context: Context) -> dict[str, Any] | None:
         store = self._open_store()
         resumed = self._reattach(context, store)
         if resumed is not None:
@@ -571,7 +622,7 @@ class SpotSegmentOperator(BaseOperator):
             if again.market is Market.ON_DEMAND:
                 return self._get_instance(context, store, again, [], recorder=recorder)
         # No capacity anywhere right now: a retry later may find some, like a preemption.
-        raise SegmentPreempted("no offer could be launched now; tried: " + "; ".join(errors or ["no offers"]))
+        raise NoCapacityNow("no offer could be launched now; tried: " + "; ".join(errors or ["no offers"]))
 
     # ------------------------------------------------------------------ completion
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
