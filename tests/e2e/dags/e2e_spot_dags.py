@@ -30,7 +30,10 @@ JOB_DIR = ROOT + "/jobs/{{ dag.dag_id }}/{{ run_id }}"
 FINAL_WEIGHTS = JOB_DIR + "/final_weights.pt"
 
 #: (dag_id, total_steps, steps_per_segment, step_sleep): the tests read these to build a reference run
-PREEMPT = ("e2e_spot_preemptions", 120, 40, 0.1)
+# 0.2 s steps: the first instance gets through at most 20 of segment 0's 40 steps in its 4 s, so the
+# retry has at least 4 s of steps left and is preempted too, however fast the processes start (with 0.1 s
+# steps a quick start let the retry finish inside its 4 s, and the job saw one preemption)
+PREEMPT = ("e2e_spot_preemptions", 120, 40, 0.2)
 PREEMPT_AFTER = [4.0, 4.0, None]
 STEADY = ("e2e_spot_steady", 100, 50, 0.15)
 FAILS = ("e2e_spot_fails", 20, 20, 0.05)
