@@ -295,7 +295,7 @@ class SpotSegmentOperator(BaseOperator):
             try:
                 return self._run_segment(context)
             except NoCapacityNow as exc:
-                delay = self._capacity_wait(exc)
+                delay = self._capacity_wait(context, exc)
             if self.deferrable:  # no worker slot held while waiting; the tries stay for preemptions
                 from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 
@@ -307,14 +307,21 @@ class SpotSegmentOperator(BaseOperator):
         """Back from waiting for capacity: plan and launch again (the plan sees the refusals)."""
         return self.execute(context)
 
-    def _capacity_wait(self, exc: NoCapacityNow) -> float:
-        """Seconds to wait before deciding again; fails the task once the job has waited too long."""
+    def _capacity_wait(self, context: Context, exc: NoCapacityNow) -> float:
+        """Seconds to wait before deciding again; fails the task once this try has waited too long.
+
+        The wait's start is kept in the job's store under the try's attempt id: a deferred wait resumes in
+        a new process (maybe on another worker), and the job's refusal events alone do not bound it (an
+        on-demand refusal is not a spot pool's event)."""
         store = self._open_store()
-        events = self._availability(store).job_events()
-        last_up = max((e.at for e in events if e.up), default=None)
-        refused = [e.at for e in events if e.kind == "refused" and (last_up is None or e.at > last_up)]
+        key = f"control/capacity_wait/{self.attempt_id(context, store)}.json"
         now = time.time()
-        waited = now - min(refused) if refused else 0.0
+        try:
+            since = float(json.loads(store.get_bytes(key))["since"])
+        except ObjectNotFound:
+            since = now
+            store.put_bytes(key, json.dumps({"since": now}).encode())
+        waited = now - since
         if waited >= self.max_capacity_wait_seconds:
             raise AirflowFailException(
                 f"segment {self.segment_index}: no capacity in any of the job's offers for {waited / 3600:.2f} h "
@@ -621,7 +628,7 @@ class SpotSegmentOperator(BaseOperator):
             self.log.info("every spot offer refused; plan with the refusals: %s", again.reason)
             if again.market is Market.ON_DEMAND:
                 return self._get_instance(context, store, again, [], recorder=recorder)
-        # No capacity anywhere right now: a retry later may find some, like a preemption.
+        # No capacity anywhere right now: execute waits and decides again (not an Airflow try)
         raise NoCapacityNow("no offer could be launched now; tried: " + "; ".join(errors or ["no offers"]))
 
     # ------------------------------------------------------------------ completion

@@ -73,6 +73,7 @@ def test_a_wait_past_max_capacity_wait_fails_naming_the_fix(airflow_db, tmp_path
 
 def test_the_failure_says_how_long_it_waited_and_what_to_change(tmp_path):
     import time
+    from types import SimpleNamespace
 
     from airflow.sdk.exceptions import AirflowFailException
 
@@ -82,12 +83,14 @@ def test_the_failure_says_how_long_it_waited_and_what_to_change(tmp_path):
     op = SpotSegmentOperator(task_id="segment_000", command=["true"], checkpoint_uri=f"file://{tmp_path}/job",
                              start_step=0, end_step=10, total_steps=10, backend_options=backend_options(tmp_path),
                              capacity_recheck_seconds=30.0, max_capacity_wait_seconds=600.0)
-    recorder = op._availability(open_store(f"file://{tmp_path}/job"))
-    now = time.time()
-    recorder.record("g4dn.xlarge@us-east-1a", "launched", now - 900)  # held an instance, then lost it
-    recorder.record("g4dn.xlarge@us-east-1a", "refused", now - 300)
-    assert op._capacity_wait(NoCapacityNow("no offer could be launched now")) == 30.0  # 5 of 10 min waited
-    recorder.record("g4dn.xlarge@us-east-1b", "refused", now - 700)  # another pool refused earlier: 700 s waited
+    context = {"ti": SimpleNamespace(try_number=1, id="0193aaaa-bbbb-7ccc-8ddd-eeeeffff0000")}
+    store = open_store(f"file://{tmp_path}/job")
+    no_capacity = NoCapacityNow("no offer could be launched now")
+    assert op._capacity_wait(context, no_capacity) == 30.0  # the wait starts now
+    key = f"control/capacity_wait/{op.attempt_id(context, store)}.json"
+    store.put_bytes(key, json.dumps({"since": time.time() - 590}).encode())
+    assert 1.0 <= op._capacity_wait(context, no_capacity) <= 10.0  # never sleeps past the cap
+    store.put_bytes(key, json.dumps({"since": time.time() - 700}).encode())
     with pytest.raises(AirflowFailException, match=r"no capacity in any of the job's offers for 0\.1\d h .*"
                                                    r"max_capacity_wait_seconds"):
-        op._capacity_wait(NoCapacityNow("no offer could be launched now"))
+        op._capacity_wait(context, no_capacity)
