@@ -220,3 +220,24 @@ def test_segments_defer_by_default(airflow_stack):
         "the segment waited in the worker instead of deferring: " + "; ".join(finished)
     )
     assert wait_no_instance_processes(stack) == []
+
+
+def test_no_capacity_is_waited_out_on_a_timer_within_one_try(airflow_stack):
+    """No spot capacity anywhere for 20 s, and the job may not use on-demand: the segment defers on a timer
+    and decides again every 2 s through the triggerer, spending none of its two tries, then launches."""
+    stack = airflow_stack
+    dag_id = spot_dags.CAPACITY[0]
+    stack.wait_dag(dag_id)
+    run_id = stack.trigger(dag_id, run_id=new_run_id("capacity"))
+    assert stack.wait_run(dag_id, run_id, timeout=240) == "success", stack.task_instances(dag_id, run_id)
+    tries = stack.tries(dag_id, run_id, SEGMENT.format(0))
+    assert [t["state"] for t in tries] == ["success"], tries
+    from airflow_spot.operators.planning import AvailabilityRecorder
+
+    store = job_store(stack, dag_id, run_id)
+    kinds = [e.kind for e in AvailabilityRecorder(store, None, "j").job_events()]
+    assert kinds.count("refused") >= 2 and kinds[-1] == "launched", kinds
+    assert [(r.market, r.outcome) for r in LedgerStore(store).rows()] == [("spot", "completed")]
+    log = stack.task_log(dag_id, run_id, SEGMENT.format(0), 1)
+    assert "the plan is to wait for capacity" in log
+    assert wait_no_instance_processes(stack) == []

@@ -11,11 +11,14 @@ them. The local backend's state directory comes from ``$AIRFLOW_SPOT_LOCAL_DIR``
 - ``e2e_spot_long``: one long segment, to be killed from outside (task marked failed over REST).
 - ``e2e_spot_default``: one short segment that does not choose ``deferrable``: the operator's default
   under a deployment's configuration must be to defer.
+- ``e2e_spot_capacity``: spot only, and no spot capacity for the job's first 20 s (a trace replayed with
+  ``capacity``): the segment waits for it on a timer through the triggerer, within its first try.
 
 All but ``e2e_spot_default`` pass ``deferrable=True`` so that they test deferral whatever the default.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -39,13 +42,18 @@ STEADY = ("e2e_spot_steady", 100, 50, 0.15)
 FAILS = ("e2e_spot_fails", 20, 20, 0.05)
 LONG = ("e2e_spot_long", 600, 600, 0.1)
 DEFAULT = ("e2e_spot_default", 30, 30, 0.1)
+CAPACITY = ("e2e_spot_capacity", 30, 30, 0.1)
+#: no spot capacity for the job's first CAPACITY_DOWN_SECONDS (its clock starts at its first launch try)
+CAPACITY_DOWN_SECONDS = 20
+CAPACITY_TRACE = ROOT + "/capacity_trace.json"
 
 
 def spot_dag(dag_id: str, total_steps: int, steps_per_segment: int, step_sleep: float, *,
              preempt_after: list | None = None, extra_args: tuple[str, ...] = (), retries: int = 1,
              deferrable: bool | None = True, command: list[str] | None = None,
              preemption: dict | None = None, notice_window_seconds: float = 5.0,
-             max_preemptions: int = 4, poll_interval: float = 0.5, warm_process: bool = True) -> DAG:
+             max_preemptions: int = 4, poll_interval: float = 0.5, warm_process: bool = True,
+             segment_options: dict | None = None) -> DAG:
     """One SpotTraining job; ``command``/``preemption`` override the train_tiny command and the schedule."""
     choice = {} if deferrable is None else {"deferrable": deferrable}
     if preemption is None:
@@ -75,6 +83,7 @@ def spot_dag(dag_id: str, total_steps: int, steps_per_segment: int, step_sleep: 
                 "idle_timeout_seconds": 60.0,
                 "warm_process": warm_process,
                 **choice,
+                **(segment_options or {}),
             },
         )
     return dag
@@ -85,3 +94,21 @@ steady_dag = spot_dag(*STEADY)
 fails_dag = spot_dag(*FAILS, extra_args=("--fail-at-step", "5"), retries=0)
 long_dag = spot_dag(*LONG)
 default_dag = spot_dag(*DEFAULT, deferrable=None)
+
+
+def _capacity_trace() -> str:
+    """Down, then up for an hour (a trace needs a preemption somewhere: it ends down)."""
+    if not os.path.exists(CAPACITY_TRACE):
+        os.makedirs(ROOT, exist_ok=True)
+        with open(CAPACITY_TRACE, "w") as f:
+            json.dump({"metadata": {"gap_seconds": 1},
+                       "data": [0] * CAPACITY_DOWN_SECONDS + [1] * 3600 + [0] * 10}, f)
+    return CAPACITY_TRACE
+
+
+# spot only (no deadline) and two tries: the outage must be waited out on a timer, not in tries
+capacity_dag = spot_dag(
+    *CAPACITY, max_preemptions=1, retries=0,
+    preemption={"mode": "trace", "path": _capacity_trace(), "capacity": True, "start_offset_seconds": 0},
+    segment_options={"capacity_recheck_seconds": 2.0},
+)
