@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_spot.backends.base import InstanceInfo
+from airflow_spot.policy.observations import PROBE_RETRIES
 from airflow_spot.policy.offers import GpuRequest, Market, Offer
 
 
@@ -222,29 +223,44 @@ class AvailabilityRecorder:
 
 
 def probe_spot(backend: Any, offers: Sequence[Offer], make_spec: Any, recorder: AvailabilityRecorder,
-               now: float, log: Any = None) -> int:
+               now: float, log: Any = None, retries: int = PROBE_RETRIES) -> int:
     """Probe the spot pools of ``offers``: place a launch in each and terminate it at once; record
     ``probe-up`` (it launched: the pool has capacity) or ``probe-down`` (a capacity refusal). A probe that
     launched is billed its minimum (the simulator charges the same). Returns how many pools answered.
 
-    :param make_spec: ``offer -> LaunchSpec`` (tags and idempotency token of this probe).
-    """
-    from airflow_spot.backends.base import LaunchError
+    A capacity refusal is asked again up to ``retries`` times before it counts: a fulfilled request is
+    capacity, but an unfulfilled one may be a miss, and a false "down" costs the job the pool's observed
+    up-time, which it needs before leaving on-demand (``benchmarks/results_simulate.md``, "Probes that
+    miss"). A refused request is not billed, so the retry costs only an API call.
 
+    :param make_spec: ``(offer, try_number) -> LaunchSpec`` (tags and idempotency token of this probe;
+        each try needs its own token).
+    """
     answered = 0
     for offer in offers:
         if not offer.is_spot:
             continue
+        has_capacity = _probe_pool(backend, offer, make_spec, retries, log)
+        if has_capacity is not None:
+            recorder.record(offer.pool, "probe-up" if has_capacity else "probe-down", now)
+            answered += 1
+    return answered
+
+
+def _probe_pool(backend: Any, offer: Offer, make_spec: Any, retries: int, log: Any) -> bool | None:
+    """True: a probe launched (and was terminated); False: every try was refused for capacity; None: the
+    probe failed for another reason (logged, nothing learned)."""
+    from airflow_spot.backends.base import LaunchError
+
+    for attempt in range(1 + max(0, retries)):
         try:
-            info = backend.launch(make_spec(offer))
+            info = backend.launch(make_spec(offer, attempt))
         except LaunchError as exc:
-            if exc.capacity:
-                recorder.record(offer.pool, "probe-down", now)
-                answered += 1
-            elif log is not None:
-                log.warning("probe of %s failed (%s); skipped", offer.pool, exc)
+            if not exc.capacity:
+                if log is not None:
+                    log.warning("probe of %s failed (%s); skipped", offer.pool, exc)
+                return None
             continue
         backend.terminate([info.instance_id])
-        recorder.record(offer.pool, "probe-up", now)
-        answered += 1
-    return answered
+        return True
+    return False

@@ -388,7 +388,7 @@ class SpotSegmentOperator(BaseOperator):
         if plan.probe and self.probe_spot and alive:
             spot_offers = [o for o in market.offers(self.gpus) if o.is_spot and self.gpus.matches(o)]
             answered = planning.probe_spot(self.hook.get_backend(), spot_offers,
-                                           lambda o: self._probe_spec(context, store, o, now), recorder, now, self.log)
+                                           lambda o, k: self._probe_spec(context, store, o, now, k), recorder, now, self.log)
             self.log.info("probed %d spot pools while on on-demand", answered)
             plan = replan()
         self.log.info("offer plan: %s", plan.reason)
@@ -563,8 +563,8 @@ class SpotSegmentOperator(BaseOperator):
             if not InstanceState(i.state).is_terminal() and i.notice_at is None
         ]
 
-    def _probe_spec(self, context: Context, store, offer, now: float) -> LaunchSpec:
-        token = launch_token(self.dag_id, context["run_id"], self.task_id, "probe", offer.pool, int(now))
+    def _probe_spec(self, context: Context, store, offer, now: float, try_number: int = 0) -> LaunchSpec:
+        token = launch_token(self.dag_id, context["run_id"], self.task_id, "probe", offer.pool, int(now), try_number)
         return LaunchSpec(
             offer=offer, job_uri=store.uri, idempotency_token=token,
             tags={**self._tags(context), TAG_TASK: self.task_id}, idle_timeout_seconds=60.0,

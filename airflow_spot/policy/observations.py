@@ -38,6 +38,10 @@ EVENT_KINDS = UP_KINDS | DOWN_KINDS
 #: an outage is measured only when a down-event came at most this long before the pool was seen back
 #: (shorter than the 900 s probe interval on purpose: see ``DecisionParams.watch_seconds``)
 WATCH_SECONDS = 300.0
+#: a probe that found no capacity is asked again this many times at once before it counts as
+#: ``probe-down`` (the operators' ``planning.probe_spot`` and the replay alike): an unfulfilled request
+#: may be a miss, and a false "down" resets the pool's observed up-time
+PROBE_RETRIES = 1
 
 
 @dataclass(frozen=True)

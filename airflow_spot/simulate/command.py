@@ -46,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="CSV file of per-zone prices, lines zone,spot,on_demand ($/h; overrides --spot-price)")
     p.add_argument("--transfer-seconds", type=float, default=0.0,
                    help="extra restart time to move the checkpoint to another region")
+    p.add_argument("--probe-miss", type=float, default=0.0,
+                   help="chance a probe of a pool with capacity reads 'no capacity' (0.18: F1 0.9; default 0)")
     p.add_argument("--transfer-dollars", type=float, default=0.0, help="$ per checkpoint moved across regions")
     p.add_argument("--nodes", type=int, default=1,
                    help="instances per job (gang); a multi-node availability trace must show this many up")
@@ -97,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         spec = JobSpec(work_hours=args.work_hours, deadline_hours=args.deadline_hours,
                        save_cost_seconds=args.save_cost_seconds, restart_overhead_hours=args.restart_overhead_hours,
                        notice_seconds=args.notice_seconds, nodes=args.nodes, transfer_seconds=args.transfer_seconds,
-                       transfer_dollars=args.transfer_dollars, segment_seconds=args.segment_minutes * 60.0)
+                       transfer_dollars=args.transfer_dollars, segment_seconds=args.segment_minutes * 60.0,
+                       probe_miss=args.probe_miss)
         traces = []
         for path in _trace_paths(args.traces):
             traces.extend(load_traces(path))

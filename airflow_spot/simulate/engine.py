@@ -48,7 +48,11 @@ class JobSpec:
         job's last checkpoint (moving it across regions).
     :param transfer_dollars: money per such move (egress).
     :param segment_seconds: wall-clock length of one segment (``steps_per_segment`` times the step time):
-        the operators decide where the job runs at segment boundaries, so the replay of ``ours`` does too."""
+        the operators decide where the job runs at segment boundaries, so the replay of ``ours`` does too.
+    :param probe_miss: the chance that a probe (a spot request placed and cancelled) of a pool that has
+        capacity reads "no capacity" (the request was not fulfilled in time). A property of the market,
+        like ``notice_seconds``; a fulfilled request is capacity, so probes never read a down pool up.
+        Precision 1 and recall ``1 - probe_miss``: F1 0.9, what published probes measure, is ``0.18``."""
 
     work_hours: float
     deadline_hours: float | None = None
@@ -59,6 +63,7 @@ class JobSpec:
     transfer_seconds: float = 0.0
     transfer_dollars: float = 0.0
     segment_seconds: float = 900.0
+    probe_miss: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
@@ -72,6 +77,9 @@ class JobSpec:
             )
         if not self.segment_seconds > 0:  # also NaN
             raise ValueError(f"segment_seconds must be > 0 (one segment's wall-clock time), got {self.segment_seconds!r}")
+        if not 0.0 <= self.probe_miss < 1.0:  # also NaN
+            raise ValueError(f"probe_miss is a probability in [0, 1) (a probe that always misses is no probe), "
+                             f"got {self.probe_miss!r}")
         for name in ("save_cost_seconds", "restart_overhead_hours", "notice_seconds", "transfer_seconds",
                      "transfer_dollars"):
             if getattr(self, name) < 0:

@@ -13,12 +13,15 @@
   pool is up;
 * on on-demand, when the decision asks for a probe, it places a spot request in every pool and cancels
   it (``probe-up`` / ``probe-down``), charged ``probe_billed_seconds`` at the spot price per accepted
-  request (the billing minimum), added to the run's cost;
+  request (the billing minimum), added to the run's cost; with ``JobSpec.probe_miss`` a probe of a pool
+  with capacity reads ``probe-down`` that often (a deterministic draw per pool and time, so a replay is
+  reproducible and does not depend on the order of the pools);
 * ``shared``: events of other jobs of the deployment (``simulate --jobs N``: the jobs replayed before
   this one on the same window; each sees the others' events only once their time has come).
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 from airflow_spot.policy.checkpoint_interval import (
@@ -27,7 +30,7 @@ from airflow_spot.policy.checkpoint_interval import (
 from airflow_spot.policy.deadline import WAIT, DeadlineState
 from airflow_spot.policy import decision as policy_decision
 from airflow_spot.policy.decision import AttemptDecision, DecisionParams, observed_deadline_params
-from airflow_spot.policy.observations import JobObservation, PoolEvent
+from airflow_spot.policy.observations import PROBE_RETRIES, JobObservation, PoolEvent
 from airflow_spot.policy.offers import Market
 from airflow_spot.simulate.engine import HOUR, View
 
@@ -54,6 +57,9 @@ class ObservedController:
     recheck_seconds: float = 60.0
     probes: bool = True
     probe_billed_seconds: float = 60.0
+    #: a probe that reads "no capacity" is asked again this many times at once before it counts (the
+    #: replay draws each try's miss independently)
+    probe_retries: int = PROBE_RETRIES
     prior_mtbf_hours: float = 3.6
     #: the decision's constants (DecisionParams fields other than the deadline's and the transfer's)
     probe_every_seconds: float = 900.0
@@ -120,9 +126,18 @@ class ObservedController:
         self.state = d.state
         return d
 
+    def _probe_reads_up(self, view: View, i: int) -> bool:
+        if not view.up[i]:
+            return False
+        miss = view.spec.probe_miss
+        for k in range(1 + self.probe_retries):
+            if miss == 0.0 or random.Random(f"probe:{view.pools[i].name}:{view.now!r}:{k}").random() >= miss:
+                return True
+        return False
+
     def _probe(self, view: View) -> None:
         for i, p in enumerate(view.pools):
-            if view.up[i]:
+            if self._probe_reads_up(view, i):
                 self._record(PoolEvent(p.name, "probe-up", view.now))
                 self.probe_cost += p.offer.price_per_hour * self.probe_billed_seconds / HOUR
                 self.probes_accepted += 1

@@ -162,9 +162,9 @@ def test_probes_record_capacity_and_leave_no_instance_running(market, tmp_path):
     trace.write_text(json.dumps({"metadata": {"gap_seconds": 3600}, "data": [0, 0, 0, 1, 0]}))  # down at its start
     job = open_store(str(tmp_path / "job"))
 
-    def spec(o):
-        return LaunchSpec(offer=o, job_uri=job.uri, idempotency_token=f"probe-{o.pool}", tags={"t": "probe"},
-                          idle_timeout_seconds=60.0)
+    def spec(o, try_number):
+        return LaunchSpec(offer=o, job_uri=job.uri, idempotency_token=f"probe-{o.pool}-{try_number}",
+                          tags={"t": "probe"}, idle_timeout_seconds=60.0)
 
     down = LocalBackend(state_dir=str(tmp_path / "s1"),
                         preemption={"mode": "trace", "path": str(trace), "capacity": True,
@@ -179,6 +179,51 @@ def test_probes_record_capacity_and_leave_no_instance_running(market, tmp_path):
         assert all(InstanceState(i.state).is_terminal() for i in up.list_instances(tags={"t": "probe"}))
     finally:
         up.terminate([i.instance_id for i in up.list_instances(tags={"t": "probe"})])
+
+
+def test_a_probe_refused_once_is_asked_again_before_it_counts(market, tmp_path):
+    """An unfulfilled spot request may be a miss: probe_spot asks a refusing pool once more (with its own
+    idempotency token) before recording probe-down; a pool that refuses every try is recorded down."""
+    from airflow_spot.backends.base import LaunchError, LaunchSpec
+    from airflow_spot.backends.local import LocalBackend
+    from airflow_spot.operators.planning import AvailabilityRecorder, probe_spot
+    from airflow_spot.storage.object_store import open_store
+
+    offer = make_plan(market).ranked[0]
+    job = open_store(str(tmp_path / "job"))
+    tokens = []
+
+    def spec(o, try_number):
+        tokens.append(f"probe-{try_number}")
+        return LaunchSpec(offer=o, job_uri=job.uri, idempotency_token=tokens[-1], tags={"t": "probe"},
+                          idle_timeout_seconds=60.0)
+
+    class MissesFirst(LocalBackend):
+        """The local backend, except that its first ``misses`` launches are refused for capacity (a probe's
+        miss cannot be produced on a real pool here)."""
+
+        misses = 1
+
+        def launch(self, spec):
+            if self.misses > 0:
+                self.misses -= 1
+                raise LaunchError("InsufficientInstanceCapacity (a miss)", capacity=True)
+            return super().launch(spec)
+
+    backend = MissesFirst(state_dir=str(tmp_path / "s"))
+    rec = AvailabilityRecorder(job, None, "j")
+    try:
+        assert probe_spot(backend, [offer], spec, rec, now=T0) == 1
+        assert [e.kind for e in rec.job_events()] == ["probe-up"]
+        assert tokens == ["probe-0", "probe-1"]
+        backend.misses = 2
+        assert probe_spot(backend, [offer], spec, rec, now=T0 + 1) == 1
+        assert [e.kind for e in rec.job_events()] == ["probe-up", "probe-down"]
+        backend.misses = 1
+        assert probe_spot(backend, [offer], spec, rec, now=T0 + 2, retries=0) == 1
+        assert [e.kind for e in rec.job_events()][-1] == "probe-down"
+    finally:
+        backend.terminate([i.instance_id for i in backend.list_instances(tags={"t": "probe"})])
 
 
 def test_the_operator_records_refusals_and_plans_again_with_them(tmp_path):

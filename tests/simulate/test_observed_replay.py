@@ -205,3 +205,42 @@ def test_ours_decides_at_its_own_times_inside_a_coarse_trace_tick():
     assert od.started_at == 3600 + c.recheck_seconds
     # on on-demand it decides at segment boundaries, also between two of the trace's ticks
     assert any((x.started_at - od.started_at) % 600 != 0 for x in r.rows if x.started_at > od.started_at)
+
+
+def _probe_misses(miss, retries, times=400):
+    """Share of probes of an up pool that read down, and whether a down pool ever read up."""
+    from types import SimpleNamespace
+
+    from airflow_spot.simulate.observed import ObservedController
+
+    pools = [pool("us-west-2b", [1]), pool("us-west-2c", [0])]
+    spec = JobSpec(work_hours=1, probe_miss=miss)
+    c = ObservedController("ours", probe_retries=retries)
+    for k in range(times):
+        c._probe(SimpleNamespace(pools=pools, up=[True, False], now=900.0 * k, spec=spec))
+    reads = [(e.pool, e.kind) for e in c.events]
+    assert len(reads) >= 2  # runs of equal reads are folded; the folding keeps first and newest
+    up_pool = [e for e in c.events if e.pool == pools[0].name]
+    false_up = any(e.kind == "probe-up" for e in c.events if e.pool == pools[1].name)
+    return (times - c.probes_accepted) / times, false_up, c.probe_cost, up_pool
+
+
+def test_probes_that_miss_read_some_up_pools_down_never_a_down_pool_up():
+    """A probe of a pool with capacity misses with probability probe_miss (the request not fulfilled, not
+    billed); a fulfilled request is capacity, so a down pool never reads up. The draws are reproducible,
+    and asking a refused probe again (the operators' PROBE_RETRIES) leaves about miss^2."""
+    exact, false_up, cost, _ = _probe_misses(0.0, 0)
+    assert exact == 0 and not false_up and cost == pytest.approx(400 * SPOT / 60)
+    once, false_up, cost, events = _probe_misses(0.3, 0)
+    assert 0.2 < once < 0.4 and not false_up and cost == pytest.approx(400 * (1 - once) * SPOT / 60)
+    assert _probe_misses(0.3, 0)[3] == events  # reproducible
+    twice, false_up, _, _ = _probe_misses(0.3, 1)
+    assert 0.03 < twice < 0.16 and not false_up
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0, float("nan")])
+def test_probe_miss_must_be_a_probability(bad, capsys):
+    with pytest.raises(ValueError, match="probe_miss is a probability"):
+        JobSpec(work_hours=1, probe_miss=bad)
+    assert main(["simulate", "--work-hours", "1", "--probe-miss", str(bad)]) == 2
+    assert "probe_miss is a probability in [0, 1)" in capsys.readouterr().err
