@@ -25,6 +25,7 @@ approximates it with spot placement scores and the preemptions other jobs see.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -176,6 +177,57 @@ def simulate(
     :param max_hours: stop (unfinished) after this many simulated hours; default: four times the deadline
         (or the work without one). Past a trace's end its pool reads as down.
     """
+    return simulate_together(spec, pools, on_demand, [controller], offset_ticks=offset_ticks,
+                             max_hours=max_hours, timeline_every=timeline_every)[0]
+
+
+def simulate_together(
+    spec: JobSpec,
+    pools: list[SimPool],
+    on_demand: Offer,
+    controllers: list[Controller],
+    *,
+    offset_ticks: int = 0,
+    max_hours: float | None = None,
+    timeline_every: int = 15,
+) -> list[SimResult]:
+    """Replay one job per controller over the same window at the same time: every decision of every job
+    comes in time order (at equal times, in the controllers' order), so a job that reads the others'
+    events (``ObservedController.shared``) sees each of them as soon as it happened, never before.
+    The jobs share the traces' capacity reading, not its amount: each pool holds all of them."""
+    runs = [_replay(spec, pools, on_demand, c, offset_ticks=offset_ticks, max_hours=max_hours,
+                    timeline_every=timeline_every) for c in controllers]
+    results: list[SimResult | None] = [None] * len(runs)
+    due: list[tuple[float, int]] = []
+    for k, run in enumerate(runs):
+        _advance(run, k, due, results)
+    while due:
+        _, k = heapq.heappop(due)
+        _advance(runs[k], k, due, results)
+    assert all(r is not None for r in results)
+    return results  # type: ignore[return-value]
+
+
+def _advance(run, k: int, due: list[tuple[float, int]], results: list) -> None:
+    """Let job ``k`` make its due decision and run on to its next one (queued in ``due``) or its end."""
+    try:
+        heapq.heappush(due, (next(run), k))
+    except StopIteration as stop:
+        results[k] = stop.value
+
+
+def _replay(
+    spec: JobSpec,
+    pools: list[SimPool],
+    on_demand: Offer,
+    controller: Controller,
+    *,
+    offset_ticks: int = 0,
+    max_hours: float | None = None,
+    timeline_every: int = 15,
+):
+    """The replay of one job, as a generator: it yields the time of each decision before making it (so
+    that :func:`simulate_together` can order several jobs' decisions in time) and returns the result."""
     if not pools and controller.name != "on-demand":
         raise ValueError("no spot pool to replay: pass at least one trace")
     gap = pools[0].trace.gap_seconds if pools else 60.0
@@ -241,6 +293,7 @@ def simulate(
         while True:  # decisions at the tick's start and wherever the controller asks for one inside it
             view = View(at, spec, pools, on_demand, up, last_loss, up_since, ours, ours_count, progress,
                         attempt.where if attempt is not None else None)
+            yield at  # other jobs replayed together decide first if they are due earlier
             target = controller.decide(view)
             if target is not None and target[0] == "spot" and not up[target[1]]:
                 raise RuntimeError(f"controller {controller.name} chose pool {pools[target[1]].name}, which is down")

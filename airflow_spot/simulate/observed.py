@@ -16,13 +16,15 @@
   request (the billing minimum), added to the run's cost; with ``JobSpec.probe_miss`` a probe of a pool
   with capacity reads ``probe-down`` that often (a deterministic draw per pool and time, so a replay is
   reproducible and does not depend on the order of the pools);
-* ``shared``: events of other jobs of the deployment (``simulate --jobs N``: the jobs replayed before
-  this one on the same window; each sees the others' events only once their time has come).
+* ``shared``: events of other jobs of the deployment (``simulate --jobs N``: N jobs replayed together on
+  the same window, :func:`~airflow_spot.simulate.engine.simulate_together`; each sees the others' events
+  as soon as they happened, :class:`OtherJobs`).
 """
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 
 from airflow_spot.policy.checkpoint_interval import (
     IntervalInputs, checkpoint_interval, estimate_mtbf, estimate_notice_coverage,
@@ -33,6 +35,20 @@ from airflow_spot.policy.decision import AttemptDecision, DecisionParams, observ
 from airflow_spot.policy.observations import PROBE_RETRIES, JobObservation, PoolEvent
 from airflow_spot.policy.offers import Market
 from airflow_spot.simulate.engine import HOUR, View
+
+
+class OtherJobs:
+    """The events of the other jobs of a deployment replayed together, as one job reads them: live (what
+    they have recorded so far; ``pool_views`` then ignores anything after the reader's ``now``) and named
+    as theirs, since only a job's own events say how long its instances lived."""
+
+    def __init__(self, others: Sequence[tuple[str, "ObservedController"]]) -> None:
+        self.others = list(others)
+
+    def __iter__(self) -> Iterator[PoolEvent]:
+        for name, controller in self.others:
+            for e in controller.events:
+                yield replace(e, job=name)
 
 
 def session_interval(view: View, prior_mtbf_hours: float, emergency_save: bool) -> float:
@@ -68,8 +84,9 @@ class ObservedController:
     deadline_overrides: dict = field(default_factory=dict)
     #: the job's own events
     events: list[PoolEvent] = field(default_factory=list)
-    #: other jobs' events (the deployment's availability log); read, never written
-    shared: list[PoolEvent] = field(default_factory=list)
+    #: other jobs' events (the deployment's availability log); read, never written. Any iterable: a
+    #: replay of jobs running together passes a live view of the others' events (:class:`OtherJobs`)
+    shared: Iterable[PoolEvent] = field(default_factory=list)
     state: DeadlineState = field(default_factory=DeadlineState)
     probe_cost: float = 0.0
     probes_made: int = 0
@@ -116,7 +133,7 @@ class ObservedController:
         return JobObservation(
             now=view.now, started_at=0.0, deadline_at=view.deadline_at, work_done=view.work_done,
             work_total=view.work_total, offers=[p.offer for p in view.pools] + [view.on_demand],
-            events=self.events + self.shared, running=running, running_pool=running_pool,
+            events=[*self.events, *self.shared], running=running, running_pool=running_pool,
         )
 
     def _decide(self, view: View) -> AttemptDecision:

@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from airflow_spot.market.catalog import DEFAULT_MTBF_HOURS
 from airflow_spot.market.traces import SpotTrace
 from airflow_spot.policy.offers import Market, Offer
 from airflow_spot.simulate.controllers import controllers
-from airflow_spot.simulate.engine import HOUR, JobSpec, SimPool, SimResult, simulate
+from airflow_spot.simulate.engine import HOUR, JobSpec, SimPool, SimResult, simulate, simulate_together
+from airflow_spot.simulate.observed import OtherJobs
 
 REFERENCE_GPU = "V100"
 
@@ -144,26 +145,22 @@ def policy_names() -> list[str]:
 
 def run_one(spec, pools, on_demand, name: str, offset_ticks: int = 0, jobs: int = 1) -> SimResult:
     """One replay of ``name``. With ``jobs`` > 1 and a controller that reads the deployment's events
-    (``shared``), ``jobs`` jobs are replayed on the same window one after the other, each seeing the
-    events of those before it (at their times, never the future); the result is the last job's."""
+    (``shared``), ``jobs`` jobs start together on the same window and each reads the others' events as
+    they happen (:func:`~airflow_spot.simulate.engine.simulate_together`); the result is the last job's
+    (at equal times the jobs decide in order, so it is the one that has seen the most)."""
     if name == HINDSIGHT:
         from airflow_spot.simulate.hindsight import hindsight_cost
 
         cost = hindsight_cost(spec, pools, on_demand, offset_ticks=offset_ticks)
         return SimResult(HINDSIGHT, cost, math.nan, True, None, True, 0, 0.0, math.nan, math.nan)
-    shared: list = []
-    result = None
-    for k in range(max(1, jobs)):
-        controller = controllers.get(name)()
-        if hasattr(controller, "shared"):
-            controller.shared = list(shared)
-        result = simulate(spec, pools, on_demand, controller, offset_ticks=offset_ticks)
-        if not hasattr(controller, "shared"):
-            break  # the others do not read the deployment's events: one job says it all
-        # named as another job's: only a job's own events say how long its instances lived
-        shared.extend(replace(e, job=f"replayed-job-{k}") for e in controller.events)
-    assert result is not None
-    return result
+    first = controllers.get(name)()
+    if jobs <= 1 or not hasattr(first, "shared"):
+        # the others do not read the deployment's events: one job says it all
+        return simulate(spec, pools, on_demand, first, offset_ticks=offset_ticks)
+    together = [first] + [controllers.get(name)() for _ in range(jobs - 1)]
+    for k, c in enumerate(together):
+        c.shared = OtherJobs([(f"replayed-job-{j}", o) for j, o in enumerate(together) if j != k])
+    return simulate_together(spec, pools, on_demand, together, offset_ticks=offset_ticks)[-1]
 
 
 def run_policies(spec, pools, on_demand, names, offset_ticks=0, jobs: int = 1) -> list[SimResult]:

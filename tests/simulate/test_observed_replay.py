@@ -73,6 +73,57 @@ def test_a_second_job_of_the_deployment_sees_the_first_ones_events():
     assert c.shared == []
 
 
+def test_jobs_replayed_together_read_each_others_events_as_they_happen():
+    """Two jobs of one deployment start together. The first cannot probe: alone, it never sees the pool
+    settle and stays on on-demand to the end; beside a job that probes, it reads that job's probes (made
+    after both started, so a replay of the jobs one after the other could not show them to it) and leaves
+    on-demand at the same boundary as the prober."""
+    from airflow_spot.simulate.engine import simulate_together
+    from airflow_spot.simulate.observed import OtherJobs
+
+    spec = JobSpec(work_hours=3, deadline_hours=4, save_cost_seconds=0.0, restart_overhead_hours=0.1)
+    trace = [1] * 20 + [0] * 80 + [1] * 200
+    blind, prober = controllers.get("ours-no-probe")(), controllers.get("ours")()
+    blind.shared, prober.shared = OtherJobs([("prober", prober)]), OtherJobs([("blind", blind)])
+    rb, rp = simulate_together(spec, [pool("us-west-2b", trace)], ON_DEMAND, [blind, prober], max_hours=5.0)
+    assert prober.probes_made >= 3 and blind.probes_made == 0
+    assert [r.market for r in rb.rows] == ["spot", "on-demand", "spot"]
+    assert rb.rows[-1].started_at == rp.rows[-1].started_at and rb.deadline_met
+    assert all(e.job == "prober" for e in blind.shared) and any(e.kind == "probe-up" for e in blind.shared)
+    alone = simulate(spec, [pool("us-west-2b", trace)], ON_DEMAND, controllers.get("ours-no-probe")(), max_hours=5.0)
+    assert alone.rows[-1].market == "on-demand" and alone.cost > rb.cost
+
+
+def test_jobs_replayed_together_decide_in_time_order():
+    """simulate_together interleaves the jobs' decisions by time (at equal times in the jobs' order),
+    however differently often each decides."""
+    log = []
+
+    class Every:
+        emergency_save = True
+
+        def __init__(self, name, seconds):
+            self.name, self.seconds, self.next_decision_at = name, seconds, 0.0
+
+        def decide(self, view):
+            log.append((view.now, self.name))
+            if view.now >= self.next_decision_at:
+                self.next_decision_at = view.now + self.seconds
+            return ("on-demand", 0)
+
+        def checkpoint_interval(self, view):
+            return 3600.0
+
+    from airflow_spot.simulate.engine import simulate_together
+
+    spec = JobSpec(work_hours=0.5, save_cost_seconds=0.0, restart_overhead_hours=0.0)
+    results = simulate_together(spec, [pool("us-west-2b", [1] * 100)], ON_DEMAND,
+                                [Every("slow", 300.0), Every("fast", 25.0)])
+    assert all(r.completed for r in results)
+    assert log == sorted(log, key=lambda x: (x[0], x[1] != "slow"))
+    assert {n for _, n in log} == {"slow", "fast"} and len([1 for _, n in log if n == "fast"]) > 60
+
+
 @pytest.mark.parametrize("name", ["greedy", "up-any-zone", "fixed-one-zone"])
 def test_baselines_do_not_depend_on_the_order_zones_are_listed_in(name):
     # b is cheaper and up from the start; a is dearer; whichever comes first in the list, b is taken
