@@ -10,7 +10,9 @@ ranked offers in order, record each launch and refusal as a pool event, and, whe
 refused, decide once more with those refusals (then the answer is on-demand or wait).
 
 What is derived from the events (:mod:`airflow_spot.policy.observations`): which pools are believed up,
-down or unknown; how long the best believed-up pool has been seen up (``spot_up_seconds``); how long
+down or unknown; how long the best believed-up pool has been seen up (``spot_up_seconds``; a pool
+that refused within the last ``recheck_seconds`` after a run counts with that run, so that a refusal seen
+just before deciding — another job's, from the log — does not change what a job does); how long
 every pool has refused the job (``no_spot_seconds``); the expected outage length; the job's own
 preemption rate, which scales the slack kept for future preemptions when leaving on-demand. The
 deadline rule is :func:`airflow_spot.policy.deadline.slack_budget` by default.
@@ -174,6 +176,14 @@ def decide_attempt(
     up_ages = [v.up_seconds(now) or 0.0 for v in worth if v.state == "up"]
     # a pool not seen up counts as just come back: leaving on-demand waits for evidence it has settled
     spot_up = max(up_ages) if up_ages else (0.0 if worth else None)
+    if worth:
+        # a pool seen settled that refused within the last recheck counts as the market's settledness: a
+        # job that decides to leave on-demand for it and is refused takes the next pool that accepts, so a
+        # job that saw the refusal a moment earlier (its own, or another job's) must decide the same
+        just_ended = [v.last_run_seconds for v in spot_views if v.up_since is None and v.last_run_seconds
+                      and v.down_since is not None and now - v.down_since < params.recheck_seconds]
+        if just_ended:
+            spot_up = max(spot_up or 0.0, *just_ended)
     no_spot = None
     if spot_views and not worth:
         # every pool refuses: the outage began when the last of them went down

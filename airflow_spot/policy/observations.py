@@ -80,6 +80,8 @@ class PoolView:
     outages: tuple[float, ...] = ()
     #: the newest down-event (refusal, preemption, probe that found no capacity), or None
     last_down: float | None = None
+    #: how long the pool had been seen up when the current outage began (None: not seen up before it)
+    last_run_seconds: float | None = None
 
     def up_seconds(self, now: float) -> float | None:
         return None if self.up_since is None else max(0.0, now - self.up_since)
@@ -112,7 +114,7 @@ def pool_views(
     for pool, evs in by_pool.items():
         # at equal times a down-event wins: a refusal and a launch in one tick most likely mean it just went
         evs.sort(key=lambda e: (e.at, e.up))
-        up_since = down_since = last_down = None
+        up_since = down_since = last_down = last_run = None
         outages = []
         for e in evs:
             if e.up:
@@ -126,6 +128,7 @@ def pool_views(
             else:
                 if down_since is None:
                     down_since = e.at
+                    last_run = None if up_since is None else e.at - up_since
                 last_down = e.at
                 up_since = None
         if up_since is not None:
@@ -134,7 +137,7 @@ def pool_views(
             state = "down"
         else:
             state = "unknown"
-        out[pool] = PoolView(pool, state, up_since, down_since, tuple(outages), last_down)
+        out[pool] = PoolView(pool, state, up_since, down_since, tuple(outages), last_down, last_run)
     return out
 
 

@@ -154,6 +154,28 @@ def test_leaving_on_demand_needs_a_pool_seen_up_long_enough():
     assert decide_attempt(job(10 * H, settled, **base), params=PARAMS).market == Market.SPOT.value
 
 
+def test_a_settled_pool_refused_a_moment_ago_still_lets_the_job_leave_on_demand():
+    """A lone job that decides to leave on-demand for a pool it saw up an hour and is refused there takes
+    the next pool that accepts. A job that saw that refusal a moment before deciding (another job's, from
+    the deployment's log) must decide the same, or reading the log would change what a job does for the
+    timing of an event alone; once the refusal is older than a recheck, no pool counts as settled."""
+    base = dict(work_done=10 * H, work_h=20.0, deadline_h=40.0, running="on-demand")
+    now = 10 * H
+    seen = [PoolEvent(A.pool, "probe-up", 9 * H), PoolEvent(A.pool, "probe-up", now - 900),
+            PoolEvent(B.pool, "probe-down", now - 900)]
+    lone = decide_attempt(job(now, seen, **base), params=PARAMS)
+    assert lone.market == Market.SPOT.value and lone.ranked[0] == A
+    refused = seen + [PoolEvent(A.pool, "refused", now - 10, job="other-job")]
+    d = decide_attempt(job(now, refused, **base), params=PARAMS)
+    assert d.market == Market.SPOT.value and d.spot_up_seconds == pytest.approx(H - 10)
+    assert d.ranked[-1] == A  # it is not tried first: it just refused
+    later = decide_attempt(job(now + PARAMS.recheck_seconds, refused, **base), params=PARAMS)
+    assert later.market == Market.ON_DEMAND.value and later.spot_up_seconds == 0.0
+    # a pool that refused after a short run is no evidence of a settled market
+    short = [PoolEvent(A.pool, "probe-up", now - 900), PoolEvent(A.pool, "refused", now - 10)]
+    assert decide_attempt(job(now, short, **base), params=PARAMS).market == Market.ON_DEMAND.value
+
+
 def test_on_demand_with_stale_spot_knowledge_asks_for_a_probe_only_when_it_could_leave():
     base = dict(work_done=10 * H, work_h=20.0, running="on-demand")
     stale = [PoolEvent(A.pool, "refused", 8 * H)]
