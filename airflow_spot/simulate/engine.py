@@ -195,8 +195,7 @@ def simulate_together(
     comes in time order (at equal times, in the controllers' order), so a job that reads the others'
     events (``ObservedController.shared``) sees each of them as soon as it happened, never before.
     The jobs share the traces' capacity reading, not its amount: each pool holds all of them."""
-    runs = [_replay(spec, pools, on_demand, c, offset_ticks=offset_ticks, max_hours=max_hours,
-                    timeline_every=timeline_every) for c in controllers]
+    runs = [_replay(spec, pools, on_demand, c, offset_ticks, max_hours, timeline_every) for c in controllers]
     results: list[SimResult | None] = [None] * len(runs)
     due: list[tuple[float, int]] = []
     for k, run in enumerate(runs):
@@ -216,18 +215,11 @@ def _advance(run, k: int, due: list[tuple[float, int]], results: list) -> None:
         results[k] = stop.value
 
 
-def _replay(
-    spec: JobSpec,
-    pools: list[SimPool],
-    on_demand: Offer,
-    controller: Controller,
-    *,
-    offset_ticks: int = 0,
-    max_hours: float | None = None,
-    timeline_every: int = 15,
-):
-    """The replay of one job, as a generator: it yields the time of each decision before making it (so
-    that :func:`simulate_together` can order several jobs' decisions in time) and returns the result."""
+def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: Controller, offset_ticks: int,
+            max_hours: float | None, timeline_every: int):
+    """The replay of one job (the arguments are :func:`simulate`'s), as a generator: it yields the time of
+    each decision before making it (so that :func:`simulate_together` can order several jobs' decisions
+    in time) and returns the result."""
     if not pools and controller.name != "on-demand":
         raise ValueError("no spot pool to replay: pass at least one trace")
     gap = pools[0].trace.gap_seconds if pools else 60.0
