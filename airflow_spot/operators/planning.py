@@ -248,18 +248,21 @@ def probe_spot(backend: Any, offers: Sequence[Offer], make_spec: Any, recorder: 
 
 
 def _probe_pool(backend: Any, offer: Offer, make_spec: Any, retries: int, log: Any) -> bool | None:
-    """True: a probe launched (and was terminated); False: every try was refused for capacity; None: the
-    probe failed for another reason (logged, nothing learned)."""
+    """True: a probe launched (and was terminated); False: it was refused for capacity (every try, or a
+    try before one that failed otherwise); None: it failed for another reason (logged, nothing learned)."""
     from airflow_spot.backends.base import LaunchError
 
+    refused = False
     for attempt in range(1 + max(0, retries)):
         try:
             info = backend.launch(make_spec(offer, attempt))
         except LaunchError as exc:
             if not exc.capacity:
                 if log is not None:
-                    log.warning("probe of %s failed (%s); skipped", offer.pool, exc)
-                return None
+                    log.warning("probe of %s failed (%s)%s", offer.pool, exc,
+                                "; its earlier try was refused for capacity" if refused else "; skipped")
+                return False if refused else None
+            refused = True
             continue
         backend.terminate([info.instance_id])
         return True

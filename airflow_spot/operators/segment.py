@@ -305,6 +305,7 @@ class SpotSegmentOperator(BaseOperator):
 
     def execute_after_capacity_wait(self, context: Context, event: Any = None) -> dict[str, Any] | None:
         """Back from waiting for capacity: plan and launch again (the plan sees the refusals)."""
+        self.log.info("back from waiting for capacity on a timer in the triggerer: deciding again")
         return self.execute(context)
 
     def _capacity_wait(self, context: Context, exc: NoCapacityNow) -> float:

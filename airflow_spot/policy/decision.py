@@ -11,8 +11,10 @@ refused, decide once more with those refusals (then the answer is on-demand or w
 
 What is derived from the events (:mod:`airflow_spot.policy.observations`): which pools are believed up,
 down or unknown; how long the best believed-up pool has been seen up (``spot_up_seconds``; a pool
-that refused within the last ``recheck_seconds`` after a run counts with that run, so that a refusal seen
-just before deciding — another job's, from the log — does not change what a job does); how long
+seen down — refused, probed down, preempted — within the last ``recheck_seconds`` after a run counts
+with that run: a job that decides to leave on-demand for a settled pool and is refused there takes the
+next pool that accepts, so a refusal seen just before deciding, another job's from the log, must not
+change what it does); how long
 every pool has refused the job (``no_spot_seconds``); the expected outage length; the job's own
 preemption rate, which scales the slack kept for future preemptions when leaving on-demand. The
 deadline rule is :func:`airflow_spot.policy.deadline.slack_budget` by default.
@@ -176,14 +178,16 @@ def decide_attempt(
     up_ages = [v.up_seconds(now) or 0.0 for v in worth if v.state == "up"]
     # a pool not seen up counts as just come back: leaving on-demand waits for evidence it has settled
     spot_up = max(up_ages) if up_ages else (0.0 if worth else None)
+    settled_by = None  # a pool that went down a moment ago, whose run stands for the market's settledness
     if worth:
         # a pool seen settled that refused within the last recheck counts as the market's settledness: a
         # job that decides to leave on-demand for it and is refused takes the next pool that accepts, so a
         # job that saw the refusal a moment earlier (its own, or another job's) must decide the same
-        just_ended = [v.last_run_seconds for v in spot_views if v.up_since is None and v.last_run_seconds
-                      and v.down_since is not None and now - v.down_since < params.recheck_seconds]
-        if just_ended:
-            spot_up = max(spot_up or 0.0, *just_ended)
+        just_ended = [(v.last_run_seconds, v.pool) for v in spot_views if v.up_since is None
+                      and v.last_run_seconds and v.down_since is not None
+                      and now - v.down_since < params.recheck_seconds]
+        if just_ended and max(just_ended)[0] > (spot_up or 0.0):
+            spot_up, settled_by = max(just_ended)
     no_spot = None
     if spot_views and not worth:
         # every pool refuses: the outage began when the last of them went down
@@ -211,6 +215,9 @@ def decide_attempt(
         deadline_params = replace(deadline_params, restart_overhead_seconds=(
             deadline_params.restart_overhead_seconds + params.transfer_seconds))
     d = decide(state, dobs, now, deadline_params, params.policy)
+    if settled_by is not None and d.market == Market.SPOT.value and running is Market.ON_DEMAND:
+        d = replace(d, reason=f"{d.reason} (the up-time of {settled_by}, down a moment ago; the next pool "
+                              "that accepts is taken)")
     if d.market == Market.ON_DEMAND.value:
         ranked = rank_observed(on_demand or spot, views, now, params, work_left)
     else:

@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transfer-seconds", type=float, default=0.0,
                    help="extra restart time to move the checkpoint to another region")
     p.add_argument("--probe-miss", type=float, default=0.0,
-                   help="chance a probe of a pool with capacity reads 'no capacity' (0.18: F1 0.9; default 0)")
+                   help="chance one probe request of a pool with capacity reads 'no capacity' (0.18: F1 0.9 per request; "
+                        "a refused probe is asked once more, drawn independently; default 0)")
     p.add_argument("--transfer-dollars", type=float, default=0.0, help="$ per checkpoint moved across regions")
     p.add_argument("--nodes", type=int, default=1,
                    help="instances per job (gang); a multi-node availability trace must show this many up")

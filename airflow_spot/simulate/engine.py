@@ -50,10 +50,12 @@ class JobSpec:
     :param transfer_dollars: money per such move (egress).
     :param segment_seconds: wall-clock length of one segment (``steps_per_segment`` times the step time):
         the operators decide where the job runs at segment boundaries, so the replay of ``ours`` does too.
-    :param probe_miss: the chance that a probe (a spot request placed and cancelled) of a pool that has
-        capacity reads "no capacity" (the request was not fulfilled in time). A property of the market,
-        like ``notice_seconds``; a fulfilled request is capacity, so probes never read a down pool up.
-        Precision 1 and recall ``1 - probe_miss``: F1 0.9, what published probes measure, is ``0.18``."""
+    :param probe_miss: the chance that one probe request (a spot request placed and cancelled) of a pool
+        that has capacity reads "no capacity" (not fulfilled in time). A property of the market, like
+        ``notice_seconds``, drawn per pool, moment and try (jobs probing one pool at one moment get one
+        answer); a fulfilled request is capacity, so a down pool never reads up. Per request, precision 1
+        and recall ``1 - probe_miss``: F1 0.9, what published probes measure, is ``0.18``. The job asks a
+        refused probe again (``PROBE_RETRIES``), each try drawn independently: an assumption."""
 
     work_hours: float
     deadline_hours: float | None = None
@@ -114,6 +116,9 @@ class View:
     our_preemption_counts: dict[str, int]
     work_done: float
     running: tuple[str, int] | None  # ("spot", pool index) or ("on-demand", 0)
+    #: seconds into the traces where this replay's clock reads 0 (for draws that belong to the market at a
+    #: moment, such as a probe's miss, rather than to the job)
+    window_start: float = 0.0
 
     @property
     def work_total(self) -> float:
@@ -284,7 +289,7 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
         at, tick_end = now, now + gap
         while True:  # decisions at the tick's start and wherever the controller asks for one inside it
             view = View(at, spec, pools, on_demand, up, last_loss, up_since, ours, ours_count, progress,
-                        attempt.where if attempt is not None else None)
+                        attempt.where if attempt is not None else None, offset_ticks * gap)
             yield at  # other jobs replayed together decide first if they are due earlier
             target = controller.decide(view)
             if target is not None and target[0] == "spot" and not up[target[1]]:

@@ -84,8 +84,8 @@ class ObservedController:
     deadline_overrides: dict = field(default_factory=dict)
     #: the job's own events
     events: list[PoolEvent] = field(default_factory=list)
-    #: other jobs' events (the deployment's availability log); read, never written. Any iterable: a
-    #: replay of jobs running together passes a live view of the others' events (:class:`OtherJobs`)
+    #: other jobs' events (the deployment's availability log); read, never written, at every decision, so
+    #: a collection or a live view that can be iterated again (:class:`OtherJobs`), never a one-shot iterator
     shared: Iterable[PoolEvent] = field(default_factory=list)
     state: DeadlineState = field(default_factory=DeadlineState)
     probe_cost: float = 0.0
@@ -147,8 +147,9 @@ class ObservedController:
         if not view.up[i]:
             return False
         miss = view.spec.probe_miss
-        for k in range(1 + self.probe_retries):
-            if miss == 0.0 or random.Random(f"probe:{view.pools[i].name}:{view.now!r}:{k}").random() >= miss:
+        moment = view.window_start + view.now  # the market's moment: offsets that share it share the draw
+        for k in range(1 + max(0, self.probe_retries)):
+            if miss == 0.0 or random.Random(f"probe:{view.pools[i].name}:{moment!r}:{k}").random() >= miss:
                 return True
         return False
 

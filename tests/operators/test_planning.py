@@ -203,11 +203,14 @@ def test_a_probe_refused_once_is_asked_again_before_it_counts(market, tmp_path):
         miss cannot be produced on a real pool here)."""
 
         misses = 1
+        then_broken = False  # after the misses, fail for another reason (a throttled API, say)
 
         def launch(self, spec):
             if self.misses > 0:
                 self.misses -= 1
                 raise LaunchError("InsufficientInstanceCapacity (a miss)", capacity=True)
+            if self.then_broken:
+                raise LaunchError("RequestLimitExceeded", capacity=False)
             return super().launch(spec)
 
     backend = MissesFirst(state_dir=str(tmp_path / "s"))
@@ -222,8 +225,35 @@ def test_a_probe_refused_once_is_asked_again_before_it_counts(market, tmp_path):
         backend.misses = 1
         assert probe_spot(backend, [offer], spec, rec, now=T0 + 2, retries=0) == 1
         assert [e.kind for e in rec.job_events()][-1] == "probe-down"
+        # refused for capacity, then a failure that says nothing of capacity: the refusal still counts
+        backend.misses, backend.then_broken = 1, True
+        assert probe_spot(backend, [offer], spec, rec, now=T0 + 3) == 1
+        assert [(e.kind, e.at) for e in rec.job_events()][-1] == ("probe-down", T0 + 3)
+        backend.misses = 0  # only the other failure: nothing learnt, nothing recorded
+        assert probe_spot(backend, [offer], spec, rec, now=T0 + 4) == 0
+        assert len(rec.job_events()) == 4
     finally:
         backend.terminate([i.instance_id for i in backend.list_instances(tags={"t": "probe"})])
+
+
+def test_each_try_of_a_probe_has_its_own_idempotency_token(market, tmp_path):
+    """EC2 answers a repeated ClientToken with the first request's outcome: the second ask of a refused probe
+    must carry another token, and the same try the same one (a retried call stays idempotent)."""
+    from types import SimpleNamespace
+
+    from airflow_spot.operators.segment import SpotSegmentOperator
+    from airflow_spot.storage.object_store import open_store
+
+    op = SpotSegmentOperator(task_id="segment_000", command=["python", "train.py"],
+                             checkpoint_uri=f"file://{tmp_path}/job", start_step=0, end_step=10, total_steps=10,
+                             gpus=GPUS, backend_options={"state_dir": str(tmp_path / "state")})
+    store = open_store(f"file://{tmp_path}/job")
+    offer = make_plan(market).ranked[0]
+    context = {"ti": SimpleNamespace(try_number=1), "run_id": "manual__1"}
+    first, second = (op._probe_spec(context, store, offer, T0, k).idempotency_token for k in (0, 1))
+    assert first != second
+    assert op._probe_spec(context, store, offer, T0, 1).idempotency_token == second
+    assert len(first) == 64  # EC2's ClientToken limit
 
 
 def test_the_operator_records_refusals_and_plans_again_with_them(tmp_path):

@@ -169,6 +169,7 @@ def test_a_settled_pool_refused_a_moment_ago_still_lets_the_job_leave_on_demand(
     d = decide_attempt(job(now, refused, **base), params=PARAMS)
     assert d.market == Market.SPOT.value and d.spot_up_seconds == pytest.approx(H - 10)
     assert d.ranked[-1] == A  # it is not tried first: it just refused
+    assert f"the up-time of {A.pool}, down a moment ago" in d.reason
     later = decide_attempt(job(now + PARAMS.recheck_seconds, refused, **base), params=PARAMS)
     assert later.market == Market.ON_DEMAND.value and later.spot_up_seconds == 0.0
     # a pool that refused after a short run is no evidence of a settled market

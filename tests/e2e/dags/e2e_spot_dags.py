@@ -106,7 +106,7 @@ def _capacity_trace() -> str:
     return CAPACITY_TRACE
 
 
-# spot only (no deadline) and two tries: the outage must be waited out on a timer, not in tries
+# spot only (no deadline) and one try: the outage must be waited out on a timer, not in tries
 capacity_dag = spot_dag(
     *CAPACITY, max_preemptions=1, retries=0,
     preemption={"mode": "trace", "path": _capacity_trace(), "capacity": True, "start_offset_seconds": 0},
