@@ -53,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, default=1,
                    help="instances per job (gang); a multi-node availability trace must show this many up")
     p.add_argument("--jobs", type=int, default=1,
-                   help="jobs of one deployment replayed on the same window; each sees the others' pool events")
+                   help="jobs of one deployment started together on the same window; each reads the others' pool "
+                        "events as they happen (a row per job)")
     p.add_argument("--start-hour", type=float, default=0.0, help="replay from this hour of the traces")
     p.add_argument("--offsets", action="store_true", help="also run every hourly start offset and print the distribution")
     p.add_argument("--offset-step-hours", type=float, default=1.0)

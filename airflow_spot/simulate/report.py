@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from airflow_spot.market.catalog import DEFAULT_MTBF_HOURS
@@ -144,27 +144,40 @@ def policy_names() -> list[str]:
 
 
 def run_one(spec, pools, on_demand, name: str, offset_ticks: int = 0, jobs: int = 1) -> SimResult:
-    """One replay of ``name``. With ``jobs`` > 1 and a controller that reads the deployment's events
+    """One replay of ``name``; with ``jobs`` > 1 the last job's result of :func:`run_jobs` (at equal times
+    the jobs decide in order, so it is the one that has seen the most)."""
+    return run_jobs(spec, pools, on_demand, name, offset_ticks, jobs)[-1]
+
+
+def run_jobs(spec, pools, on_demand, name: str, offset_ticks: int = 0, jobs: int = 1) -> list[SimResult]:
+    """Replays of ``name``: with ``jobs`` > 1 and a controller that reads the deployment's events
     (``shared``), ``jobs`` jobs start together on the same window and each reads the others' events as
-    they happen (:func:`~airflow_spot.simulate.engine.simulate_together`); the result is the last job's
-    (at equal times the jobs decide in order, so it is the one that has seen the most)."""
+    they happen (:func:`~airflow_spot.simulate.engine.simulate_together`), one result per job; otherwise
+    one result (jobs that read nothing of each other all do the same)."""
     if name == HINDSIGHT:
         from airflow_spot.simulate.hindsight import hindsight_cost
 
         cost = hindsight_cost(spec, pools, on_demand, offset_ticks=offset_ticks)
-        return SimResult(HINDSIGHT, cost, math.nan, True, None, True, 0, 0.0, math.nan, math.nan)
+        return [SimResult(HINDSIGHT, cost, math.nan, True, None, True, 0, 0.0, math.nan, math.nan)]
     first = controllers.get(name)()
     if jobs <= 1 or not hasattr(first, "shared"):
-        # the others do not read the deployment's events: one job says it all
-        return simulate(spec, pools, on_demand, first, offset_ticks=offset_ticks)
+        return [simulate(spec, pools, on_demand, first, offset_ticks=offset_ticks)]
     together = [first] + [controllers.get(name)() for _ in range(jobs - 1)]
     for k, c in enumerate(together):
         c.shared = OtherJobs([(f"replayed-job-{j}", o) for j, o in enumerate(together) if j != k])
-    return simulate_together(spec, pools, on_demand, together, offset_ticks=offset_ticks)[-1]
+    return simulate_together(spec, pools, on_demand, together, offset_ticks=offset_ticks)
 
 
 def run_policies(spec, pools, on_demand, names, offset_ticks=0, jobs: int = 1) -> list[SimResult]:
-    return [run_one(spec, pools, on_demand, n, offset_ticks, jobs) for n in names]
+    """Each policy's replay; with ``jobs`` > 1 a row per job of a policy whose jobs read each other's events
+    (named ``policy (job k/N)``)."""
+    out = []
+    for n in names:
+        results = run_jobs(spec, pools, on_demand, n, offset_ticks, jobs)
+        if len(results) > 1:
+            results = [replace(r, policy=f"{n} (job {k + 1}/{len(results)})") for k, r in enumerate(results)]
+        out.extend(results)
+    return out
 
 
 def distribution(spec, pools, on_demand, name, offsets, baseline_cost: float, jobs: int = 1) -> Distribution:

@@ -216,6 +216,24 @@ def test_cli_hindsight_column_prices_and_nodes(tmp_path, capsys):
     assert "needs a deadline" in capsys.readouterr().err
 
 
+def test_cli_jobs_prints_a_row_per_job_of_a_policy_that_reads_the_others(tmp_path, capsys):
+    """`simulate --jobs 2`: ours (whose jobs read each other's events) gets a row per job; greedy, which
+    reads nothing of the others, one row; the JSON holds the same runs."""
+    trace = tmp_path / "us-west-2b_v100_1.json"
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 60}, "data": [1] * 20 + [0] * 30 + [1] * 200}))
+    out_json = tmp_path / "out.json"
+    assert main(["simulate", "--work-hours", "2", "--deadline-hours", "3", "--traces", str(trace),
+                 "--spot-price", "1", "--on-demand-price", "3", "--policies", "ours,greedy", "--jobs", "2",
+                 "--json", str(out_json)]) == 0
+    rows = [line.split()[0:3] for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("ours", "greedy"))]
+    assert [r[:3] for r in rows][:2] == [["ours", "(job", "1/2)"], ["ours", "(job", "2/2)"]]
+    assert [r[0] for r in rows] == ["ours", "ours", "greedy"]
+    runs = json.loads(out_json.read_text())["runs"]
+    assert [r["policy"] for r in runs] == ["ours (job 1/2)", "ours (job 2/2)", "greedy"]
+    assert all(r["deadline_met"] for r in runs)
+
+
 def test_replayed_jobs_checkpoint_as_the_session_would_given_the_notices_they_get():
     from airflow_spot.policy.checkpoint_interval import daly_interval, estimate_mtbf
     from airflow_spot.simulate.engine import View
