@@ -60,6 +60,19 @@ def _traces(traces: str):
     return sorted(load_traces(paths), key=lambda t: (t.zone != "us-west-2b", t.zone))
 
 
+def _ours_variants(args, hs, offs, base, headline, spec, field: str, values: dict) -> dict[str, float]:
+    """``ours`` replayed with ``spec.<field>`` set to each of ``values`` (label -> value): label -> mean cost
+    / hindsight; ``headline`` ((label, distribution) at ``spec`` itself), when given, joins the row."""
+    if not values:
+        return {}
+    jobs = [(replace(spec, **{field: v}), args.traces, "ours", offs, base) for v in values.values()]
+    with ProcessPoolExecutor(max_workers=max(1, min(args.workers, 2))) as ex:
+        dists = dict(zip(values, ex.map(_dist, jobs)))
+    if headline is not None:
+        dists[headline[0]] = headline[1]
+    return {f"{label:g}": statistics.mean(hindsight_ratios(dists[label], hs)) for label in sorted(dists)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--traces", default=DEFAULT_TRACES)
@@ -127,28 +140,24 @@ def main() -> None:
                 print(f"{d.policy}: mean x on-demand even offsets {d.mean_over(0):.3f} / odd {d.mean_over(1):.3f}; "
                       f"/ hindsight even {statistics.mean(even):.3f} / odd {statistics.mean(odd):.3f}")
         by = {d.policy: d for d in dists}
-        minutes = [float(x) for x in args.segments.split(",") if x]
-        if "ours" in by and minutes and deadline == int(args.deadlines.split(",")[0]):
+        first = deadline == int(args.deadlines.split(",")[0])
+        if "ours" in by and first:
             # the operators decide at segment boundaries; how much the figures hang on that cadence
-            seg_jobs = [(replace(spec, segment_seconds=m * 60.0), args.traces, "ours", offs, base) for m in minutes]
-            with ProcessPoolExecutor(max_workers=max(1, min(args.workers, 2))) as ex:
-                seg = dict(zip(minutes, ex.map(_dist, seg_jobs)))
-            seg[spec.segment_seconds / 60.0] = by["ours"]
-            row = {f"{m:g}": statistics.mean(hindsight_ratios(seg[m], hs)) for m in sorted(seg)}
-            print(f"ours by segment length (minutes: mean / hindsight, {len(offs)} offsets): "
-                  + ", ".join(f"{m} min {v:.3f}" for m, v in row.items()))
-            out[key]["ours by segment minutes"] = row
-        misses = [float(x) for x in args.probe_misses.split(",") if x]
-        if "ours" in by and misses and deadline == int(args.deadlines.split(",")[0]):
+            minutes = [float(x) for x in args.segments.split(",") if x]
+            row = _ours_variants(args, hs, offs, base, (spec.segment_seconds / 60.0, by["ours"]), spec,
+                                 "segment_seconds", {m: m * 60.0 for m in minutes})
+            if row:
+                print(f"ours by segment length (minutes: mean / hindsight, {len(offs)} offsets): "
+                      + ", ".join(f"{m} min {v:.3f}" for m, v in row.items()))
+                out[key]["ours by segment minutes"] = row
             # the headline's probes are exact; published probes measure F1 ~0.9 (misses only: a fulfilled
             # request is capacity). Each refused probe is asked once more (PROBE_RETRIES), drawn independently
-            miss_jobs = [(replace(spec, probe_miss=m), args.traces, "ours", offs, base) for m in misses]
-            with ProcessPoolExecutor(max_workers=max(1, min(args.workers, 2))) as ex:
-                by_miss = dict(zip(misses, ex.map(_dist, miss_jobs)))
-            row = {f"{m:g}": statistics.mean(hindsight_ratios(by_miss[m], hs)) for m in misses}
-            print(f"ours with probes that miss (chance: mean / hindsight, {len(offs)} offsets; 0 above): "
-                  + ", ".join(f"{m} {v:.3f}" for m, v in row.items()))
-            out[key]["ours by probe miss"] = row
+            misses = [float(x) for x in args.probe_misses.split(",") if x]
+            row = _ours_variants(args, hs, offs, base, None, spec, "probe_miss", {m: m for m in misses})
+            if row:
+                print(f"ours with probes that miss (chance: mean / hindsight, {len(offs)} offsets; 0 above): "
+                      + ", ".join(f"{m} {v:.3f}" for m, v in row.items()))
+                out[key]["ours by probe miss"] = row
         if "ours" in by:
             ours = by["ours"]
             over = statistics.mean(hindsight_ratios(ours, hs))

@@ -180,9 +180,7 @@ def decide_attempt(
     spot_up = max(up_ages) if up_ages else (0.0 if worth else None)
     settled_by = None  # a pool that went down a moment ago, whose run stands for the market's settledness
     if worth:
-        # a pool seen settled that refused within the last recheck counts as the market's settledness: a
-        # job that decides to leave on-demand for it and is refused takes the next pool that accepts, so a
-        # job that saw the refusal a moment earlier (its own, or another job's) must decide the same
+        # a settled pool down a moment ago still counts (the module docstring says why)
         just_ended = [(v.last_run_seconds, v.pool) for v in spot_views if v.up_since is None
                       and v.last_run_seconds and v.down_since is not None
                       and now - v.down_since < params.recheck_seconds]
