@@ -169,6 +169,15 @@ def main() -> None:
                                                             by["slack-reserve"].ratios, strict=True))
                 targets[f"{deadline} h: ours / min(greedy, slack-reserve) at every offset <= {TARGET_OVER_ANCHORS}"] = {
                     "measured": worst, "met": worst <= TARGET_OVER_ANCHORS}
+            if "rc-cr" in by:
+                # the published multi-region Uniform Progress rule the maintainers replay beside ours
+                rc = by["rc-cr"]
+                per = [o / a for o, a in zip(ours.ratios, rc.ratios, strict=True)]
+                mean = ours.mean_ratio / rc.mean_ratio
+                out[key]["ours against rc-cr"] = {"mean_cost_ratio": mean, "worst": max(per),
+                                                  "offsets_above": sum(p > 1.0 for p in per)}
+                print(f"ours against rc-cr: mean cost {ours.mean_ratio:.3f} / {rc.mean_ratio:.3f} = {mean:.3f}; "
+                      f"per offset worst {max(per):.3f}, {sum(p > 1.0 for p in per)} of {len(per)} offsets above 1")
     print("\n== targets (issue 11; 'ours' = what the operators run, observed inputs only)")
     for k, v in targets.items():
         extra = f", deadlines met {v['deadlines_met']}" if "deadlines_met" in v else ""

@@ -13,6 +13,8 @@ Which observations each uses:
   on-demand only for pools up an hour; sees which pools are up and their ages (trace).
 * ``up-any-zone`` — "any zone up, else on-demand when behind the line", no cool-down; sees which pools
   are up (trace).
+* ``rc-cr`` — the published multi-region Uniform Progress rule (RC/CR, :mod:`airflow_spot.simulate.rc_cr`),
+  the anchor the maintainers compare against; sees which pools are up (trace).
 * ``greedy`` — spot in any zone up until the deadline forces on-demand; sees which pools are up (trace).
 * ``fixed-one-zone`` — one zone chosen at the start, checkpoints every ``fixed_interval`` and no
   emergency save, greedy fallback to on-demand; sees whether its zone is up (trace).
@@ -33,6 +35,7 @@ from airflow_spot.policy.pool_age import observed_spot_up_seconds
 from airflow_spot.policy.registry import PolicyRegistry
 from airflow_spot.simulate.engine import HOUR, View
 from airflow_spot.simulate.observed import ObservedController, session_interval
+from airflow_spot.simulate.rc_cr import RcCrController
 
 controllers = PolicyRegistry("simulated controller")
 
@@ -246,6 +249,11 @@ def slack_reserve() -> DeadlineController:
 @controllers.register("up-any-zone")
 def up_any_zone() -> DeadlineController:
     return DeadlineController("up-any-zone", ranking=False)
+
+
+@controllers.register("rc-cr")
+def rc_cr() -> RcCrController:
+    return RcCrController()
 
 
 @controllers.register("greedy")

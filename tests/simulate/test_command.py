@@ -25,7 +25,7 @@ def test_simulate_prints_table_distribution_png_and_json(tmp_path, capsys):
                "--offset-step-hours", "0.5", "--png", str(png), "--json", str(js)])
     out = capsys.readouterr().out
     assert rc == 0
-    for name in ("ours", "greedy", "on-demand", "fixed-one-zone", "up-any-zone"):
+    for name in ("ours", "greedy", "on-demand", "fixed-one-zone", "up-any-zone", "rc-cr"):
         assert name in out
     assert "start offsets" in out and png.stat().st_size > 1000
     data = json.loads(js.read_text())
