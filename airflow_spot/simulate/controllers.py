@@ -20,7 +20,7 @@ Which observations each uses:
   emergency save, greedy fallback to on-demand; sees whether its zone is up (trace).
 * ``on-demand`` — on-demand only.
 
-The baselines choose among the pools up by a stated rule (:func:`pick_by_rule`: cheapest per unit of
+The baselines choose among the pools up by a stated rule (:func:`~airflow_spot.simulate.pool_rule.pick_by_rule`: cheapest per unit of
 work, then up the longest, then the name), never by the order the zones were listed in.
 """
 from __future__ import annotations
@@ -35,6 +35,7 @@ from airflow_spot.policy.pool_age import observed_spot_up_seconds
 from airflow_spot.policy.registry import PolicyRegistry
 from airflow_spot.simulate.engine import HOUR, View
 from airflow_spot.simulate.observed import ObservedController, session_interval
+from airflow_spot.simulate.pool_rule import pick_by_rule
 from airflow_spot.simulate.rc_cr import RcCrController
 
 controllers = PolicyRegistry("simulated controller")
@@ -51,18 +52,6 @@ def _observation(
         spot_available=spot_available, running=running, spot_up_seconds=spot_up_seconds,
         no_spot_seconds=no_spot_seconds,
     )
-
-
-def pick_by_rule(view: View, pools) -> int:
-    """The baselines' pool choice, independent of the order zones are listed in: the cheapest per unit
-    of work, then the one up the longest (a pool up since before the traces begin counts as up the
-    longest), then the pool name."""
-    def key(i: int):
-        p = view.pools[i]
-        up = view.now - view.up_since[p.name] if p.name in view.up_since else math.inf
-        return (p.offer.price_per_hour / p.offer.relative_throughput, -up if view.up[i] else math.inf, p.name)
-
-    return min(pools, key=key)
 
 
 def _up_for(view: View, pools: list[int]) -> float | None:

@@ -20,7 +20,7 @@ stops it even when no pool is up, and waits until it falls behind again (the pub
 on the bundled traces deciding with the true availability instead changes the mean cost by under 1 %).
 Times are rounded to the traces' tick as the published code rounds to its ``gap_seconds``. One change,
 the rule this repository states for every baseline: the spot pool is the cheapest per unit of work up,
-then the one up the longest (:func:`~airflow_spot.simulate.controllers.pick_by_rule`), not the first
+then the one up the longest (:func:`~airflow_spot.simulate.pool_rule.pick_by_rule`), not the first
 region listed. It reads which pools are up from the traces (a launch attempt in the published simulator
 succeeds exactly when the trace says so, at no cost). Progress survives a preemption through the same
 emergency save and periodic checkpoints as the other replayed policies.
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from airflow_spot.simulate.engine import HOUR, View
 from airflow_spot.simulate.observed import session_interval
+from airflow_spot.simulate.pool_rule import pick_by_rule
 
 SPOT, ON_DEMAND, NONE = "spot", "on-demand", None
 
@@ -70,9 +71,6 @@ class RcCrController:
     launched_at: float | None = None
 
     def decide(self, view: View) -> tuple[str, int] | None:
-        # imported here: controllers registers this class, so a top-level import would be circular
-        from airflow_spot.simulate.controllers import pick_by_rule
-
         up = [i for i in range(len(view.pools)) if view.up[i]]
         current = view.running[0] if view.running is not None else NONE
         if current is NONE:
