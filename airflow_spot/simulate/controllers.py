@@ -20,8 +20,9 @@ Which observations each uses:
   emergency save, greedy fallback to on-demand; sees whether its zone is up (trace).
 * ``on-demand`` — on-demand only.
 
-The baselines choose among the pools up by a stated rule (:func:`~airflow_spot.simulate.pool_rule.pick_by_rule`: cheapest per unit of
-work, then up the longest, then the name), never by the order the zones were listed in.
+The baselines choose among the pools up by a stated rule
+(:func:`~airflow_spot.simulate.pool_rule.pick_by_rule`: cheapest per unit of work, then up the longest,
+then the name), never by the order the zones were listed in.
 """
 from __future__ import annotations
 

@@ -119,6 +119,9 @@ class View:
     #: seconds into the traces where this replay's clock reads 0 (for draws that belong to the market at a
     #: moment, such as a probe's miss, rather than to the job)
     window_start: float = 0.0
+    #: paid time the current instance has still to spend before it makes progress (restart, a checkpoint
+    #: move, a save's stall)
+    pending_seconds: float = 0.0
 
     @property
     def work_total(self) -> float:
@@ -289,7 +292,7 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
         at, tick_end = now, now + gap
         while True:  # decisions at the tick's start and wherever the controller asks for one inside it
             view = View(at, spec, pools, on_demand, up, last_loss, up_since, ours, ours_count, progress,
-                        attempt.where if attempt is not None else None, offset_ticks * gap)
+                        attempt.where if attempt is not None else None, offset_ticks * gap, pending)
             yield at  # other jobs replayed together decide first if they are due earlier
             target = controller.decide(view)
             if target is not None and target[0] == "spot" and not up[target[1]]:

@@ -67,35 +67,24 @@ class RcCrController:
     name: str = "rc-cr"
     emergency_save: bool = True
     prior_mtbf_hours: float = 3.6
-    #: when the current instance was launched (for the restart it is still paying)
-    launched_at: float | None = None
 
     def decide(self, view: View) -> tuple[str, int] | None:
         up = [i for i in range(len(view.pools)) if view.up[i]]
         current = view.running[0] if view.running is not None else NONE
-        if current is NONE:
-            self.launched_at = None
         if view.deadline_at is None:  # no deadline: spot only, as every policy here
-            target = view.running if current == SPOT else (("spot", pick_by_rule(view, up)) if up else None)
-            return self._launched(view, target)
-        restart = view.spec.restart_overhead_hours * HOUR
-        gap = view.pools[0].trace.gap_seconds if view.pools else 60.0
-        paid = view.now - self.launched_at if self.launched_at is not None else 0.0
+            return view.running if current == SPOT else (("spot", pick_by_rule(view, up)) if up else None)
         args = dict(now=view.now, deadline=view.deadline_at, work_total=view.work_total, work_done=view.work_done,
-                    restart=restart, gap=gap, restart_left=max(0.0, restart - paid))
+                    restart=view.spec.restart_overhead_hours * HOUR,
+                    gap=view.pools[0].trace.gap_seconds if view.pools else 60.0,
+                    restart_left=view.pending_seconds if current is not NONE else 0.0)
         request = rc_cr_request(current=current, has_spot=True, **args)
         if current is not NONE and request == current:
             return view.running
         if request == SPOT:
             if up:
-                return self._launched(view, ("spot", pick_by_rule(view, up)))
+                return ("spot", pick_by_rule(view, up))
             request = rc_cr_request(current=NONE, has_spot=False, **args)
-        return self._launched(view, ("on-demand", 0) if request == ON_DEMAND else None)
-
-    def _launched(self, view: View, target: tuple[str, int] | None) -> tuple[str, int] | None:
-        if target != view.running:
-            self.launched_at = view.now if target is not None else None
-        return target
+        return ("on-demand", 0) if request == ON_DEMAND else None
 
     def checkpoint_interval(self, view: View) -> float:
         return session_interval(view, self.prior_mtbf_hours, self.emergency_save)
