@@ -8,7 +8,8 @@ own simulator uses the opposite encoding; these files use 1 = up. Multi-node ava
 (``availability/4-node``, ``16-node``) hold counts ``0..N``: how many instances of the pool could be
 launched; a gang job of ``n`` instances is up when the count is ``>= n`` (:meth:`SpotTrace.up_for`).
 
-The file name carries the pool: ``<zone>_<gpu>_<count>.json`` (e.g. ``us-west-2b_v100_1.json``).
+The file name carries the pool: ``<zone>_<gpu>_<count>.json`` (e.g. ``us-west-2b_v100_1.json``), or
+``<zone>_<machine type>.json`` for the GCP traces of the same repository (``us-central1-a_c3-88.json``).
 """
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ from pathlib import Path
 MIN_TICKS = 2
 
 _NAME = re.compile(r"^(?P<zone>[a-z]{2}-[a-z]+-\d[a-z])_(?P<gpu>[a-z0-9]+)_(?P<count>\d+)$")
+#: GCP zone names are the region, a dash and one letter (``us-central1-a``); the rest of the name is the
+#: machine type (``c3-88``), with no GPU count
+_GCP_NAME = re.compile(r"^(?P<zone>[a-z]+-[a-z]+\d+-[a-z])_(?P<machine>[a-z0-9-]+)$")
+_AWS_ZONE = re.compile(r"[a-z]{2}-[a-z]+-\d[a-z]")
+_GCP_ZONE = re.compile(r"([a-z]+-[a-z]+\d+)-[a-z]")
 
 #: GPU name in trace file names -> instance type measured (AWS, one node)
 TRACE_INSTANCE_TYPES: dict[tuple[str, int], str] = {
@@ -101,10 +107,14 @@ class SpotTrace:
 
 
 def zone_region(zone: str) -> str:
-    """``us-west-2b`` -> ``us-west-2`` (AWS zone names are the region plus one letter)."""
-    if not re.fullmatch(r"[a-z]{2}-[a-z]+-\d[a-z]", zone):
-        raise TraceError(f"{zone!r} is not an AWS zone name like 'us-west-2b'")
-    return zone[:-1]
+    """``us-west-2b`` -> ``us-west-2`` (AWS zone names are the region plus one letter); ``us-central1-a`` ->
+    ``us-central1`` (GCP: the region, a dash and one letter)."""
+    if _AWS_ZONE.fullmatch(zone):
+        return zone[:-1]
+    m = _GCP_ZONE.fullmatch(zone)
+    if m:
+        return m.group(1)
+    raise TraceError(f"{zone!r} is not a zone name like 'us-west-2b' (AWS) or 'us-central1-a' (GCP)")
 
 
 def trace_node_count(path: str | Path) -> int:
@@ -147,9 +157,10 @@ def parse_trace(raw: object, name: str = "<trace>", zone: str | None = None,
                 f"{name}: data[{i}] is {v!r}; values of a {max_count}-node trace must be a whole count of "
                 f"instances from 0 to {max_count}"
             )
-    m = _NAME.match(Path(name).stem)
+    stem = Path(name).stem
+    m, gcp = _NAME.match(stem), _GCP_NAME.match(stem)
     gpu, count = (m.group("gpu"), int(m.group("count"))) if m else ("", 0)
-    z = zone or (m.group("zone") if m else "")
+    z = zone or (m.group("zone") if m else gcp.group("zone") if gcp else "")
     if not z:
         raise TraceError(
             f"{name}: cannot tell the zone; name the file '<zone>_<gpu>_<count>.json' or pass zone="

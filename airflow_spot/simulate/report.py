@@ -77,7 +77,11 @@ def build_pools(
         if price is None or od is None:
             if market is None:
                 raise ValueError("give --spot-price and --on-demand-price, or a market to price the traces from")
-            od = od if od is not None else market.on_demand_price(itype, t.region)
+            try:
+                od = od if od is not None else market.on_demand_price(itype, t.region)
+            except KeyError as exc:
+                raise ValueError(f"{exc.args[0]} (zone {t.zone} of the traces); pass --on-demand-price and "
+                                 "--spot-price, or --prices FILE (zone,spot,on_demand)") from None
             if price is None:
                 spots = sorted(o.price_per_hour for o in market.offers()
                                if o.instance_type == itype and o.region == t.region and Market(o.market) is Market.SPOT)

@@ -50,6 +50,16 @@ def test_not_json_missing_file_and_unknown_zone(tmp_path):
     assert load_trace(q, zone="eu-west-1a").region == "eu-west-1"
 
 
+def test_gcp_trace_names_give_zone_and_region(tmp_path):
+    # skypilot-org/spot-traces also holds GCP preemption traces, named '<zone>_<machine type>.json'
+    p = write(tmp_path, "us-central1-a_c3-88.json", {"metadata": {"gap_seconds": 30}, "data": [1, 1, 0]})
+    t = load_trace(p)
+    assert (t.zone, t.region, t.gpu_count, t.instance_type) == ("us-central1-a", "us-central1", 0, None)
+    assert load_trace(p, zone="europe-west4-b").region == "europe-west4"
+    with pytest.raises(TraceError, match="not a zone name like 'us-west-2b'"):
+        load_trace(p, zone="uscentral1")
+
+
 def test_parse_counts_preemptions_and_mtbf():
     t = parse_trace({"metadata": {"gap_seconds": 60}, "data": [1, 1, 0, 1, 1, 1, 0, 0, 1, 1]}, "us-east-1c_v100_1.json")
     assert (t.zone, t.region, t.instance_type) == ("us-east-1c", "us-east-1", "p3.2xlarge")

@@ -49,3 +49,17 @@ def test_reference_job_on_the_real_traces(capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "MISSED" not in out
+
+
+def test_simulate_replays_gcp_traces_and_asks_for_prices_the_catalog_lacks(tmp_path, capsys):
+    # the GCP traces of skypilot-org/spot-traces are named '<zone>_<machine type>.json'
+    for zone, values in (("us-central1-a", [1] * 100 + [0] * 20), ("us-east1-b", [0] * 30 + [1] * 90)):
+        (tmp_path / f"{zone}_c3-88.json").write_text(json.dumps({"metadata": {"gap_seconds": 60}, "data": values}))
+    argv = ["simulate", "--work-hours", "1", "--deadline-hours", "1.8", "--restart-overhead-hours", "0.05",
+            "--traces", str(tmp_path), "--policies", "ours,rc-cr,hindsight"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "us-central1" in err and "--on-demand-price" in err and "--prices" in err
+    assert main(argv + ["--spot-price", "1", "--on-demand-price", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "zones us-central1-a, us-east1-b" in out and "MISSED" not in out
