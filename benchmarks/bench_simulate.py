@@ -10,7 +10,7 @@ separately; ``ours`` at the first deadline with other segment lengths than 15 mi
 decides at segment boundaries, as the operators do); ``ours`` with probes that miss (``--probe-misses``);
 and issue 11's targets. Writes the figures to benchmarks/results_simulate.json.
 
-    python benchmarks/bench_simulate.py [--traces DIR|FILE,FILE] [--policies a,b] [--workers 2] [--json F]
+    python benchmarks/bench_simulate.py [--traces DIR|FILE,FILE] [--nodes N] [--policies a,b] [--workers 2] [--json F]
 
 A trace set the constants never saw (results in ``benchmarks/results/simulate_aws_10_26_2022.txt``)::
 
@@ -47,7 +47,7 @@ DEFAULT_TRACES = str(default_traces_dir() / PREEMPTION_TRACES_SUBDIR)
 def _dist(args):
     spec, traces_dir, name, offs, base = args
     traces = _traces(traces_dir)
-    pools, od = build_pools(traces, spot_price=0.9731, on_demand_price=3.06)
+    pools, od = build_pools(traces, spot_price=0.9731, on_demand_price=3.06, nodes=spec.nodes)
     if name == HINDSIGHT:
         return hindsight_distribution(spec, pools, od, offs, base)
     return distribution(spec, pools, od, name, offs, base)
@@ -84,9 +84,16 @@ def main() -> None:
     ap.add_argument("--probe-misses", default="0.1,0.18,0.3",
                     help="also replay ours at the first deadline with probes that miss this often "
                          "(0.18: F1 0.9; the headline's probes never miss)")
+    ap.add_argument("--nodes", type=int, default=1,
+                    help="instances per job (a gang, priced N times); a pool is up when a multi-node trace "
+                         "counts at least N (availability/16-node, preemption/4-node)")
     ap.add_argument("--json", default=str(HERE / "results_simulate.json"), help="where to write the figures")
     args = ap.parse_args()
     traces = _traces(args.traces)
+    short = [t.zone for t in traces if t.max_count < args.nodes]
+    if args.nodes < 1 or short:
+        ap.error(f"--nodes {args.nodes}: give a whole number >= 1 that every trace counts up to "
+                 f"(the traces of {short} never show that many instances up)")
     names = [n for n in args.policies.split(",") if n]
     out: dict = {}
     t0 = time.time()
@@ -99,8 +106,8 @@ def main() -> None:
     for label, tr in (("one zone us-west-2b", one), (every, traces)):
         if not tr:
             continue
-        pools, od = build_pools(tr, spot_price=0.9731, on_demand_price=3.06)
-        spec = JobSpec(48, 52, restart_overhead_hours=0.2)
+        pools, od = build_pools(tr, spot_price=0.9731, on_demand_price=3.06, nodes=args.nodes)
+        spec = JobSpec(48, 52, restart_overhead_hours=0.2, nodes=args.nodes)
         base = run_policies(spec, pools, od, ["on-demand"])[0].cost
         best = run_one(spec, pools, od, HINDSIGHT).cost
         results = run_policies(spec, pools, od, names)
@@ -111,10 +118,10 @@ def main() -> None:
         out[key][HINDSIGHT] = {"cost": best, "ratio": best / base}
         if label == every:
             plot(results, png, spec, f"48 GPU h, 52 h deadline, {every}")
-    pools, od = build_pools(traces, spot_price=0.9731, on_demand_price=3.06)
+    pools, od = build_pools(traces, spot_price=0.9731, on_demand_price=3.06, nodes=args.nodes)
     targets = {}
     for deadline in [int(x) for x in args.deadlines.split(",") if x]:
-        spec = JobSpec(48, deadline, restart_overhead_hours=0.2)
+        spec = JobSpec(48, deadline, restart_overhead_hours=0.2, nodes=args.nodes)
         offs = offsets_for(spec, traces)
         base = run_policies(spec, pools, od, ["on-demand"])[0].cost
         jobs = [(spec, args.traces, n, offs, base) for n in names + [HINDSIGHT]]
