@@ -21,11 +21,13 @@ from pathlib import Path
 #: a trace shorter than this is most likely a truncated download, not a measurement
 MIN_TICKS = 2
 
-_NAME = re.compile(r"^(?P<zone>[a-z]{2}-[a-z]+-\d[a-z])_(?P<gpu>[a-z0-9]+)_(?P<count>\d+)$")
+#: AWS zone names: the region (``us-west-2``, ``us-gov-west-1``) and one letter
+_AWS_ZONE_PATTERN = r"[a-z]{2}(?:-[a-z]+)+-\d[a-z]"
+_NAME = re.compile(rf"^(?P<zone>{_AWS_ZONE_PATTERN})_(?P<gpu>[a-z0-9]+)_(?P<count>\d+)$")
 #: GCP zone names are the region, a dash and one letter (``us-central1-a``); the rest of the name is the
 #: machine type (``c3-88``), with no GPU count
 _GCP_NAME = re.compile(r"^(?P<zone>[a-z]+-[a-z]+\d+-[a-z])_(?P<machine>[a-z0-9-]+)$")
-_AWS_ZONE = re.compile(r"[a-z]{2}-[a-z]+-\d[a-z]")
+_AWS_ZONE = re.compile(_AWS_ZONE_PATTERN)
 _GCP_ZONE = re.compile(r"([a-z]+-[a-z]+\d+)-[a-z]")
 
 #: GPU name in trace file names -> instance type measured (AWS, one node)

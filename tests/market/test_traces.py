@@ -50,12 +50,13 @@ def test_not_json_missing_file_and_unknown_zone(tmp_path):
     assert load_trace(q, zone="eu-west-1a").region == "eu-west-1"
 
 
-def test_gcp_trace_names_give_zone_and_region(tmp_path):
+def test_gcp_and_govcloud_zone_names_give_their_region(tmp_path):
     # skypilot-org/spot-traces also holds GCP preemption traces, named '<zone>_<machine type>.json'
     p = write(tmp_path, "us-central1-a_c3-88.json", {"metadata": {"gap_seconds": 30}, "data": [1, 1, 0]})
     t = load_trace(p)
     assert (t.zone, t.region, t.gpu_count, t.instance_type) == ("us-central1-a", "us-central1", 0, None)
     assert load_trace(p, zone="europe-west4-b").region == "europe-west4"
+    assert load_trace(p, zone="us-gov-west-1a").region == "us-gov-west-1"  # AWS GovCloud
     with pytest.raises(TraceError, match="not a zone name like 'us-west-2b'"):
         load_trace(p, zone="uscentral1")
 
