@@ -165,7 +165,8 @@ def parse_trace(raw: object, name: str = "<trace>", zone: str | None = None,
     z = zone or (m.group("zone") if m else gcp.group("zone") if gcp else "")
     if not z:
         raise TraceError(
-            f"{name}: cannot tell the zone; name the file '<zone>_<gpu>_<count>.json' or pass zone="
+            f"{name}: cannot tell the zone; name the file '<zone>_<gpu>_<count>.json' (AWS) or "
+            "'<zone>_<machine type>.json' (GCP), or pass zone="
         )
     zone_region(z)
     return SpotTrace(name=Path(name).stem, zone=z, gap_seconds=float(gap), values=tuple(int(v) for v in data),
@@ -202,8 +203,25 @@ def load_traces(paths: list[str | Path] | str | Path) -> list[SpotTrace]:
         raise TraceError(f"traces have different gap_seconds {sorted(gaps)}; replay needs one tick length")
     zones = [t.zone for t in traces]
     if len(set(zones)) != len(zones):
-        raise TraceError(f"two traces for the same zone among {zones}; pass one trace per zone")
+        raise TraceError(_one_pool_per_zone_message(traces, files))
     return traces
+
+
+def _one_pool_per_zone_message(traces: list[SpotTrace], files: list[Path]) -> str:
+    """Say which zones hold several pools (e.g. ``availability/1-node/aws-10-26-2022``: K80 and V100, one
+    and eight GPUs, per zone) and how to pick one kind."""
+    by_zone: dict[str, list[tuple[str, Path]]] = {}
+    for t, f in zip(traces, files, strict=True):
+        by_zone.setdefault(t.zone, []).append((t.name[len(t.zone) + 1:] or t.name, f))
+    listed = "; ".join(f"{z}: {', '.join(k for k, _ in kinds)}" for z, kinds in sorted(by_zone.items()))
+    common = set.intersection(*({k for k, _ in kinds} for kinds in by_zone.values()))
+    hint = ""
+    if common:
+        kind = sorted(common)[0]
+        example = ",".join(str(f) for kinds in by_zone.values() for k, f in kinds if k == kind)
+        hint = f", e.g. --traces {example}"
+    return (f"several traces for one zone ({listed}); a replay takes one pool per zone: pass the files of one "
+            f"kind{hint}")
 
 
 def default_traces_dir() -> Path:

@@ -61,6 +61,19 @@ def test_gcp_and_govcloud_zone_names_give_their_region(tmp_path):
         load_trace(p, zone="uscentral1")
 
 
+def test_a_directory_with_several_pools_per_zone_says_which_and_how_to_pick_one(tmp_path):
+    # like availability/1-node/aws-10-26-2022: K80 and V100, one and eight GPUs, in each zone
+    for zone in ("us-west-2a", "us-west-2b"):
+        for kind in ("k80_1", "v100_1"):
+            write(tmp_path, f"{zone}_{kind}.json", {"metadata": {"gap_seconds": 60}, "data": [1, 0]})
+    with pytest.raises(TraceError) as exc:
+        load_traces(tmp_path)
+    msg = str(exc.value)
+    assert "us-west-2a: k80_1, v100_1" in msg and "one pool per zone" in msg
+    example = msg.split("--traces ")[1]
+    assert [t.zone for t in load_traces(example.split(","))] == ["us-west-2a", "us-west-2b"]
+
+
 def test_parse_counts_preemptions_and_mtbf():
     t = parse_trace({"metadata": {"gap_seconds": 60}, "data": [1, 1, 0, 1, 1, 1, 0, 0, 1, 1]}, "us-east-1c_v100_1.json")
     assert (t.zone, t.region, t.instance_type) == ("us-east-1c", "us-east-1", "p3.2xlarge")
