@@ -26,9 +26,10 @@ _AWS_ZONE_PATTERN = r"[a-z]{2}(?:-[a-z]+)+-\d[a-z]"
 _NAME = re.compile(rf"^(?P<zone>{_AWS_ZONE_PATTERN})_(?P<gpu>[a-z0-9]+)_(?P<count>\d+)$")
 #: GCP zone names are the region, a dash and one letter (``us-central1-a``); the rest of the name is the
 #: machine type (``c3-88``), with no GPU count
-_GCP_NAME = re.compile(r"^(?P<zone>[a-z]+-[a-z]+\d+-[a-z])_(?P<machine>[a-z0-9-]+)$")
+_GCP_ZONE_PATTERN = r"(?P<region>[a-z]+-[a-z]+\d+)-[a-z]"
+_GCP_NAME = re.compile(rf"^(?P<zone>{_GCP_ZONE_PATTERN})_(?P<machine>[a-z0-9-]+)$")
 _AWS_ZONE = re.compile(_AWS_ZONE_PATTERN)
-_GCP_ZONE = re.compile(r"([a-z]+-[a-z]+\d+)-[a-z]")
+_GCP_ZONE = re.compile(_GCP_ZONE_PATTERN)
 
 #: GPU name in trace file names -> instance type measured (AWS, one node)
 TRACE_INSTANCE_TYPES: dict[tuple[str, int], str] = {
@@ -115,7 +116,7 @@ def zone_region(zone: str) -> str:
         return zone[:-1]
     m = _GCP_ZONE.fullmatch(zone)
     if m:
-        return m.group(1)
+        return m.group("region")
     raise TraceError(f"{zone!r} is not a zone name like 'us-west-2b' (AWS) or 'us-central1-a' (GCP)")
 
 
@@ -160,9 +161,10 @@ def parse_trace(raw: object, name: str = "<trace>", zone: str | None = None,
                 f"instances from 0 to {max_count}"
             )
     stem = Path(name).stem
-    m, gcp = _NAME.match(stem), _GCP_NAME.match(stem)
-    gpu, count = (m.group("gpu"), int(m.group("count"))) if m else ("", 0)
-    z = zone or (m.group("zone") if m else gcp.group("zone") if gcp else "")
+    m = _NAME.match(stem) or _GCP_NAME.match(stem)
+    parts = m.groupdict() if m else {}
+    gpu, count = parts.get("gpu", ""), int(parts.get("count", 0))
+    z = zone or parts.get("zone", "")
     if not z:
         raise TraceError(
             f"{name}: cannot tell the zone; name the file '<zone>_<gpu>_<count>.json' (AWS) or "
@@ -222,6 +224,14 @@ def _one_pool_per_zone_message(traces: list[SpotTrace], files: list[Path]) -> st
         hint = f", e.g. --traces {example}"
     return (f"several traces for one zone ({listed}); a replay takes one pool per zone: pass the files of one "
             f"kind{hint}")
+
+
+def check_node_count(traces: list[SpotTrace], nodes: int) -> None:
+    """Raise :class:`TraceError` unless every trace can show ``nodes`` instances up (a gang replay)."""
+    short = [t.zone for t in traces if t.max_count < nodes]
+    if short:
+        raise TraceError(f"--nodes {nodes}: the traces of {short} never show that many instances up "
+                         "(a 1-node trace holds 0/1); use multi-node availability traces or fewer nodes")
 
 
 def default_traces_dir() -> Path:

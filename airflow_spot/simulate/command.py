@@ -17,7 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-from airflow_spot.market.traces import PREEMPTION_TRACES_SUBDIR, TraceError, default_traces_dir, load_traces
+from airflow_spot.market.traces import (
+    PREEMPTION_TRACES_SUBDIR, TraceError, check_node_count, default_traces_dir, load_traces,
+)
 from airflow_spot.simulate.controllers import controllers
 from airflow_spot.simulate.engine import JobSpec
 from airflow_spot.simulate.report import (
@@ -118,10 +120,7 @@ def run(args: argparse.Namespace) -> int:
                 controllers.get(n)
         if HINDSIGHT in names and args.deadline_hours is None:
             raise ValueError("the hindsight optimum needs a deadline: pass --deadline-hours")
-        short = [t.zone for t in traces if t.max_count < args.nodes]
-        if short:
-            raise ValueError(f"--nodes {args.nodes}: the traces of {short} never show that many instances up "
-                             "(a 1-node trace holds 0/1); use multi-node availability traces or fewer nodes")
+        check_node_count(traces, args.nodes)
         prices = read_prices(args.prices) if args.prices else None
         market = None
         if prices is None and (args.spot_price is None or args.on_demand_price is None):
