@@ -21,12 +21,12 @@ import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from bench_simulate import DEFAULT_TRACES, _traces
+from bench_simulate import DEFAULT_TRACES, _pools, _traces
 
 from airflow_spot.simulate.engine import JobSpec, simulate
 from airflow_spot.simulate.foresight import ForesightController
 from airflow_spot.simulate.hindsight import hindsight_cost
-from airflow_spot.simulate.report import build_pools, offsets_for
+from airflow_spot.simulate.report import offsets_for
 
 #: the variants, as ForesightController arguments (constants stated up front, not searched)
 VARIANTS = {
@@ -40,7 +40,7 @@ VARIANTS = {
 
 def _one(args):
     traces, deadline, offset = args
-    pools, od = build_pools(_traces(traces), spot_price=0.9731, on_demand_price=3.06)
+    pools, od = _pools(_traces(traces), 1)
     spec = JobSpec(48, deadline, restart_overhead_hours=0.2)
     best = hindsight_cost(spec, pools, od, offset_ticks=offset)
     out = {}
@@ -53,10 +53,12 @@ def _one(args):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--traces", default=DEFAULT_TRACES)
+    ap.add_argument("--traces", default=[DEFAULT_TRACES], nargs="+",
+                    help="a directory, or trace files separated by commas or spaces (a shell glob works)")
     ap.add_argument("--deadlines", default="52,72")
     ap.add_argument("--workers", type=int, default=2, help="processes (at most 2 on a shared machine)")
     args = ap.parse_args()
+    args.traces = ",".join(args.traces)  # one string: it travels to the worker processes
     t0 = time.time()
     traces = _traces(args.traces)
     for deadline in [int(x) for x in args.deadlines.split(",") if x]:

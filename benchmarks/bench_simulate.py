@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from airflow_spot.market.traces import (
-    PREEMPTION_TRACES_SUBDIR, TraceError, check_node_count, default_traces_dir, load_traces,
+    PREEMPTION_TRACES_SUBDIR, TraceError, check_node_count, default_traces_dir, load_traces, read_notes,
 )
 from airflow_spot.simulate.controllers import controllers
 from airflow_spot.simulate.engine import JobSpec
@@ -49,10 +49,18 @@ DEFAULT_TRACES = str(default_traces_dir() / PREEMPTION_TRACES_SUBDIR)
 def _dist(args):
     spec, traces_dir, name, offs, base = args
     traces = _traces(traces_dir)
-    pools, od = build_pools(traces, spot_price=0.9731, on_demand_price=3.06, nodes=spec.nodes)
+    pools, od = _pools(traces, spec.nodes)
     if name == HINDSIGHT:
         return hindsight_distribution(spec, pools, od, offs, base)
     return distribution(spec, pools, od, name, offs, base)
+
+
+def _pools(traces, nodes: int):
+    """The issue 4 job's prices (V100: $0.9731/h spot, $3.06/h on-demand), unless the trace files carry
+    their own (the SkyPilot simulator's ``price_info``): then each zone's."""
+    if all(t.spot_price is not None and t.on_demand_price is not None for t in traces):
+        return build_pools(traces, spot_price=None, on_demand_price=None, nodes=nodes)
+    return build_pools(traces, spot_price=0.9731, on_demand_price=3.06, nodes=nodes)
 
 
 def _traces(traces: str):
@@ -77,7 +85,8 @@ def _ours_variants(args, hs, offs, base, headline, spec, field: str, values: dic
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--traces", default=DEFAULT_TRACES)
+    ap.add_argument("--traces", default=[DEFAULT_TRACES], nargs="+",
+                    help="a directory, or trace files separated by commas or spaces (a shell glob works)")
     ap.add_argument("--policies", default=",".join(controllers.names()))
     ap.add_argument("--workers", type=int, default=1, help="processes (at most 2 on a shared machine)")
     ap.add_argument("--deadlines", default="52,72", help="comma-separated deadlines in hours")
@@ -91,6 +100,7 @@ def main() -> None:
                          "counts at least N (availability/16-node, preemption/4-node)")
     ap.add_argument("--json", default=str(HERE / "results_simulate.json"), help="where to write the figures")
     args = ap.parse_args()
+    args.traces = ",".join(args.traces)  # one string: it travels to the worker processes
     traces = _traces(args.traces)
     if args.nodes < 1:
         ap.error(f"--nodes must be >= 1, got {args.nodes}")
@@ -99,6 +109,8 @@ def main() -> None:
     except TraceError as exc:
         ap.error(str(exc))
     names = [n for n in args.policies.split(",") if n]
+    for note in read_notes(traces):
+        print(f"note: {note}")
     out: dict = {}
     t0 = time.time()
     one = [t for t in traces if t.zone == "us-west-2b"]
@@ -110,7 +122,7 @@ def main() -> None:
     for label, tr in (("one zone us-west-2b", one), (every, traces)):
         if not tr:
             continue
-        pools, od = build_pools(tr, spot_price=0.9731, on_demand_price=3.06, nodes=args.nodes)
+        pools, od = _pools(tr, args.nodes)
         spec = JobSpec(48, 52, restart_overhead_hours=0.2, nodes=args.nodes)
         base = run_policies(spec, pools, od, ["on-demand"])[0].cost
         best = run_one(spec, pools, od, HINDSIGHT).cost
@@ -122,7 +134,7 @@ def main() -> None:
         out[key][HINDSIGHT] = {"cost": best, "ratio": best / base}
         if label == every:
             plot(results, png, spec, f"48 GPU h, 52 h deadline, {every}")
-    pools, od = build_pools(traces, spot_price=0.9731, on_demand_price=3.06, nodes=args.nodes)
+    pools, od = _pools(traces, args.nodes)
     targets = {}
     for deadline in [int(x) for x in args.deadlines.split(",") if x]:
         spec = JobSpec(48, deadline, restart_overhead_hours=0.2, nodes=args.nodes)

@@ -10,6 +10,14 @@ launched; a gang job of ``n`` instances is up when the count is ``>= n`` (:meth:
 
 The file name carries the pool: ``<zone>_<gpu>_<count>.json`` (e.g. ``us-west-2b_v100_1.json``), or
 ``<zone>_<machine type>.json`` for the GCP traces of the same repository (``us-central1-a_c3-88.json``).
+
+The layout of the SkyPilot spot simulator (the "Can't Be Late" simulator and the SkyNomad artifact's
+``data/converted_multi_region_aligned*``) is read too: a folder per pool, ``<zone>_<gpu>_<count>/``,
+holding ``full.json`` (the whole trace) and numbered windows of it (``0.json``, ...). Its values are in
+the *preempted* convention, ``1`` = preempted or unavailable, the opposite of spot-traces; a file of that
+layout, or one whose metadata has ``price_info`` (which that simulator requires), is read that way and
+flipped. Its ``price_info`` (``price``, ``on_demand_price``, $/h) prices the pool; where a per-tick
+``prices`` series varies, the replay uses its mean (:attr:`SpotTrace.spot_price_range` says so).
 """
 from __future__ import annotations
 
@@ -23,13 +31,17 @@ MIN_TICKS = 2
 
 #: AWS zone names: the region (``us-west-2``, ``us-gov-west-1``) and one letter
 _AWS_ZONE_PATTERN = r"[a-z]{2}(?:-[a-z]+)+-\d[a-z]"
-_NAME = re.compile(rf"^(?P<zone>{_AWS_ZONE_PATTERN})_(?P<gpu>[a-z0-9]+)_(?P<count>\d+)$")
 #: GCP zone names are the region, a dash and one letter (``us-central1-a``); the rest of the name is the
-#: machine type (``c3-88``), with no GPU count
-_GCP_ZONE_PATTERN = r"(?P<region>[a-z]+-[a-z]+\d+)-[a-z]"
+#: machine type (``c3-88``), with no GPU count, or (the SkyPilot simulator's H100 traces) ``<gpu>_<count>``
+_GCP_REGION_PATTERN = r"[a-z]+-[a-z]+\d+"
+_GCP_ZONE_PATTERN = rf"(?P<region>{_GCP_REGION_PATTERN})-[a-z]"
+_NAME = re.compile(rf"^(?P<zone>{_AWS_ZONE_PATTERN}|{_GCP_REGION_PATTERN}-[a-z])_(?P<gpu>[a-z0-9]+)_(?P<count>\d+)$")
 _GCP_NAME = re.compile(rf"^(?P<zone>{_GCP_ZONE_PATTERN})_(?P<machine>[a-z0-9-]+)$")
 _AWS_ZONE = re.compile(_AWS_ZONE_PATTERN)
 _GCP_ZONE = re.compile(_GCP_ZONE_PATTERN)
+#: the SkyPilot simulator's files inside a pool folder: the whole trace, or one numbered window of it
+_SIM_FILE = re.compile(r"^(?:full|\d+)\.json$")
+SIM_FULL_TRACE = "full.json"
 
 #: GPU name in trace file names -> instance type measured (AWS, one node)
 TRACE_INSTANCE_TYPES: dict[tuple[str, int], str] = {
@@ -55,6 +67,13 @@ class SpotTrace:
     values: tuple[int, ...]
     gpu: str = ""
     gpu_count: int = 0
+    #: $/h of the pool, when the file prices it (the SkyPilot simulator's ``metadata.price_info``)
+    spot_price: float | None = None
+    on_demand_price: float | None = None
+    #: (lowest, highest) of a per-tick spot price series that varies, replayed at its mean; else None
+    spot_price_range: tuple[float, float] | None = None
+    #: values were stored 1 = preempted (the SkyPilot simulator) and flipped on load
+    flipped: bool = False
 
     @property
     def region(self) -> str:
@@ -131,10 +150,44 @@ def trace_node_count(path: str | Path) -> int:
     return 1
 
 
+def sim_layout_pool(path: str | Path) -> str | None:
+    """The pool name when ``path`` is a file of the SkyPilot simulator's layout
+    (``<zone>_<gpu>_<count>/full.json`` or ``.../<N>.json``), else None."""
+    p = Path(path)
+    stem = p.parent.name
+    if _SIM_FILE.match(p.name) and (_NAME.match(stem) or _GCP_NAME.match(stem)):
+        return stem
+    return None
+
+
+def _price(meta: dict, key: str, name: str) -> float | None:
+    info = meta.get("price_info")
+    if not isinstance(info, dict) or info.get(key) is None:
+        return None
+    v = info[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise TraceError(f"{name}: metadata.price_info.{key} must be a positive $/h, got {v!r}")
+    return float(v)
+
+
+def _tick_prices(raw: dict, n: int, name: str) -> tuple[float, tuple[float, float] | None] | None:
+    """The mean of a per-tick spot price series, and its range when it varies (None: no series)."""
+    series = raw.get("prices")
+    if series is None:
+        return None
+    if (not isinstance(series, list) or len(series) != n
+            or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in series)):
+        raise TraceError(f"{name}: 'prices' must be one positive $/h per value of 'data' ({n})")
+    lo, hi = min(series), max(series)
+    return sum(series) / n, ((float(lo), float(hi)) if hi > lo else None)
+
+
 def parse_trace(raw: object, name: str = "<trace>", zone: str | None = None,
-                max_count: int | None = None) -> SpotTrace:
+                max_count: int | None = None, preempted: bool | None = None) -> SpotTrace:
     """Validate a decoded trace document; raise :class:`TraceError` saying what is wrong. Values are 0/1, or
-    whole counts up to ``max_count`` (default: the ``N`` of an ``N-node`` folder in ``name``, else 1)."""
+    whole counts up to ``max_count`` (default: the ``N`` of an ``N-node`` folder in ``name``, else 1).
+    ``preempted``: the values are 1 = preempted (the SkyPilot simulator's convention) and are flipped;
+    None decides by the file: its layout (:func:`sim_layout_pool`) or a ``metadata.price_info``."""
     if max_count is None:
         max_count = trace_node_count(name)
     if not isinstance(raw, dict):
@@ -149,8 +202,16 @@ def parse_trace(raw: object, name: str = "<trace>", zone: str | None = None,
         raise TraceError(f"{name}: 'data' must be a list of 0/1 values (or instance counts), got {type(data).__name__}")
     if len(data) < MIN_TICKS:
         raise TraceError(f"{name}: 'data' holds {len(data)} values; a trace needs at least {MIN_TICKS}")
+    sim_pool = sim_layout_pool(name)
+    if preempted is None:
+        preempted = sim_pool is not None or "price_info" in meta
+    if preempted:
+        max_count = 1  # the simulator's traces are 0/1 (a gang's threshold is applied when they are made)
     for i, v in enumerate(data):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or not 0 <= v <= max_count:
+            if preempted:
+                raise TraceError(f"{name}: data[{i}] is {v!r}; values of the SkyPilot simulator's traces must be "
+                                 "1 (preempted) or 0 (available)")
             if max_count == 1:
                 raise TraceError(
                     f"{name}: data[{i}] is {v!r}; values must be 0 (down) or 1 (up) (a multi-node availability "
@@ -160,19 +221,26 @@ def parse_trace(raw: object, name: str = "<trace>", zone: str | None = None,
                 f"{name}: data[{i}] is {v!r}; values of a {max_count}-node trace must be a whole count of "
                 f"instances from 0 to {max_count}"
             )
-    stem = Path(name).stem
+    stem = sim_pool or Path(name).stem
     m = _NAME.match(stem) or _GCP_NAME.match(stem)
     parts = m.groupdict() if m else {}
     gpu, count = parts.get("gpu", ""), int(parts.get("count", 0))
-    z = zone or parts.get("zone", "")
+    z = zone or parts.get("zone", "") or (meta.get("zone") if isinstance(meta.get("zone"), str) else "")
     if not z:
         raise TraceError(
             f"{name}: cannot tell the zone; name the file '<zone>_<gpu>_<count>.json' (AWS) or "
             "'<zone>_<machine type>.json' (GCP), or pass zone="
         )
     zone_region(z)
-    return SpotTrace(name=Path(name).stem, zone=z, gap_seconds=float(gap), values=tuple(int(v) for v in data),
-                     gpu=gpu, gpu_count=count)
+    spot, od = _price(meta, "price", name), _price(meta, "on_demand_price", name)
+    varies = None
+    if preempted:
+        tick = _tick_prices(raw, len(data), name)
+        if tick is not None:
+            spot, varies = tick
+    values = tuple((1 - int(v)) if preempted else int(v) for v in data)
+    return SpotTrace(name=stem, zone=z, gap_seconds=float(gap), values=values, gpu=gpu, gpu_count=count,
+                     spot_price=spot, on_demand_price=od, spot_price_range=varies, flipped=bool(preempted))
 
 
 def load_trace(path: str | Path, zone: str | None = None) -> SpotTrace:
@@ -187,18 +255,23 @@ def load_trace(path: str | Path, zone: str | None = None) -> SpotTrace:
     return parse_trace(raw, name=str(p), zone=zone)
 
 
+def _trace_files(path: Path) -> list[Path]:
+    """A file as given; a directory's ``*.json``, or, in the SkyPilot simulator's layout, its pool folders'
+    ``full.json`` (not their numbered windows, which are samples of it)."""
+    if not path.is_dir():
+        return [path]
+    files = sorted(path.glob("*.json")) or sorted(path.glob(f"*/{SIM_FULL_TRACE}"))
+    if not files:
+        raise TraceError(f"no *.json trace file in {path} (nor pool folders holding {SIM_FULL_TRACE}, "
+                         "the SkyPilot simulator's layout)")
+    return files
+
+
 def load_traces(paths: list[str | Path] | str | Path) -> list[SpotTrace]:
-    """Load every ``*.json`` of a directory, or the given files; all must share one ``gap_seconds``."""
-    if isinstance(paths, (str, Path)):
-        d = Path(paths)
-        if d.is_dir():
-            files = sorted(d.glob("*.json"))
-            if not files:
-                raise TraceError(f"no *.json trace file in {d}")
-        else:
-            files = [d]
-    else:
-        files = [Path(p) for p in paths]
+    """Load trace files and directories (see :func:`_trace_files`) as one set: one tick length, one pool
+    per zone."""
+    given = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    files = [f for p in given for f in _trace_files(Path(p))]
     traces = [load_trace(f) for f in files]
     gaps = {t.gap_seconds for t in traces}
     if len(gaps) > 1:
@@ -224,6 +297,26 @@ def _one_pool_per_zone_message(traces: list[SpotTrace], files: list[Path]) -> st
         hint = f", e.g. --traces {example}"
     return (f"several traces for one zone ({listed}); a replay takes one pool per zone: pass the files of one "
             f"kind{hint}")
+
+
+def read_notes(traces: list[SpotTrace]) -> list[str]:
+    """What a user should know about how the traces were read: flipped values, their own prices, prices
+    averaged over time (printed by ``simulate`` and the benchmark)."""
+    notes = []
+    flipped = [t.zone for t in traces if t.flipped]
+    if flipped:
+        notes.append(f"traces of {', '.join(flipped)} are in the SkyPilot simulator's convention (1 = preempted) "
+                     "and were read flipped")
+    priced = [t for t in traces if t.spot_price is not None and t.on_demand_price is not None]
+    if priced:
+        notes.append("prices from the trace files ($/h spot / on-demand): "
+                     + ", ".join(f"{t.zone} {t.spot_price:.4g} / {t.on_demand_price:.4g}" for t in priced))
+    for t in traces:
+        if t.spot_price_range is not None:
+            lo, hi = t.spot_price_range
+            notes.append(f"{t.zone}: the spot price varies over the trace (${lo:.4g}-${hi:.4g}/h); the replay "
+                         f"charges its mean, ${t.spot_price:.4g}/h")
+    return notes
 
 
 def check_node_count(traces: list[SpotTrace], nodes: int) -> None:

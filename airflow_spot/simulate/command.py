@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from airflow_spot.market.traces import (
-    PREEMPTION_TRACES_SUBDIR, TraceError, check_node_count, default_traces_dir, load_traces,
+    PREEMPTION_TRACES_SUBDIR, TraceError, check_node_count, default_traces_dir, load_traces, read_notes,
 )
 from airflow_spot.simulate.controllers import controllers
 from airflow_spot.simulate.engine import JobSpec
@@ -37,11 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--segment-minutes", type=float, default=15.0,
                    help="wall-clock minutes of one segment (steps_per_segment x step time): `ours` decides at "
                         "segment boundaries, as the operators do (default 15)")
-    p.add_argument("--traces", default=None,
-                   help="trace files or directories (default: the bundled AWS V100 preemption traces, 4 zones)")
+    p.add_argument("--traces", default=None, nargs="+",
+                   help="trace files or directories, separated by commas or spaces (so a shell glob such as "
+                        "DIR/*/full.json works); default: the bundled AWS V100 preemption traces, 4 zones")
     p.add_argument("--zones", default=None, help="comma-separated zones to keep (e.g. us-west-2b,us-west-2c)")
-    p.add_argument("--spot-price", type=float, default=None, help="$/h of every spot pool (default: the catalog)")
-    p.add_argument("--on-demand-price", type=float, default=None, help="$/h on-demand (default: the catalog)")
+    p.add_argument("--spot-price", type=float, default=None, help="$/h of every spot pool (default: the traces' own prices, else the catalog)")
+    p.add_argument("--on-demand-price", type=float, default=None, help="$/h on-demand (default: the traces' own prices, else the catalog)")
     p.add_argument("--policies", default=",".join(controllers.names()),
                    help=f"comma-separated, from: {', '.join(policy_names())}")
     p.add_argument("--prices", default=None,
@@ -64,10 +65,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="json_out", default=None, help="write the figures as JSON to this file")
 
 
-def _trace_paths(arg: str | None) -> list[Path]:
-    if not arg:
+def _trace_paths(args: list[str] | None) -> list[Path]:
+    if not args:
         return [default_traces_dir() / PREEMPTION_TRACES_SUBDIR]
-    return [Path(x) for x in arg.split(",")]
+    return [Path(x) for arg in args for x in arg.split(",") if x]
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
@@ -105,9 +106,7 @@ def run(args: argparse.Namespace) -> int:
                        notice_seconds=args.notice_seconds, nodes=args.nodes, transfer_seconds=args.transfer_seconds,
                        transfer_dollars=args.transfer_dollars, segment_seconds=args.segment_minutes * 60.0,
                        probe_miss=args.probe_miss)
-        traces = []
-        for path in _trace_paths(args.traces):
-            traces.extend(load_traces(path))
+        traces = load_traces(_trace_paths(args.traces))
         if args.zones:
             wanted = [z.strip() for z in args.zones.split(",") if z.strip()]
             unknown = sorted(set(wanted) - {t.zone for t in traces})
@@ -141,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
         best = next((r.cost for r in results if r.policy == HINDSIGHT), None)
         if best is None:
             best = run_one(spec, pools, on_demand, HINDSIGHT, start).cost
+    for note in read_notes(traces):
+        print(f"note: {note}")
     print(f"job: {spec.work_hours:g} GPU h x {spec.nodes} node(s), deadline {spec.deadline_hours} h, restart "
           f"{spec.restart_overhead_hours:g} h, segments {spec.segment_seconds / 60:g} min, zones {', '.join(t.zone for t in traces)}, "
           f"start hour {args.start_hour:g}, "

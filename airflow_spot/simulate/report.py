@@ -59,8 +59,9 @@ def build_pools(
     nodes: int = 1,
 ) -> tuple[list[SimPool], Offer]:
     """Pools for the traces, priced per zone by ``prices`` (zone -> spot, on-demand), else by the given
-    prices, else by the market (catalog): a trace zone gets the median spot price of its instance type in
-    its region (trace zone names do not map to the catalog's zone ids). A gang of ``nodes`` instances
+    prices, else by the trace's own (the SkyPilot simulator's ``price_info``), else by the market (catalog):
+    a trace zone gets the median spot price of its instance type in its region (trace zone names do not
+    map to the catalog's zone ids). A gang of ``nodes`` instances
     pays ``nodes`` times the price. The on-demand offer is the cheapest zone's on-demand price, in its
     region (on-demand capacity is assumed available everywhere)."""
     if prices is not None:
@@ -74,6 +75,8 @@ def build_pools(
         price, od = spot_price, on_demand_price
         if prices is not None:
             price, od = prices[t.zone]
+        price = t.spot_price if price is None else price
+        od = t.on_demand_price if od is None else od
         if price is None or od is None:
             if market is None:
                 raise ValueError("give --spot-price and --on-demand-price, or a market to price the traces from")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_spot.market.traces import TraceError, load_trace, load_traces, parse_trace
+from airflow_spot.market.traces import TraceError, load_trace, load_traces, parse_trace, read_notes
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "spot-traces"
 PREEMPTION = SHARED_TRACES / "preemption" / "1-node" / "aws-04-22-2023"
@@ -115,3 +115,70 @@ def test_bundled_traces_are_the_shared_ones_and_load():
     assert all((bundled / rel).read_bytes() == (SHARED_TRACES / rel).read_bytes() for rel in shared)
     zones = sorted(t.zone for t in load_traces(bundled / PREEMPTION_TRACES_SUBDIR))
     assert zones == ["us-east-1c", "us-east-1f", "us-west-2b", "us-west-2c"]
+
+
+def sim_trace(folder: Path, values, price=None, on_demand=None, prices=None, name="full.json", meta=None):
+    """A trace in the SkyPilot simulator's layout: ``<pool>/full.json``, 1 = preempted."""
+    folder.mkdir(parents=True, exist_ok=True)
+    md = {"gap_seconds": 600, **(meta or {})}
+    if price is not None:
+        md["price_info"] = {"price": price, "on_demand_price": on_demand}
+    doc = {"metadata": md, "data": values}
+    if prices is not None:
+        doc["prices"] = prices
+    return write(folder, name, doc)
+
+
+def test_the_skypilot_simulators_layout_is_read_flipped_and_priced(tmp_path):
+    # the SkyNomad artifact's data/converted_multi_region_aligned*: a folder per pool with full.json and
+    # numbered windows; values 1 = preempted; price_info prices the pool
+    sim_trace(tmp_path / "us-central1-a_h100_16", [1, 0, 0, 1], price=18.98, on_demand=82.53,
+              meta={"zone": "us-central1-a"})
+    sim_trace(tmp_path / "us-central1-a_h100_16", [0, 0], price=18.98, on_demand=82.53, name="0.json")
+    sim_trace(tmp_path / "us-east-1f_v100_1", [0, 1, 1, 0], price=1.2, on_demand=3.06,
+              prices=[1.0, 1.0, 1.2, 1.6])
+    a, b = load_traces(tmp_path)  # the pools' full.json, not their windows
+    assert (a.zone, a.region, a.values, a.flipped) == ("us-central1-a", "us-central1", (0, 1, 1, 0), True)
+    assert (a.spot_price, a.on_demand_price, a.spot_price_range) == (18.98, 82.53, None)
+    assert (b.zone, b.instance_type, b.values) == ("us-east-1f", "p3.2xlarge", (1, 0, 0, 1))
+    # a per-tick series that varies is replayed at its mean, and said so
+    assert b.spot_price == pytest.approx(1.2) and b.spot_price_range == (1.0, 1.6)
+    window = load_trace(tmp_path / "us-central1-a_h100_16" / "0.json")
+    assert window.values == (1, 1) and window.name == "us-central1-a_h100_16"
+    notes = " | ".join(read_notes([a, b]))
+    assert "1 = preempted" in notes and "us-central1-a 18.98 / 82.53" in notes and "$1-$1.6/h" in notes
+
+
+def test_a_flat_file_with_price_info_is_the_simulators_convention_too(tmp_path):
+    # price_info is what that simulator requires and spot-traces never has: such a file is read flipped
+    # wherever it lies; a spot-traces file with a 'prices' series (aws-04-22-2023) is not
+    p = write(tmp_path, "us-west-2a_v100_1.json", {"metadata": {"gap_seconds": 60, "price_info": {
+        "price": 1.0, "on_demand_price": 3.06}}, "data": [1, 0, 0]})
+    assert load_trace(p).values == (0, 1, 1)
+    q = write(tmp_path, "us-west-2b_v100_1.json", {"metadata": {"gap_seconds": 60}, "data": [1, 0, 0],
+                                                   "prices": [0.918, 0.918, 0.918]})
+    t = load_trace(q)
+    assert (t.values, t.flipped, t.spot_price) == ((1, 0, 0), False, None)
+
+
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ({"metadata": {"gap_seconds": 600}, "data": [0, 2]}, r"1 \(preempted\) or 0 \(available\)"),
+        ({"metadata": {"gap_seconds": 600, "price_info": {"price": -1, "on_demand_price": 3}}, "data": [0, 1]},
+         "price_info.price must be a positive"),
+        ({"metadata": {"gap_seconds": 600}, "data": [0, 1], "prices": [1.0]}, "one positive"),
+    ],
+)
+def test_bad_simulator_traces_get_a_clear_error(tmp_path, doc, message):
+    folder = tmp_path / "us-east-2a_v100_1"
+    folder.mkdir()
+    p = write(folder, "full.json", doc)
+    with pytest.raises(TraceError, match=message) as exc:
+        load_trace(p)
+    assert "us-east-2a_v100_1" in str(exc.value)
+
+
+def test_an_empty_directory_names_both_layouts(tmp_path):
+    with pytest.raises(TraceError, match="full.json"):
+        load_traces(tmp_path)

@@ -63,3 +63,25 @@ def test_simulate_replays_gcp_traces_and_asks_for_prices_the_catalog_lacks(tmp_p
     assert main(argv + ["--spot-price", "1", "--on-demand-price", "3"]) == 0
     out = capsys.readouterr().out
     assert "zones us-central1-a, us-east1-b" in out and "MISSED" not in out
+
+
+def test_simulate_replays_the_skypilot_simulators_traces_at_their_own_prices(tmp_path, capsys):
+    # the SkyNomad artifact's layout: <pool>/full.json, 1 = preempted, prices in metadata.price_info
+    pools = {"us-central1-a_h100_16": ([0] * 100 + [1] * 20, 18.98, 82.53),
+             "asia-south2-b_h100_16": ([0] * 120, 69.91, 99.12)}
+    for pool, (values, spot, od) in pools.items():
+        (tmp_path / pool).mkdir()
+        (tmp_path / pool / "full.json").write_text(json.dumps({
+            "metadata": {"gap_seconds": 60, "price_info": {"price": spot, "on_demand_price": od}}, "data": values}))
+    argv = ["simulate", "--work-hours", "1", "--deadline-hours", "1.8", "--restart-overhead-hours", "0.05",
+            "--traces", str(tmp_path), "--policies", "ours,rc-cr,hindsight"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "1 = preempted" in out and "asia-south2-b 69.91 / 99.12" in out and "MISSED" not in out
+    table = out[out.index("job:"):]
+    # the same figures as a prices file with the files' prices
+    prices = tmp_path / "prices.csv"
+    prices.write_text("us-central1-a,18.98,82.53\nasia-south2-b,69.91,99.12\n")
+    assert main(argv + ["--prices", str(prices)]) == 0
+    again = capsys.readouterr().out
+    assert again[again.index("job:"):] == table
