@@ -9,7 +9,7 @@ the decisions are its.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -34,6 +34,8 @@ class Plan:
     wait: bool = False
     #: on on-demand, the spot pools' state is stale: probe them if the backend can
     probe: bool = False
+    #: on a warm spot instance: cheaper pools worth moving to, best first (``decide_attempt``'s ``move_to``)
+    move_to: list[Offer] = field(default_factory=list)
 
     def cost_of(self, offer: Offer) -> float:
         from airflow_spot.policy.offer_ranking import cost_per_step
@@ -137,6 +139,7 @@ def plan(
         committed=decision.state.committed,
         wait=decision.market == WAIT,
         probe=decision.probe,
+        move_to=list(decision.move_to),
     )
 
 
@@ -175,16 +178,11 @@ def segment_length_advice(steps: int, step_seconds: float | None, deadline: time
             f"replays); steps_per_segment={suggested} gives ~20 min segments")
 
 
-def pick_warm(alive: Sequence[InstanceInfo], plan_: Plan, tolerance: float) -> InstanceInfo | None:
-    """The warm instance to reuse: in the market the policy wants, and within ``tolerance`` of the best
-    offer's cost per step (a relaunch costs boot time and a new billing minimum, so near-best is good)."""
-    if not plan_.ranked:
-        return None
-    best = plan_.cost_of(plan_.ranked[0])
-    good = [
-        i for i in alive
-        if Market(i.offer.market) is plan_.market and plan_.cost_of(i.offer) <= best * (1.0 + tolerance)
-    ]
+def pick_warm(alive: Sequence[InstanceInfo], plan_: Plan) -> InstanceInfo | None:
+    """The warm instance to reuse: one in the market the policy wants (the cheapest per step of them).
+    Whether a warm spot instance should give way to a cheaper pool is the policy's (``Plan.move_to``),
+    tried before the instance is let go."""
+    good = [i for i in alive if Market(i.offer.market) is plan_.market]
     return min(good, key=lambda i: plan_.cost_of(i.offer), default=None)
 
 

@@ -120,8 +120,6 @@ class SpotSegmentOperator(BaseOperator):
     :param deadline: time from the job's start by which it must finish; ``None`` means spot only.
     :param max_preemptions: preempted or lost attempts the whole job may suffer.
     :param code_retries: user-code failures each segment may retry.
-    :param reuse_tolerance: reuse a warm instance while its cost per step is within this fraction of
-        the best offer's.
     :param warm_process: let the instance keep the training process alive across segment boundaries
         (default True): the process commits its end checkpoint, the attempt is reported completed at once,
         and the next segment on the same warm instance continues in it without restarting python, torch
@@ -173,7 +171,6 @@ class SpotSegmentOperator(BaseOperator):
         deadline: timedelta | None = None,
         max_preemptions: int = 10,
         code_retries: int = 1,
-        reuse_tolerance: float = 0.25,
         idle_timeout_seconds: float = 300.0,
         poll_interval: float = 5.0,
         startup_timeout: float = 900.0,
@@ -214,7 +211,6 @@ class SpotSegmentOperator(BaseOperator):
         self.deadline = deadline
         self.max_preemptions = int(max_preemptions)
         self.code_retries = int(code_retries)
-        self.reuse_tolerance = float(reuse_tolerance)
         self.idle_timeout_seconds = float(idle_timeout_seconds)
         self.poll_interval = float(poll_interval)
         self.startup_timeout = float(startup_timeout)
@@ -589,24 +585,49 @@ class SpotSegmentOperator(BaseOperator):
         recorder: planning.AvailabilityRecorder | None = None, replan=None,
     ) -> tuple[InstanceInfo, bool]:
         backend = self.hook.get_backend()
-        tags = self._tags(context)
-        warm = planning.pick_warm(alive, plan, self.reuse_tolerance)
+        warm = planning.pick_warm(alive, plan)
         extra = [i.instance_id for i in alive if warm is None or i.instance_id != warm.instance_id]
         if extra:  # warm instances we will not use only cost money
             self.log.info("terminating warm instances that are no longer a good offer: %s", extra)
             backend.terminate(extra)
         if warm is not None:
+            if warm.offer.is_spot and plan.move_to:
+                # make before break: the warm instance goes only once a cheaper pool has accepted
+                moved, errors = self._launch_first(context, store, plan.move_to, recorder)
+                if moved is not None:
+                    self.log.info("moved from %s to the cheaper %s (%s)", warm.offer.pool, moved.offer.pool, plan.reason)
+                    backend.terminate([warm.instance_id])
+                    return moved, False
+                self.log.info("cheaper pools refused (%s); keeping the warm instance in %s", "; ".join(errors),
+                              warm.offer.pool)
             return warm, True
+        launched, errors = self._launch_first(context, store, plan.ranked, recorder)
+        if launched is not None:
+            return launched, False
+        if replan is not None and plan.market is Market.SPOT and errors:
+            # every spot offer refused: decide again with those refusals (on-demand, or wait = retry later)
+            again = replan()
+            self.log.info("every spot offer refused; plan with the refusals: %s", again.reason)
+            if again.market is Market.ON_DEMAND:
+                return self._get_instance(context, store, again, [], recorder=recorder)
+        # No capacity anywhere right now: execute waits and decides again (not an Airflow try)
+        raise NoCapacityNow("no offer could be launched now; tried: " + "; ".join(errors or ["no offers"]))
+
+    def _launch_first(
+        self, context: Context, store, offers, recorder: planning.AvailabilityRecorder | None,
+    ) -> tuple[InstanceInfo | None, list[str]]:
+        """Launch the first of ``offers`` that has capacity; the capacity refusals, recorded as pool events."""
+        backend = self.hook.get_backend()
         ti = context["ti"]
         errors = []
-        for offer in plan.ranked:
+        for offer in offers:
             # hashed: EC2's ClientToken holds 64 characters, dag/run/task ids can be far longer
             token = launch_token(self.dag_id, context["run_id"], self.task_id, f"try{ti.try_number}", offer.pool)
             spec = LaunchSpec(
                 offer=offer,
                 job_uri=store.uri,
                 idempotency_token=token,
-                tags={**tags, TAG_TASK: self.task_id},
+                tags={**self._tags(context), TAG_TASK: self.task_id},
                 idle_timeout_seconds=self.idle_timeout_seconds,
                 env=self.hook.instance_env(self.checkpoint_uri),
             )
@@ -622,15 +643,8 @@ class SpotSegmentOperator(BaseOperator):
                 continue
             if recorder is not None and offer.is_spot:
                 recorder.record(offer.pool, "launched", time.time())
-            return launched, False
-        if replan is not None and plan.market is Market.SPOT and errors:
-            # every spot offer refused: decide again with those refusals (on-demand, or wait = retry later)
-            again = replan()
-            self.log.info("every spot offer refused; plan with the refusals: %s", again.reason)
-            if again.market is Market.ON_DEMAND:
-                return self._get_instance(context, store, again, [], recorder=recorder)
-        # No capacity anywhere right now: execute waits and decides again (not an Airflow try)
-        raise NoCapacityNow("no offer could be launched now; tried: " + "; ".join(errors or ["no offers"]))
+            return launched, errors
+        return None, errors
 
     # ------------------------------------------------------------------ completion
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:

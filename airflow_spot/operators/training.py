@@ -195,10 +195,6 @@ def _check_segment_numbers(options: dict[str, Any]) -> None:
     keep = options.get("keep_checkpoints")
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
         raise SpotTrainingConfigError(f"segment_options['keep_checkpoints'] must be an integer >= 1, got {keep!r}")
-    tolerance = options.get("reuse_tolerance")
-    if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float))
-                                  or not tolerance >= 0):
-        raise SpotTrainingConfigError(f"segment_options['reuse_tolerance'] must be a fraction >= 0, got {tolerance!r}")
 
 
 def _check_segment_options(options: dict[str, Any], task_kwargs: dict[str, Any]) -> None:
@@ -217,6 +213,12 @@ def _check_segment_options(options: dict[str, Any], task_kwargs: dict[str, Any])
         )
     base = set(inspect.signature(SdkBaseOperator.__init__).parameters)
     unknown = sorted(set(options) - own - base)
+    if "reuse_tolerance" in unknown:
+        raise SpotTrainingConfigError(
+            "segment_options['reuse_tolerance'] is gone: whether a warm spot instance gives way to a cheaper "
+            "pool is now the policy's decision, the same the simulator replays (policy/decision.py: move_targets, "
+            "which tries the cheaper pools before letting the instance go); remove the option"
+        )
     if unknown:
         raise SpotTrainingConfigError(f"unknown segment_options {unknown}; valid: {', '.join(valid)}")
     both = sorted(set(options) & set(task_kwargs))

@@ -240,6 +240,15 @@ def spot_reserve_per_work(params: DeadlineParams, spot_up_seconds: float | None)
     return params.spot_reserve_per_work * risk_multiplier(spot_up_seconds, params.spot_reserve_age_seconds)
 
 
+def switch_spare(obs: Observation, now: float, params: DeadlineParams, spot_up_seconds: float | None) -> float:
+    """``slack-budget``'s spare slack for a switch to spot: the slack left after the switch's restart, the
+    floor and the reserve for future preemptions (:func:`spot_reserve_per_work`); >= 0 pays for it."""
+    work_left = obs.work_total - obs.work_done
+    floor = params.floor_restarts * params.restart_overhead_seconds
+    return (slack(obs, now) - params.restart_overhead_seconds - floor
+            - spot_reserve_per_work(params, spot_up_seconds) * work_left)
+
+
 @deadline_policies.register("slack-budget", default=True)
 def slack_budget(state: DeadlineState, obs: Observation, now: float, params: DeadlineParams) -> Decision:
     """Slack spent where it buys the most spot time; the rule, with ``S`` the slack, ``W`` the work left,
@@ -279,7 +288,7 @@ def slack_budget(state: DeadlineState, obs: Observation, now: float, params: Dea
     if running is Market.SPOT and obs.spot_available:
         return Decision(Market.SPOT.value, f"on spot, slack {left:.0f}s", state)
     if obs.spot_available and running is Market.ON_DEMAND:
-        spare = left - r - floor - spot_reserve_per_work(params, obs.spot_up_seconds) * work_left
+        spare = switch_spare(obs, now, params, obs.spot_up_seconds)
         age = obs.spot_up_seconds
         if spare < 0:
             shot = params.last_shot_up_seconds

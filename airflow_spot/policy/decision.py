@@ -28,6 +28,16 @@ observed up-time, then the pool name. Prices may differ per region; moving the j
 the one it is in costs ``transfer_seconds`` of restart and ``transfer_dollars`` (:class:`DecisionParams`),
 which the ranking adds per unit of work left.
 
+Moving a running spot job to a cheaper pool (:func:`move_targets`): at a segment boundary, a job on a
+spot instance that is still up moves when another pool's long-run cost per unit of work is lower by
+enough that, over the work left but at most the target's expected lifetime (its prior MTBF, shortened
+while the pool is young: :func:`~airflow_spot.policy.offer_ranking.risk_multiplier` of its observed
+up-time, or of half the time since it was last seen down), the saving pays ``move_margin`` times the move: the new instance's restart
+(and the checkpoint's transfer across regions), and, with a deadline, only while the slack pays that
+restart, the floor and the reserve for future preemptions (as when leaving on-demand). The job tries the
+targets first and keeps its instance if they all refuse (a refusal is not billed). Prices that are
+equal everywhere never move a job: the saving counts prices and long-run rates, not the pools' ages.
+
 Pure: everything is passed in.
 """
 from __future__ import annotations
@@ -35,11 +45,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from airflow_spot.policy.deadline import WAIT, DeadlineParams, DeadlineState, Observation, decide
+from airflow_spot.policy.deadline import (
+    WAIT, DeadlineParams, DeadlineState, Observation, decide, switch_spare,
+)
 from airflow_spot.policy.observations import (
     WATCH_SECONDS, JobObservation, PoolEvent, PoolView, expected_outage_seconds, own_preemption_rate, pool_views,
 )
-from airflow_spot.policy.offer_ranking import RankingParams, cost_per_step
+from airflow_spot.policy.offer_ranking import RankingParams, cost_per_step, risk_multiplier
 from airflow_spot.policy.offers import Market, Offer
 
 _STATE_ORDER = {"up": 0, "unknown": 1, "down": 2}
@@ -91,6 +103,9 @@ class DecisionParams:
         job's checkpoint (``JobObservation.offers`` carry regions; see ``home_region``).
     :param transfer_dollars: money per cross-region move (egress of one checkpoint).
     :param home_region: the region the job's checkpoint is in, or None (no transfer cost).
+    :param move_margin: a running spot job moves to a cheaper pool only when the saving over the target's
+        expected lifetime pays this many times the move (:func:`move_targets`); None never moves. 2: a
+        target preempted halfway through its expected lifetime still pays for the move.
     """
 
     deadline: DeadlineParams = field(default_factory=observed_deadline_params)
@@ -104,6 +119,7 @@ class DecisionParams:
     transfer_seconds: float = 0.0
     transfer_dollars: float = 0.0
     home_region: str | None = None
+    move_margin: float | None = 2.0
 
     def __post_init__(self) -> None:
         for name in ("recheck_seconds", "watch_seconds", "prior_outage_seconds", "probe_every_seconds",
@@ -112,6 +128,8 @@ class DecisionParams:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.rate_prior_hours is not None and self.rate_prior_hours <= 0:
             raise ValueError(f"rate_prior_hours must be > 0 or None, got {self.rate_prior_hours!r}")
+        if self.move_margin is not None and not self.move_margin > 0:
+            raise ValueError(f"move_margin must be > 0 or None, got {self.move_margin!r}")
 
 
 @dataclass(frozen=True)
@@ -130,6 +148,8 @@ class AttemptDecision:
     expected_outage_seconds: float | None = None
     #: the job's own preemption rate the spot reserve was scaled with (None: not scaled)
     preemption_rate_per_hour: float | None = None
+    #: a job on a spot instance that is up: cheaper pools worth moving to, best first (empty: stay)
+    move_to: tuple[Offer, ...] = ()
 
 
 def _move_penalty(offer: Offer, params: DecisionParams, work_left: float) -> float:
@@ -138,6 +158,48 @@ def _move_penalty(offer: Offer, params: DecisionParams, work_left: float) -> flo
         return 0.0
     dollars = params.transfer_dollars + params.transfer_seconds / 3600.0 * offer.price_per_hour
     return dollars / (work_left / 3600.0)
+
+
+def _risk_age(offer: Offer, view: PoolView | None, now: float) -> float | None:
+    """The up-time a spot pool's risk is priced with: observed, or for a pool last seen down, the most it
+    can have been up since."""
+    if view is None or not offer.is_spot:
+        return None
+    age = view.up_seconds(now)
+    return view.up_seconds_at_most(now) if age is None else age
+
+
+def move_targets(
+    offers: Sequence[Offer], running_pool: str, views: dict[str, PoolView], now: float, params: DecisionParams,
+    work_left: float, affordable: bool,
+) -> tuple[Offer, ...]:
+    """The spot offers (in the order given) a job running in ``running_pool`` should move to, by the rule
+    in the module docstring; ``affordable``: the deadline's slack pays one more restart."""
+    current = next((o for o in offers if o.pool == running_pool and o.is_spot), None)
+    if current is None or params.move_margin is None or not affordable or work_left <= 0:
+        return ()
+    restart_hours = params.deadline.restart_overhead_seconds / 3600.0
+    base = cost_per_step(current, params.ranking)
+    out = []
+    for o in offers:
+        v = views.get(o.pool)
+        if not o.is_spot or o.pool == running_pool or (v is not None and v.state == "down"):
+            continue
+        saving = base - cost_per_step(o, params.ranking)  # $ per V100-hour, long-run rates: ages do not move
+        if saving <= 0:
+            continue
+        age = _risk_age(o, v, now)
+        if age is not None and v is not None and v.up_seconds(now) is None:
+            # not seen up since it was seen down: if it is up, it came back at some time since then, half
+            # way on average (the ranking's "at most" orders pools; a move bets on the expected lifetime)
+            age /= 2.0
+        rate = o.preemption_rate_per_hour * risk_multiplier(age, params.ranking.cooldown_seconds)
+        horizon = work_left / 3600.0 if rate <= 0 else min(work_left / 3600.0, 1.0 / rate)
+        move = restart_hours * o.price_per_hour / o.relative_throughput
+        move += _move_penalty(o, params, work_left) * work_left / 3600.0
+        if saving * horizon >= params.move_margin * move:
+            out.append(o)
+    return tuple(out)
 
 
 def rank_observed(
@@ -149,11 +211,8 @@ def rank_observed(
         v = views.get(o.pool)
         state = v.state if (v is not None and o.is_spot) else ("up" if not o.is_spot else "unknown")
         age = v.up_seconds(now) if v is not None and o.is_spot else None
-        risk_age = age
-        if age is None and v is not None and o.is_spot:
-            # a pool last seen down is, if back, at most this old: priced as a pool that came back then
-            risk_age = v.up_seconds_at_most(now)
-        cost = cost_per_step(o, params.ranking, risk_age if o.is_spot else None) + _move_penalty(o, params, work_left)
+        # a pool last seen down is, if back, at most this old: priced as a pool that came back then
+        cost = cost_per_step(o, params.ranking, _risk_age(o, v, now)) + _move_penalty(o, params, work_left)
         return (_STATE_ORDER[state], round(cost, 9), -(age or 0.0), o.pool)
 
     return sorted(offers, key=key)
@@ -227,7 +286,12 @@ def decide_attempt(
             # probe only when a settled pool would change the answer
             settled = replace(dobs, spot_available=True, spot_up_seconds=float("inf"))
             probe = decide(state, settled, now, deadline_params, params.policy).market == Market.SPOT.value
-    return AttemptDecision(d.market, tuple(ranked), d.reason, d.state, probe, spot_up, expected, rate)
+    moves: tuple[Offer, ...] = ()
+    if running is Market.SPOT and obs.running_pool and d.market == Market.SPOT.value:
+        move_params = replace(params, deadline=deadline_params)
+        affordable = obs.deadline_at is None or switch_spare(dobs, now, deadline_params, None) >= 0
+        moves = move_targets(ranked, obs.running_pool, views, now, move_params, work_left, affordable)
+    return AttemptDecision(d.market, tuple(ranked), d.reason, d.state, probe, spot_up, expected, rate, moves)
 
 
 def as_launch_market(decision: AttemptDecision) -> AttemptDecision:

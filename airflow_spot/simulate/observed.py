@@ -11,6 +11,9 @@
   with those refusals (on-demand or wait) — the operator's ``_get_instance`` loop;
 * a preemption of its own instance is an event (``preempted``); its own running instance tells it that
   pool is up;
+* on a spot instance that is up, at a segment boundary, it tries the cheaper pools the decision names
+  (``AttemptDecision.move_to``) and moves to the first that accepts, else keeps its instance — what the
+  operator does with its warm instance;
 * on on-demand, when the decision asks for a probe, it places a spot request in every pool and cancels
   it (``probe-up`` / ``probe-down``), charged ``probe_billed_seconds`` at the spot price per accepted
   request (the billing minimum), added to the run's cost; with ``JobSpec.probe_miss`` a probe of a pool
@@ -169,9 +172,16 @@ class ObservedController:
             return None
         if d.market == Market.ON_DEMAND.value:
             return ("on-demand", 0)
-        if view.running is not None and view.running[0] == "spot" and view.up[view.running[1]]:
-            return view.running
         index = {p.name: i for i, p in enumerate(view.pools)}
+        if view.running is not None and view.running[0] == "spot" and view.up[view.running[1]]:
+            # a cheaper pool worth the move is tried first; the running instance is kept if all refuse
+            for offer in d.move_to:
+                i = index[offer.pool]
+                if view.up[i]:
+                    self._record(PoolEvent(offer.pool, "launched", view.now))
+                    return ("spot", i)
+                self._record(PoolEvent(offer.pool, "refused", view.now))
+            return view.running
         for offer in d.ranked:
             if not offer.is_spot:
                 continue

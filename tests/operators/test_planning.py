@@ -60,17 +60,25 @@ def test_a_pool_that_just_preempted_us_is_ranked_last(market):
     assert p.ranked[0].pool != best.pool and p.ranked[-1].pool == best.pool
 
 
-def test_warm_instance_reused_only_while_near_the_best(market):
+def test_the_warm_instance_is_reused_in_the_market_the_policy_wants(market):
     p = make_plan(market)
     best, worst = p.ranked[0], p.ranked[-1]
 
     def inst(offer, iid):
         return InstanceInfo(iid, InstanceState.RUNNING, offer, "file:///job")
 
-    assert pick_warm([inst(best, "a")], p, 0.25).instance_id == "a"
-    assert pick_warm([inst(worst, "b")], p, 0.25) is None
+    assert pick_warm([inst(best, "a")], p).instance_id == "a"
+    assert pick_warm([inst(worst, "b"), inst(best, "a")], p).instance_id == "a"  # the cheaper of two
     on_demand = nearly_late(market)
-    assert pick_warm([inst(best, "a")], on_demand, 10.0) is None  # the policy wants on-demand now
+    assert pick_warm([inst(best, "a")], on_demand) is None  # the policy wants on-demand now
+
+
+def test_a_warm_instance_in_a_dear_pool_is_offered_the_cheaper_ones_to_move_to(market):
+    p = make_plan(market)
+    best, worst = p.ranked[0], p.ranked[-1]
+    dear = make_plan(market, running=Market.SPOT, running_pool=worst.pool)
+    assert dear.move_to and dear.move_to[0].pool == best.pool and worst.pool not in [o.pool for o in dear.move_to]
+    assert make_plan(market, running=Market.SPOT, running_pool=best.pool).move_to == []
 
 
 def test_no_matching_offer_is_a_clear_error(market):
@@ -341,3 +349,44 @@ def test_hour_long_segments_under_a_deadline_get_advice_with_a_step_count():
     assert segment_length_advice(1200, 1.0, day) is None  # 20 min: fine
     assert segment_length_advice(3600, 1.0, None) is None  # no deadline: spot only, nothing to decide
     assert segment_length_advice(3600, None, day) is None  # no step time measured yet
+
+
+def test_the_operator_moves_a_warm_instance_only_once_a_cheaper_pool_accepts(tmp_path):
+    """Make before break: SpotSegmentOperator._get_instance launches the plan's move target first and
+    terminates its warm instance in the dear pool only then; when the cheaper pools refuse, it keeps the
+    warm instance (and records the refusals)."""
+    from types import SimpleNamespace
+
+    from airflow_spot.backends.base import LaunchError
+    from airflow_spot.operators.planning import AvailabilityRecorder
+    from airflow_spot.operators.segment import SpotSegmentOperator
+    from airflow_spot.storage.object_store import open_store
+
+    op = SpotSegmentOperator(
+        task_id="segment_001", command=["python", "train.py"], checkpoint_uri=f"file://{tmp_path}/job",
+        start_step=10, end_step=20, total_steps=1000, gpus=GPUS, backend_options={"state_dir": str(tmp_path / "state")},
+    )
+    store = open_store(f"file://{tmp_path}/job")
+    rec = AvailabilityRecorder(store, None, "dag.train")
+    market = op.hook.get_market()
+    backend = op.hook.get_backend()
+    context = {"ti": SimpleNamespace(try_number=1), "run_id": "manual__1"}
+    worst = make_plan(market).ranked[-1]
+    try:
+        warm, _ = op._launch_first(context, store, [worst], rec)
+        p = plan(market, GPUS, now=time.time(), done_steps=10, total_steps=1000, job_started_at=T0, deadline=None,
+                 ledger_rows=[], running=Market.SPOT, running_pool=worst.pool, job_events=rec.job_events())
+        assert p.move_to
+        refusing = backend.launch
+        backend.launch = lambda spec: (_ for _ in ()).throw(LaunchError("no capacity", capacity=True))
+        kept, reused = op._get_instance(context, store, p, [warm], recorder=rec)
+        assert (kept.instance_id, reused) == (warm.instance_id, True)
+        assert {e.pool for e in rec.job_events() if e.kind == "refused"} == {o.pool for o in p.move_to}
+        backend.launch = refusing
+        moved, reused = op._get_instance(context, store, p, [warm], recorder=rec)
+        assert not reused and moved.offer.pool == p.move_to[0].pool
+        states = {i.instance_id: InstanceState(i.state) for i in backend.list_instances({})}
+        assert states[warm.instance_id].is_terminal() and not states[moved.instance_id].is_terminal()
+    finally:
+        backend.terminate([i.instance_id for i in backend.list_instances({})
+                           if not InstanceState(i.state).is_terminal()])

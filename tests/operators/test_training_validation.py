@@ -141,6 +141,7 @@ def test_an_explicit_deployment_setting_wins(monkeypatch):
         (dict(segment_options={"checkpoint_min_interval": 60, "checkpoint_max_interval": 30}),
          "checkpoint_min_interval=60 is above checkpoint_max_interval=30"),
         (dict(segment_options={"keep_checkpoints": 0}), "keep_checkpoints'] must be an integer >= 1"),
+        (dict(segment_options={"reuse_tolerance": 0.25}), "is now the policy's decision, the same the simulator"),
     ],
 )
 def test_more_bad_arguments_fail_at_parse_time(overrides, message):

@@ -311,3 +311,63 @@ def test_a_job_without_slack_for_the_reserve_still_takes_one_more_spot_run_on_a_
     assert after.market == Market.ON_DEMAND.value, after.reason
     with pytest.raises(ValueError, match="last_shot_up_seconds"):
         DeadlineParams(last_shot_up_seconds=-1.0)
+
+
+# ---------------------------------------------------------------- moving a running job to a cheaper pool
+
+
+def running_on_a(now, *events, **kw):
+    return job(now, [PoolEvent(A.pool, "launched", 0.0), *events], running="spot", running_pool=A.pool, **kw)
+
+
+def test_a_running_spot_job_moves_to_a_pool_whose_saving_pays_the_move_twice():
+    # B is 30 % cheaper: over the target's expected lifetime (1 / 0.25 per h = 4 h) the saving is
+    # 0.3 x (1 + 0.25 x 600 s / 1 h) x 4 h = 1.25 $, against a move of 0.2 h at 0.7 $/h = 0.14 $ (x2)
+    cheap = spot("us-west-2b", price=0.7)
+    d = decide_attempt(running_on_a(2 * H, offers=(A, cheap, C, ON_DEMAND), deadline_h=None), params=PARAMS)
+    assert d.market == Market.SPOT.value and [o.pool for o in d.move_to] == [cheap.pool]
+    # equal prices never move a job, however much younger its own pool is than another
+    d = decide_attempt(running_on_a(2 * H, PoolEvent(B.pool, "probe-up", 0.0), deadline_h=None), params=PARAMS)
+    assert d.move_to == ()
+    # nor does a job with a few minutes of work left: the saving cannot pay the restart
+    d = decide_attempt(running_on_a(2 * H, offers=(A, cheap, C, ON_DEMAND), deadline_h=None,
+                                    work_done=48 * H - 300.0), params=PARAMS)
+    assert d.move_to == ()
+
+
+def test_a_pool_that_came_back_a_moment_ago_is_not_worth_a_move_a_settled_one_is():
+    # 10 % cheaper: worth it only over most of the prior lifetime (0.1 x 1.042 x 3.6 h >= 2 x 0.2 h x 0.9)
+    cheap = spot("us-west-2b", price=0.9)
+    offers = (A, cheap, C, ON_DEMAND)
+    settled = running_on_a(6 * H, PoolEvent(cheap.pool, "probe-up", 1 * H), offers=offers, deadline_h=None)
+    assert [o.pool for o in decide_attempt(settled, params=PARAMS).move_to] == [cheap.pool]
+    fresh = running_on_a(6 * H, PoolEvent(cheap.pool, "probe-up", 6 * H - 60.0), offers=offers, deadline_h=None)
+    assert decide_attempt(fresh, params=PARAMS).move_to == ()
+    # refused a moment ago: believed down, not a target
+    down = running_on_a(6 * H, PoolEvent(cheap.pool, "refused", 6 * H - 10.0), offers=offers, deadline_h=None)
+    assert decide_attempt(down, params=PARAMS).move_to == ()
+
+
+def test_a_move_needs_slack_for_its_restart_and_a_checkpoint_transfer_is_priced():
+    cheap = spot("us-west-2b", price=0.7)
+    offers = (A, cheap, C, ON_DEMAND)
+    assert decide_attempt(running_on_a(1 * H, offers=offers, work_done=1 * H), params=PARAMS).move_to
+    # 3.4 h in, nothing done: 0.6 h of slack cannot pay a restart, the floor and the reserve
+    late = decide_attempt(running_on_a(3.4 * H, offers=offers), params=PARAMS)
+    assert late.market == Market.SPOT.value and late.move_to == ()
+    # the same pool in another region, with 2 $ of egress per move: no longer worth it
+    far = spot("eu-west-1a", price=0.7)
+    params = DecisionParams(deadline=PARAMS.deadline, transfer_dollars=2.0, home_region="us-west-2")
+    d = decide_attempt(running_on_a(1 * H, offers=(A, far, ON_DEMAND), work_done=1 * H), params=params)
+    assert d.move_to == ()
+    # and never from on-demand: leaving it is the deadline rule's decision
+    od = job(1 * H, offers=offers, running="on-demand")
+    assert decide_attempt(od, params=PARAMS).move_to == ()
+
+
+def test_move_margin_none_never_moves_and_a_bad_margin_is_refused():
+    cheap = spot("us-west-2b", price=0.5)
+    params = DecisionParams(deadline=PARAMS.deadline, move_margin=None)
+    assert decide_attempt(running_on_a(2 * H, offers=(A, cheap, ON_DEMAND), deadline_h=None), params=params).move_to == ()
+    with pytest.raises(ValueError, match="move_margin"):
+        DecisionParams(move_margin=0.0)

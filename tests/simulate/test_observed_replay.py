@@ -312,3 +312,20 @@ def test_probe_miss_must_be_a_probability(bad, capsys):
         JobSpec(work_hours=1, probe_miss=bad)
     assert main(["simulate", "--work-hours", "1", "--probe-miss", str(bad)]) == 2
     assert "probe_miss is a probability in [0, 1)" in capsys.readouterr().err
+
+
+def test_ours_moves_a_running_job_to_a_cheaper_pool_once_it_accepts():
+    # the cheap pool is down for the first hour: ours starts in the dear one, tries the cheap one at each
+    # segment boundary (refused, not billed) and moves when it accepts; greedy, which never moves, stays
+    spec = JobSpec(work_hours=6, save_cost_seconds=0.0, restart_overhead_hours=0.1)
+    pools = [pool("us-west-2a", [0] * 60 + [1] * 600, price=0.6), pool("us-west-2b", [1] * 660, price=1.2)]
+    c = controllers.get("ours")()
+    r = simulate(spec, pools, ON_DEMAND, c, max_hours=10.0)
+    assert [(x.zone, x.outcome) for x in r.rows] == [("us-west-2b", "completed"), ("us-west-2a", "completed")]
+    assert r.rows[1].started_at == 60 * 60  # the first boundary at which the cheap pool accepts
+    assert [e.at / 60 for e in c.events if e.pool.endswith("us-west-2a") and e.kind == "refused"] == [0, 45]
+    greedy = simulate(spec, pools, ON_DEMAND, controllers.get("greedy")(), max_hours=10.0)
+    assert [x.zone for x in greedy.rows] == ["us-west-2b"] and r.cost < greedy.cost
+    # at one price there is nothing to move for
+    same = [pool("us-west-2a", [0] * 60 + [1] * 600), pool("us-west-2b", [1] * 660)]
+    assert len(simulate(spec, same, ON_DEMAND, controllers.get("ours")(), max_hours=10.0).rows) == 1
