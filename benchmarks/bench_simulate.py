@@ -10,7 +10,11 @@ separately; ``ours`` at the first deadline with other segment lengths than 15 mi
 decides at segment boundaries, as the operators do); ``ours`` with probes that miss (``--probe-misses``);
 and issue 11's targets. Writes the figures to benchmarks/results_simulate.json.
 
-    python benchmarks/bench_simulate.py [--traces DIR|FILE,FILE] [--nodes N] [--policies a,b] [--workers 2] [--json F]
+    python benchmarks/bench_simulate.py [--traces DIR|FILE,FILE] [--prices CSV] [--nodes N] [--policies a,b]
+        [--workers 2] [--json F]
+
+Trace files that carry their own prices (the SkyPilot spot simulator's layout, e.g. the SkyNomad
+artifact's ``converted_multi_region_aligned_h100_16_merged``) are replayed at those prices, zone by zone.
 
 A trace set the constants never saw (results in ``benchmarks/results/simulate_aws_10_26_2022.txt``)::
 
@@ -35,7 +39,7 @@ from airflow_spot.simulate.controllers import controllers
 from airflow_spot.simulate.engine import JobSpec
 from airflow_spot.simulate.report import (
     HINDSIGHT, build_pools, distribution, format_distributions, format_table, hindsight_distribution,
-    hindsight_ratios, offsets_for, plot, run_one, run_policies,
+    hindsight_ratios, offsets_for, plot, read_prices, run_one, run_policies,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -47,17 +51,20 @@ DEFAULT_TRACES = str(default_traces_dir() / PREEMPTION_TRACES_SUBDIR)
 
 
 def _dist(args):
-    spec, traces_dir, name, offs, base = args
+    spec, (traces_dir, prices), name, offs, base = args
     traces = _traces(traces_dir)
-    pools, od = _pools(traces, spec.nodes)
+    pools, od = _pools(traces, spec.nodes, prices)
     if name == HINDSIGHT:
         return hindsight_distribution(spec, pools, od, offs, base)
     return distribution(spec, pools, od, name, offs, base)
 
 
-def _pools(traces, nodes: int):
-    """The issue 4 job's prices (V100: $0.9731/h spot, $3.06/h on-demand), unless the trace files carry
-    their own (the SkyPilot simulator's ``price_info``): then each zone's."""
+def _pools(traces, nodes: int, prices: str | None = None):
+    """The issue 4 job's prices (V100: $0.9731/h spot, $3.06/h on-demand), unless a prices file
+    (``--prices``, CSV zone,spot,on_demand) or the trace files (the SkyPilot simulator's ``price_info``)
+    give each zone's."""
+    if prices:
+        return build_pools(traces, spot_price=None, on_demand_price=None, nodes=nodes, prices=read_prices(prices))
     if all(t.spot_price is not None and t.on_demand_price is not None for t in traces):
         return build_pools(traces, spot_price=None, on_demand_price=None, nodes=nodes)
     return build_pools(traces, spot_price=0.9731, on_demand_price=3.06, nodes=nodes)
@@ -75,7 +82,7 @@ def _ours_variants(args, hs, offs, base, headline, spec, field: str, values: dic
     / hindsight; ``headline`` ((label, distribution) at ``spec`` itself), when given, joins the row."""
     if not values:
         return {}
-    jobs = [(replace(spec, **{field: v}), args.traces, "ours", offs, base) for v in values.values()]
+    jobs = [(replace(spec, **{field: v}), (args.traces, args.prices), "ours", offs, base) for v in values.values()]
     with ProcessPoolExecutor(max_workers=max(1, min(args.workers, 2))) as ex:
         dists = dict(zip(values, ex.map(_dist, jobs)))
     if headline is not None:
@@ -98,6 +105,8 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=1,
                     help="instances per job (a gang, priced N times); a pool is up when a multi-node trace "
                          "counts at least N (availability/16-node, preemption/4-node)")
+    ap.add_argument("--prices", default=None,
+                    help="CSV of per-zone prices, lines zone,spot,on_demand ($/h), as `simulate --prices`")
     ap.add_argument("--json", default=str(HERE / "results_simulate.json"), help="where to write the figures")
     args = ap.parse_args()
     args.traces = ",".join(args.traces)  # one string: it travels to the worker processes
@@ -122,7 +131,7 @@ def main() -> None:
     for label, tr in (("one zone us-west-2b", one), (every, traces)):
         if not tr:
             continue
-        pools, od = _pools(tr, args.nodes)
+        pools, od = _pools(tr, args.nodes, args.prices)
         spec = JobSpec(48, 52, restart_overhead_hours=0.2, nodes=args.nodes)
         base = run_policies(spec, pools, od, ["on-demand"])[0].cost
         best = run_one(spec, pools, od, HINDSIGHT).cost
@@ -134,13 +143,13 @@ def main() -> None:
         out[key][HINDSIGHT] = {"cost": best, "ratio": best / base}
         if label == every:
             plot(results, png, spec, f"48 GPU h, 52 h deadline, {every}")
-    pools, od = _pools(traces, args.nodes)
+    pools, od = _pools(traces, args.nodes, args.prices)
     targets = {}
     for deadline in [int(x) for x in args.deadlines.split(",") if x]:
         spec = JobSpec(48, deadline, restart_overhead_hours=0.2, nodes=args.nodes)
         offs = offsets_for(spec, traces)
         base = run_policies(spec, pools, od, ["on-demand"])[0].cost
-        jobs = [(spec, args.traces, n, offs, base) for n in names + [HINDSIGHT]]
+        jobs = [(spec, (args.traces, args.prices), n, offs, base) for n in names + [HINDSIGHT]]
         if args.workers > 1:
             with ProcessPoolExecutor(max_workers=min(args.workers, 2)) as ex:
                 dists = list(ex.map(_dist, jobs))
