@@ -593,7 +593,7 @@ class SpotSegmentOperator(BaseOperator):
         if warm is not None:
             if warm.offer.is_spot and plan.move_to:
                 # make before break: the warm instance goes only once a cheaper pool has accepted
-                moved, errors = self._launch_first(context, store, plan.move_to, recorder)
+                moved, errors = self._launch_first(context, store, plan.move_to, recorder, optional=True)
                 if moved is not None:
                     self.log.info("moved from %s to the cheaper %s (%s)", warm.offer.pool, moved.offer.pool, plan.reason)
                     backend.terminate([warm.instance_id])
@@ -615,8 +615,12 @@ class SpotSegmentOperator(BaseOperator):
 
     def _launch_first(
         self, context: Context, store, offers, recorder: planning.AvailabilityRecorder | None,
+        optional: bool = False,
     ) -> tuple[InstanceInfo | None, list[str]]:
-        """Launch the first of ``offers`` that has capacity; the capacity refusals, recorded as pool events."""
+        """Launch the first of ``offers`` that has capacity; the capacity refusals, recorded as pool events.
+        ``optional`` (a move, with a warm instance to fall back on): an offer that cannot be launched for
+        another reason than capacity (quota, a region's configuration) is skipped with a warning instead of
+        failing the task."""
         backend = self.hook.get_backend()
         ti = context["ti"]
         errors = []
@@ -634,8 +638,13 @@ class SpotSegmentOperator(BaseOperator):
             try:
                 launched = backend.launch(spec)
             except LaunchError as exc:
-                if not exc.capacity:
+                if not exc.capacity and not optional:
                     raise AirflowFailException(f"cannot launch {offer.instance_type} in {offer.zone}: {exc}") from exc
+                if not exc.capacity:
+                    self.log.warning("cannot move to %s (%s): %s; fix it to let the job use that pool", offer.pool,
+                                     offer.market, exc)
+                    errors.append(f"{offer.pool} {offer.market}: {exc}")
+                    continue
                 self.log.warning("no capacity for %s (%s): %s; trying the next offer", offer.pool, offer.market, exc)
                 errors.append(f"{offer.pool} {offer.market}: {exc}")
                 if recorder is not None and offer.is_spot:  # a capacity refusal is an observation

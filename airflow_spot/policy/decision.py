@@ -32,11 +32,12 @@ Moving a running spot job to a cheaper pool (:func:`move_targets`): at a segment
 spot instance that is still up moves when another pool's long-run cost per unit of work is lower by
 enough that, over the work left but at most the target's expected lifetime (its prior MTBF, shortened
 while the pool is young: :func:`~airflow_spot.policy.offer_ranking.risk_multiplier` of its observed
-up-time, or of half the time since it was last seen down), the saving pays ``move_margin`` times the move: the new instance's restart
-(and the checkpoint's transfer across regions), and, with a deadline, only while the slack pays that
-restart, the floor and the reserve for future preemptions (as when leaving on-demand). The job tries the
-targets first and keeps its instance if they all refuse (a refusal is not billed). Prices that are
-equal everywhere never move a job: the saving counts prices and long-run rates, not the pools' ages.
+up-time, or of half the time since it was last seen down), the saving pays ``move_margin`` times the
+move: the new instance's restart (and the checkpoint's transfer across regions); with a deadline, only
+while the slack pays that restart, the floor and the reserve for future preemptions (as when leaving
+on-demand). The job tries the targets first and keeps its instance if they all refuse (a refusal is not
+billed). Prices that are equal everywhere never move a job: the saving counts prices and long-run
+rates, not the pools' ages.
 
 Pure: everything is passed in.
 """

@@ -382,6 +382,10 @@ def test_the_operator_moves_a_warm_instance_only_once_a_cheaper_pool_accepts(tmp
         kept, reused = op._get_instance(context, store, p, [warm], recorder=rec)
         assert (kept.instance_id, reused) == (warm.instance_id, True)
         assert {e.pool for e in rec.job_events() if e.kind == "refused"} == {o.pool for o in p.move_to}
+        # a target that cannot be launched for another reason (quota, the region's setup) is skipped, not fatal
+        backend.launch = lambda spec: (_ for _ in ()).throw(LaunchError("quota exceeded", capacity=False))
+        kept, reused = op._get_instance(context, store, p, [warm], recorder=rec)
+        assert (kept.instance_id, reused) == (warm.instance_id, True)
         backend.launch = refusing
         moved, reused = op._get_instance(context, store, p, [warm], recorder=rec)
         assert not reused and moved.offer.pool == p.move_to[0].pool
