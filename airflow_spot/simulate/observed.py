@@ -166,23 +166,11 @@ class ObservedController:
                 self._record(PoolEvent(p.name, "probe-down", view.now))
         self.probes_made += 1
 
-    def _execute(self, d: AttemptDecision, view: View) -> tuple[str, int] | None | str:
-        """Carry the decision out; ``"refused"`` when every spot offer refused."""
-        if d.market == WAIT:
-            return None
-        if d.market == Market.ON_DEMAND.value:
-            return ("on-demand", 0)
+    def _launch_first(self, offers, view: View) -> tuple[str, int] | None:
+        """Try the spot ``offers`` in order as the operator does: the first up accepts (``launched``), each
+        down one refuses (``refused``); None when all refused."""
         index = {p.name: i for i, p in enumerate(view.pools)}
-        if view.running is not None and view.running[0] == "spot" and view.up[view.running[1]]:
-            # a cheaper pool worth the move is tried first; the running instance is kept if all refuse
-            for offer in d.move_to:
-                i = index[offer.pool]
-                if view.up[i]:
-                    self._record(PoolEvent(offer.pool, "launched", view.now))
-                    return ("spot", i)
-                self._record(PoolEvent(offer.pool, "refused", view.now))
-            return view.running
-        for offer in d.ranked:
+        for offer in offers:
             if not offer.is_spot:
                 continue
             i = index[offer.pool]
@@ -190,7 +178,18 @@ class ObservedController:
                 self._record(PoolEvent(offer.pool, "launched", view.now))
                 return ("spot", i)
             self._record(PoolEvent(offer.pool, "refused", view.now))
-        return "refused"
+        return None
+
+    def _execute(self, d: AttemptDecision, view: View) -> tuple[str, int] | None | str:
+        """Carry the decision out; ``"refused"`` when every spot offer refused."""
+        if d.market == WAIT:
+            return None
+        if d.market == Market.ON_DEMAND.value:
+            return ("on-demand", 0)
+        if view.running is not None and view.running[0] == "spot" and view.up[view.running[1]]:
+            # a cheaper pool worth the move is tried first; the running instance is kept if all refuse
+            return self._launch_first(d.move_to, view) or view.running
+        return self._launch_first(d.ranked, view) or "refused"
 
     def decide(self, view: View) -> tuple[str, int] | None:
         if self._home_region is None and view.pools:
