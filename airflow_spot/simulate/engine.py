@@ -122,6 +122,9 @@ class View:
     #: paid time the current instance has still to spend before it makes progress (restart, a checkpoint
     #: move, a save's stall)
     pending_seconds: float = 0.0
+    #: the region the job's last checkpoint is in (None before its first instance made progress): an
+    #: instance started in another region pays ``JobSpec.transfer_seconds`` / ``transfer_dollars``
+    checkpoint_region: str | None = None
 
     @property
     def work_total(self) -> float:
@@ -292,7 +295,8 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
         at, tick_end = now, now + gap
         while True:  # decisions at the tick's start and wherever the controller asks for one inside it
             view = View(at, spec, pools, on_demand, up, last_loss, up_since, ours, ours_count, progress,
-                        attempt.where if attempt is not None else None, offset_ticks * gap, pending)
+                        attempt.where if attempt is not None else None, offset_ticks * gap, pending,
+                        checkpoint_region)
             yield at  # other jobs replayed together decide first if they are due earlier
             target = controller.decide(view)
             if target is not None and target[0] == "spot" and not up[target[1]]:
@@ -309,7 +313,6 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
                     if checkpoint_region is not None and offer.region != checkpoint_region:
                         pending += spec.transfer_seconds  # the checkpoint moves to the new region
                         transfer_cost += spec.transfer_dollars
-                    checkpoint_region = offer.region
             # a trace holds its value for a whole tick; a controller that decides more often than the
             # trace was sampled (the operators retry a job waiting for capacity every minute) is asked
             # again inside the tick, with the same capacity
@@ -320,6 +323,10 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
                 thr = attempt.offer.relative_throughput
                 use = min(pending, span)
                 pending -= use
+                if span > use:
+                    # progress from here on writes its checkpoints here (an instance given up while the
+                    # checkpoint was still moving leaves it where it was)
+                    checkpoint_region = attempt.offer.region
                 work = (span - use) * thr
                 if progress + work >= total:
                     done_at = at + use + (total - progress) / thr

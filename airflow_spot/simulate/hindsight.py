@@ -2,9 +2,11 @@
 
 Not a policy (it reads the future); a yardstick for how far a causal policy is from the best possible.
 A dynamic programme on a coarse grid (``step_seconds``, default 0.1 h) over (time, slack used, where the
-job runs, restart steps left). Each step the job idles, stays where it runs (a spot pool only while it
-is up for the whole step), or starts anew on on-demand or on a pool up for the whole step, paying the
-restart. Approximations, all named: a pool counts as up in a step only when it is up for all of it
+job runs, restart steps left and, with a transfer cost, the region its checkpoint is in). Each step the
+job idles, stays where it runs (a spot pool only while it is up for the whole step), or starts anew on
+on-demand or on a pool up for the whole step, paying the restart and, for a checkpoint in another region,
+its transfer (time and money) as the replay does; the checkpoint is in the new region once the new
+instance makes progress (an instance given up during the move leaves it where it was). Approximations, all named: a pool counts as up in a step only when it is up for all of it
 (a little pessimistic), the restart is rounded to whole steps, and neither save stalls nor the 60 s
 billing minimum are modelled (a little optimistic). Progress survives a preemption (emergency save).
 """
@@ -35,7 +37,7 @@ def hindsight_cost(
 ) -> float:
     """The cheapest cost ($) of ``spec`` from tick ``offset_ticks`` meeting its deadline, knowing the future.
 
-    :param step_seconds: the grid; work, deadline and restart are rounded to whole steps.
+    :param step_seconds: the grid; work, deadline, restart and transfer are rounded to whole steps.
     :raises ValueError: without a deadline (the optimum then just waits for spot).
     """
     if spec.deadline_hours is None:
@@ -43,29 +45,38 @@ def hindsight_cost(
     work = int(round(spec.work_hours * HOUR / step_seconds))
     horizon = int(round(spec.deadline_hours * HOUR / step_seconds))
     restart = max(1, int(round(spec.restart_overhead_hours * HOUR / step_seconds)))
+    depth = restart + int(round(spec.transfer_seconds / step_seconds))  # a restart that moves the checkpoint
     spare = horizon - work
     up = _up_by_step(pools, offset_ticks, horizon, step_seconds, spec.nodes)
-    # places: 0 idle, 1 on-demand, 2.. the spot pools; cost[slack used, place, restart steps left]
+    # places: 0 idle, 1 on-demand, 2.. the spot pools; where the checkpoint is: 0 nowhere yet, 1.. a region
+    run_regions = [on_demand.region] + [p.offer.region for p in pools]
+    regions = sorted(set(run_regions)) if spec.transfer_seconds or spec.transfer_dollars else []
+    home = [0] + [1 + regions.index(r) if regions else 0 for r in run_regions]
     price = [0.0, on_demand.price_per_hour] + [p.offer.price_per_hour for p in pools]
     price = [x * step_seconds / HOUR for x in price]
     places = len(price)
     inf = math.inf
-    cost = np.full((spare + 1, places, restart + 1), inf)
-    cost[0, 0, 0] = 0.0
+    cost = np.full((spare + 1, places, depth + 1, len(regions) + 1), inf)  # [slack used, place, restart left, ckpt]
+    cost[0, 0, 0, 0] = 0.0
     best = inf
     for t in range(horizon):
         nxt = np.full_like(cost, inf)
-        anywhere = cost.min(axis=(1, 2))
-        nxt[1:, 0, 0] = anywhere[:-1]  # idle: one step of slack
+        nxt[1:, 0, 0] = cost.min(axis=(1, 2))[:-1]  # idle: one step of slack, the checkpoint where it is
         for place in range(1, places):
             if place >= 2 and not up[place - 2, t]:
                 continue
-            elsewhere = np.delete(cost, place, axis=1).min(axis=(1, 2))
-            # start here: the first restart step is this one
-            nxt[1:, place, restart - 1] = np.minimum(nxt[1:, place, restart - 1], elsewhere[:-1] + price[place])
-            for k in range(1, restart + 1):  # still restarting: no progress
+            here = home[place]
+            elsewhere = np.delete(cost, place, axis=1).min(axis=(1, 2))  # [slack used, ckpt]
+            # start here: the first restart step is this one; a checkpoint in another region moves first
+            # (its transfer paid), and counts as here only once the instance makes progress
+            for ck in range(len(regions) + 1):
+                steps, extra = (restart, 0.0) if ck in (0, here) else (depth, spec.transfer_dollars)
+                nxt[1:, place, steps - 1, ck] = np.minimum(nxt[1:, place, steps - 1, ck],
+                                                           elsewhere[:-1, ck] + price[place] + extra)
+            for k in range(1, depth + 1):  # still restarting: no progress
                 nxt[1:, place, k - 1] = np.minimum(nxt[1:, place, k - 1], cost[:-1, place, k] + price[place])
-            nxt[:, place, 0] = np.minimum(nxt[:, place, 0], cost[:, place, 0] + price[place])  # progress
+            progress = cost[:, place, 0].min(axis=1)
+            nxt[:, place, 0, here] = np.minimum(nxt[:, place, 0, here], progress + price[place])
         cost = nxt
         done_at = t + 1 - work  # slack used by a job that has just finished
         if 0 <= done_at <= spare:

@@ -97,7 +97,6 @@ class ObservedController:
     decisions: int = 0
     _where: tuple[str, int] | None = None
     _next_at: float = 0.0
-    _home_region: str | None = None
     #: pool -> (index of its newest event, whether that event continues a run)
     _last: dict = field(default_factory=dict)
 
@@ -124,7 +123,7 @@ class ObservedController:
             recheck_seconds=self.recheck_seconds, probe_every_seconds=self.probe_every_seconds,
             prior_outage_seconds=self.prior_outage_seconds,
             transfer_seconds=view.spec.transfer_seconds, transfer_dollars=view.spec.transfer_dollars,
-            home_region=self._home_region,
+            home_region=view.checkpoint_region,
         )
 
     def _observation(self, view: View) -> JobObservation:
@@ -192,8 +191,6 @@ class ObservedController:
         return self._launch_first(d.ranked, view) or "refused"
 
     def decide(self, view: View) -> tuple[str, int] | None:
-        if self._home_region is None and view.pools:
-            self._home_region = view.pools[0].offer.region
         if self._where is not None and self._where[0] == "spot" and view.running is None:
             self._record(PoolEvent(view.pools[self._where[1]].name, "preempted", view.now))
             self._next_at = view.now  # a preemption is a decision point
@@ -209,8 +206,6 @@ class ObservedController:
             target = self._execute(d, view)
             if target == "refused":  # cannot happen after refusals, but never launch into a down pool
                 target = view.running if view.running and view.running[0] == "on-demand" else None
-        if target is not None and target[0] == "spot":
-            self._home_region = view.pools[target[1]].offer.region
         self._where = target
         self._next_at = view.now + (self.recheck_seconds if target is None else view.spec.segment_seconds)
         return target

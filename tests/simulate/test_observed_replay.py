@@ -195,6 +195,38 @@ def test_cross_region_moves_are_charged(tmp_path):
     assert r.cost == pytest.approx(sum(x.cost for x in r.rows) + 0.5)
 
 
+class _Scripted:
+    """Runs where it is told, minute by minute, and notes where the replay says the checkpoint is."""
+
+    name, emergency_save = "scripted", True
+
+    def __init__(self, plan):
+        self.plan, self.seen = plan, {}
+
+    def decide(self, view):
+        self.seen[view.now] = view.checkpoint_region
+        return next(where for until, where in self.plan if view.now < until)
+
+    def checkpoint_interval(self, view):
+        return 3600.0
+
+
+def test_a_move_given_up_before_the_new_instance_made_progress_leaves_the_checkpoint_where_it_was():
+    spec = JobSpec(work_hours=10 / 60, save_cost_seconds=0.0, restart_overhead_hours=1 / 60,
+                   transfer_seconds=300.0, transfer_dollars=0.5)
+    west = pool("us-west-2b", [1] * 60)
+    east = SimPool(SpotTrace("e", "us-east-1a", 60.0, (1,) * 60),
+                   Offer("p3.2xlarge", "us-east-1", "us-east-1a", Market.SPOT, SPOT, OD, "V100", 1, 16.0))
+    # west for 3 min (1 restart + 2 of work), east for 2 (still moving the checkpoint), west again
+    c = _Scripted([(180, ("spot", 0)), (300, ("spot", 1)), (10**9, ("spot", 0))])
+    r = simulate(spec, [west, east], ON_DEMAND, c, max_hours=1.0)
+    assert (c.seen[0.0], c.seen[180.0], c.seen[240.0], c.seen[300.0]) == (None, "us-west-2", "us-west-2", "us-west-2")
+    assert [x.region for x in r.rows] == ["us-west-2", "us-east-1", "us-west-2"]
+    # back in the west: 1 min restart and the 8 min left, no transfer; one move paid, the one begun
+    assert r.rows[2].ended_at - r.rows[2].started_at == pytest.approx(9 * 60)
+    assert r.cost == pytest.approx(sum(x.cost for x in r.rows) + 0.5)
+
+
 def test_cli_hindsight_column_prices_and_nodes(tmp_path, capsys):
     d = tmp_path / "availability" / "2-node"  # counts up to 2 are valid under a 2-node folder
     d.mkdir(parents=True)
