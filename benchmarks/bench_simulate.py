@@ -107,8 +107,16 @@ def main() -> None:
                          "counts at least N (availability/16-node, preemption/4-node)")
     ap.add_argument("--prices", default=None,
                     help="CSV of per-zone prices, lines zone,spot,on_demand ($/h), as `simulate --prices`")
+    ap.add_argument("--transfer-seconds", type=float, default=0.0,
+                    help="restart time added when an instance starts in another region than the checkpoint")
+    ap.add_argument("--transfer-dollars", type=float, default=0.0,
+                    help="$ per checkpoint moved to another region (egress), as `simulate --transfer-dollars`")
+    ap.add_argument("--store-region", default=None,
+                    help="checkpoints in one store in this region, as `simulate --store-region`")
     ap.add_argument("--json", default=str(HERE / "results_simulate.json"), help="where to write the figures")
     args = ap.parse_args()
+    if not (args.transfer_seconds >= 0 and args.transfer_dollars >= 0):  # also NaN
+        ap.error("--transfer-seconds and --transfer-dollars must be >= 0")
     args.traces = ",".join(args.traces)  # one string: it travels to the worker processes
     traces = _traces(args.traces)
     if args.nodes < 1:
@@ -132,7 +140,8 @@ def main() -> None:
         if not tr:
             continue
         pools, od = _pools(tr, args.nodes, args.prices)
-        spec = JobSpec(48, 52, restart_overhead_hours=0.2, nodes=args.nodes)
+        spec = JobSpec(48, 52, restart_overhead_hours=0.2, nodes=args.nodes, transfer_seconds=args.transfer_seconds,
+                       transfer_dollars=args.transfer_dollars, store_region=args.store_region)
         base = run_policies(spec, pools, od, ["on-demand"])[0].cost
         best = run_one(spec, pools, od, HINDSIGHT).cost
         results = run_policies(spec, pools, od, names)
@@ -146,7 +155,9 @@ def main() -> None:
     pools, od = _pools(traces, args.nodes, args.prices)
     targets = {}
     for deadline in [int(x) for x in args.deadlines.split(",") if x]:
-        spec = JobSpec(48, deadline, restart_overhead_hours=0.2, nodes=args.nodes)
+        spec = JobSpec(48, deadline, restart_overhead_hours=0.2, nodes=args.nodes,
+                       transfer_seconds=args.transfer_seconds, transfer_dollars=args.transfer_dollars,
+                       store_region=args.store_region)
         offs = offsets_for(spec, traces)
         base = run_policies(spec, pools, od, ["on-demand"])[0].cost
         jobs = [(spec, (args.traces, args.prices), n, offs, base) for n in names + [HINDSIGHT]]

@@ -9,7 +9,7 @@ the decisions are its.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -77,6 +77,9 @@ def plan(
     running_pool: str | None = None,
     committed: bool = False,
     job_events: Sequence[Any] = (),
+    checkpoint_region: str | None = None,
+    transfer_seconds: float = 0.0,
+    transfer_dollars: float = 0.0,
 ) -> Plan:
     """Rank the offers for the next attempt with :func:`airflow_spot.policy.decision.decide_attempt`, the
     function the simulator's ``ours`` replays, fed by one
@@ -90,6 +93,9 @@ def plan(
     :param running: the market of the warm instance the job holds, if any (switching costs a restart).
     :param running_pool: that instance's pool (it is up: the job sees it running).
     :param committed: the deadline policy's state from the previous plan (safety net fired).
+    :param checkpoint_region: the region of the job's store: an attempt elsewhere restores and saves across
+        regions, paying ``transfer_seconds`` more start-up and ``transfer_dollars``; the ranking and the
+        deadline rule price both (``DecisionParams.home_region``), as ``simulate --store-region`` replays.
     """
     from airflow_spot.policy.deadline import WAIT, DeadlineState
     from airflow_spot.policy import decision as policy_decision
@@ -112,6 +118,9 @@ def plan(
         params = DecisionParams(deadline=observed_deadline_params(safety_restarts=0.0), policy="uniform-progress")
     else:
         unit = 1.0
+    if checkpoint_region is not None:
+        params = replace(params, home_region=checkpoint_region, transfer_seconds=transfer_seconds,
+                         transfer_dollars=transfer_dollars)
     observed = getattr(market, "observations", None)
     deployment = list(observed(now)) if callable(observed) else []
     obs = JobObservation(

@@ -142,6 +142,11 @@ class SpotSegmentOperator(BaseOperator):
     :param step_profile: seconds per training step the job was measured at, per GPU model (e.g.
         ``{"T4": 0.42}``, from ``airflow-spot estimate --profile-command``); the UI's ranking of instance
         types before the job starts scales it by the catalog's relative throughputs (optional).
+    :param checkpoint_region: the region of the store ``checkpoint_uri`` names (an S3 bucket's region). An
+        attempt in another region restores the checkpoint and saves back across regions; give what that
+        costs per attempt as ``transfer_seconds`` (extra start-up) and ``transfer_dollars`` (egress, e.g.
+        checkpoint GB x $0.02) and the offer plan prices both, against the cheaper offers elsewhere and in
+        the deadline's slack (``simulate --store-region`` replays the same). Default: not priced.
     """
 
     # ``spot_job`` is a template field so that it is in the serialized DAG: the UI plugin ranks offers for a
@@ -188,6 +193,9 @@ class SpotSegmentOperator(BaseOperator):
         step_profile: dict[str, float] | None = None,
         capacity_recheck_seconds: float = 60.0,
         max_capacity_wait_seconds: float = 24 * 3600.0,
+        checkpoint_region: str | None = None,
+        transfer_seconds: float = 0.0,
+        transfer_dollars: float = 0.0,
         **kwargs: Any,
     ) -> None:
         # Airflow's own retry policy decides how each failure is retried (operators/retry.py); a policy
@@ -227,6 +235,9 @@ class SpotSegmentOperator(BaseOperator):
         self.probe_spot = bool(probe_spot)
         self.capacity_recheck_seconds = float(capacity_recheck_seconds)
         self.max_capacity_wait_seconds = float(max_capacity_wait_seconds)
+        self.checkpoint_region = checkpoint_region
+        self.transfer_seconds = float(transfer_seconds)
+        self.transfer_dollars = float(transfer_dollars)
         self.spot_job = {  # what the job asks for, readable from the serialized DAG before it starts
             "job_name": job_name, "gpus": self.gpus.to_dict(), "total_steps": self.total_steps,
             "backend": backend, "market_options": self.market_options, "aws_conn_id": aws_conn_id,
@@ -373,6 +384,9 @@ class SpotSegmentOperator(BaseOperator):
             running=alive[0].offer.market if alive else None,
             running_pool=alive[0].offer.pool if alive else None,
             committed=bool(job.get("deadline_committed")),
+            checkpoint_region=self.checkpoint_region,
+            transfer_seconds=self.transfer_seconds,
+            transfer_dollars=self.transfer_dollars,
         )
 
         def replan() -> planning.Plan:  # after capacity refusals: the same decision, with them observed

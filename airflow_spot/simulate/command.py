@@ -6,7 +6,8 @@ Example (the issue's reference job, all four measured zones)::
         --spot-price 0.9731 --on-demand-price 3.06 --offsets --png sim.png
 
 Multi-region: ``--prices FILE`` (CSV ``zone,spot,on_demand``) prices each zone; ``--transfer-seconds`` and
-``--transfer-dollars`` charge moving the checkpoint to another region. Multi-node availability traces
+``--transfer-dollars`` charge moving the checkpoint to another region (or, with ``--store-region``, every
+instance outside the one store's region, as the operators price it). Multi-node availability traces
 (counts 0..N) with ``--nodes N``: the gang needs N up in one zone. ``hindsight`` in ``--policies`` adds
 the hindsight optimum; with a deadline every result is also given as ``cost / hindsight``.
 """
@@ -53,6 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="chance one probe request of a pool with capacity reads 'no capacity' (0.18: F1 0.9 per request; "
                         "a refused probe is asked once more, drawn independently; default 0)")
     p.add_argument("--transfer-dollars", type=float, default=0.0, help="$ per checkpoint moved across regions")
+    p.add_argument("--store-region", default=None,
+                   help="the checkpoints stay in one store in this region (the operators' segment_options "
+                        "checkpoint_region): every instance elsewhere pays the transfer; default: the checkpoint "
+                        "moves with the job")
     p.add_argument("--nodes", type=int, default=1,
                    help="instances per job (gang); a multi-node availability trace must show this many up")
     p.add_argument("--jobs", type=int, default=1,
@@ -105,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
                        save_cost_seconds=args.save_cost_seconds, restart_overhead_hours=args.restart_overhead_hours,
                        notice_seconds=args.notice_seconds, nodes=args.nodes, transfer_seconds=args.transfer_seconds,
                        transfer_dollars=args.transfer_dollars, segment_seconds=args.segment_minutes * 60.0,
-                       probe_miss=args.probe_miss)
+                       probe_miss=args.probe_miss, store_region=args.store_region or None)
         traces = load_traces(_trace_paths(args.traces))
         if args.zones:
             wanted = [z.strip() for z in args.zones.split(",") if z.strip()]

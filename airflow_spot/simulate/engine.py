@@ -48,6 +48,9 @@ class JobSpec:
     :param transfer_seconds: extra restart time when an instance starts in another region than the
         job's last checkpoint (moving it across regions).
     :param transfer_dollars: money per such move (egress).
+    :param store_region: the checkpoints live in one store in this region (the operators' model: one S3
+        bucket) instead of following the job: every instance in another region restores from it and saves
+        back across regions, paying the transfer, the first included. None: the checkpoint moves with the job.
     :param segment_seconds: wall-clock length of one segment (``steps_per_segment`` times the step time):
         the operators decide where the job runs at segment boundaries, so the replay of ``ours`` does too.
     :param probe_miss: the chance that one probe request (a spot request placed and cancelled) of a pool
@@ -65,6 +68,7 @@ class JobSpec:
     nodes: int = 1
     transfer_seconds: float = 0.0
     transfer_dollars: float = 0.0
+    store_region: str | None = None
     segment_seconds: float = 900.0
     probe_miss: float = 0.0
 
@@ -259,7 +263,7 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
     ours_count: dict[str, int] = {}
     cost_so_far = 0.0
     done_at: float | None = None
-    checkpoint_region: str | None = None
+    checkpoint_region: str | None = spec.store_region
     transfer_cost = 0.0
 
     def close(now: float, outcome: str, kept: float, lost: float) -> None:
@@ -326,7 +330,7 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
                 if span > use:
                     # progress from here on writes its checkpoints here (an instance given up while the
                     # checkpoint was still moving leaves it where it was)
-                    checkpoint_region = attempt.offer.region
+                    checkpoint_region = spec.store_region or attempt.offer.region
                 work = (span - use) * thr
                 if progress + work >= total:
                     done_at = at + use + (total - progress) / thr

@@ -6,7 +6,8 @@ job runs, restart steps left and, with a transfer cost, the region its checkpoin
 job idles, stays where it runs (a spot pool only while it is up for the whole step), or starts anew on
 on-demand or on a pool up for the whole step, paying the restart and, for a checkpoint in another region,
 its transfer (time and money) as the replay does; the checkpoint is in the new region once the new
-instance makes progress (an instance given up during the move leaves it where it was). Approximations, all named: a pool counts as up in a step only when it is up for all of it
+instance makes progress (an instance given up during the move leaves it where it was), or with
+``JobSpec.store_region`` always in the store's. Approximations, all named: a pool counts as up in a step only when it is up for all of it
 (a little pessimistic), the restart is rounded to whole steps, and neither save stalls nor the 60 s
 billing minimum are modelled (a little optimistic). Progress survives a preemption (emergency save).
 """
@@ -50,14 +51,19 @@ def hindsight_cost(
     up = _up_by_step(pools, offset_ticks, horizon, step_seconds, spec.nodes)
     # places: 0 idle, 1 on-demand, 2.. the spot pools; where the checkpoint is: 0 nowhere yet, 1.. a region
     run_regions = [on_demand.region] + [p.offer.region for p in pools]
-    regions = sorted(set(run_regions)) if spec.transfer_seconds or spec.transfer_dollars else []
+    regions = []
+    if spec.transfer_seconds or spec.transfer_dollars:
+        regions = sorted(set(run_regions + ([spec.store_region] if spec.store_region else [])))
     home = [0] + [1 + regions.index(r) if regions else 0 for r in run_regions]
+    # progress writes the checkpoint where the job runs, or to the one store
+    store = 1 + regions.index(spec.store_region) if regions and spec.store_region else None
+    writes = home if store is None else [store] * len(home)
     price = [0.0, on_demand.price_per_hour] + [p.offer.price_per_hour for p in pools]
     price = [x * step_seconds / HOUR for x in price]
     places = len(price)
     inf = math.inf
     cost = np.full((spare + 1, places, depth + 1, len(regions) + 1), inf)  # [slack used, place, restart left, ckpt]
-    cost[0, 0, 0, 0] = 0.0
+    cost[0, 0, 0, store or 0] = 0.0
     best = inf
     for t in range(horizon):
         nxt = np.full_like(cost, inf)
@@ -76,7 +82,7 @@ def hindsight_cost(
             for k in range(1, depth + 1):  # still restarting: no progress
                 nxt[1:, place, k - 1] = np.minimum(nxt[1:, place, k - 1], cost[:-1, place, k] + price[place])
             progress = cost[:, place, 0].min(axis=1)
-            nxt[:, place, 0, here] = np.minimum(nxt[:, place, 0, here], progress + price[place])
+            nxt[:, place, 0, writes[place]] = np.minimum(nxt[:, place, 0, writes[place]], progress + price[place])
         cost = nxt
         done_at = t + 1 - work  # slack used by a job that has just finished
         if 0 <= done_at <= spare:

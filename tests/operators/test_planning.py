@@ -394,3 +394,17 @@ def test_the_operator_moves_a_warm_instance_only_once_a_cheaper_pool_accepts(tmp
     finally:
         backend.terminate([i.instance_id for i in backend.list_instances({})
                            if not InstanceState(i.state).is_terminal()])
+
+
+def test_attempts_outside_the_checkpoint_stores_region_pay_the_transfer(market):
+    cheapest = make_plan(market).ranked[0]
+    assert cheapest.region != "us-east-1"
+    # a restore and saves across regions dearer than what the cheaper regions save over the job's work
+    p = make_plan(market, checkpoint_region="us-east-1", transfer_dollars=1.0)
+    assert p.ranked[0].region == "us-east-1"
+    # a transfer that is cheap against the work left changes nothing
+    long_job = dict(total_steps=10**6, step_seconds=1.0)
+    assert make_plan(market, checkpoint_region="us-east-1", transfer_dollars=0.01, **long_job).ranked[0] == \
+        make_plan(market, **long_job).ranked[0]
+    # the store's region alone prices nothing
+    assert make_plan(market, checkpoint_region="us-east-1").ranked == make_plan(market).ranked

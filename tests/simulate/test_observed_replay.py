@@ -227,6 +227,46 @@ def test_a_move_given_up_before_the_new_instance_made_progress_leaves_the_checkp
     assert r.cost == pytest.approx(sum(x.cost for x in r.rows) + 0.5)
 
 
+def test_with_one_store_every_instance_outside_its_region_pays_the_transfer():
+    # the operators' model: checkpoints in one bucket in us-west-2; the east pool restores from it and
+    # saves back, on its first instance too (preempted at minute 8, then again from minute 10)
+    spec = JobSpec(work_hours=10 / 60, save_cost_seconds=0.0, restart_overhead_hours=1 / 60,
+                   transfer_seconds=120.0, transfer_dollars=0.5, store_region="us-west-2")
+    east = SimPool(SpotTrace("e", "us-east-1a", 60.0, (1,) * 8 + (0,) * 2 + (1,) * 50),
+                   Offer("p3.2xlarge", "us-east-1", "us-east-1a", Market.SPOT, SPOT, OD, "V100", 1, 16.0))
+    c = _Scripted([(480, ("spot", 0)), (600, None), (10**9, ("spot", 0))])
+    r = simulate(spec, [east], ON_DEMAND, c, max_hours=1.0)
+    assert set(c.seen.values()) == {"us-west-2"}
+    # 1 + 2 + 5 minutes, then 1 + 2 + the 5 left: two transfers paid
+    assert [x.ended_at - x.started_at for x in r.rows] == pytest.approx([480, 480])
+    assert r.cost == pytest.approx(sum(x.cost for x in r.rows) + 1.0)
+
+
+def test_cli_store_region_prices_every_attempt_outside_it(tmp_path, capsys):
+    d = tmp_path / "traces"
+    d.mkdir()
+    for zone, values in (("us-west-2b", [1] * 240), ("us-east-1a", [1] * 240)):
+        (d / f"{zone}_v100_1.json").write_text(json.dumps({"metadata": {"gap_seconds": 60}, "data": values}))
+    prices = tmp_path / "prices.csv"
+    prices.write_text("us-west-2b,1.0,3.0\nus-east-1a,0.9,3.0\n")  # the east is cheaper by $0.1/h
+    base = ["simulate", "--work-hours", "1", "--deadline-hours", "2", "--restart-overhead-hours", "0.1",
+            "--traces", str(d), "--prices", str(prices), "--policies", "ours,hindsight", "--json",
+            str(tmp_path / "out.json")]
+
+    def run(*extra):
+        assert main(base + list(extra)) == 0
+        assert "us-west-2" in capsys.readouterr().out
+        return {r["policy"]: r for r in json.loads((tmp_path / "out.json").read_text())["runs"]}
+
+    free, held = run(), run("--store-region", "us-west-2", "--transfer-dollars", "1")
+    # the east is cheaper by $0.1/h; with the store in the west, a $1 restore there outweighs that for an hour
+    # (1 h of work + a 0.1 h restart, in the east at $0.9/h, then in the west at $1/h)
+    assert (free["ours"]["cost"], free["hindsight"]["cost"]) == pytest.approx((0.9 * 1.1, 0.9 * 1.1), rel=0.01)
+    assert (held["ours"]["cost"], held["hindsight"]["cost"]) == pytest.approx((1.1, 1.1), rel=0.01)
+    assert main(base + ["--transfer-dollars", "-1"]) == 2
+    assert "transfer_dollars must be >= 0" in capsys.readouterr().err
+
+
 def test_cli_hindsight_column_prices_and_nodes(tmp_path, capsys):
     d = tmp_path / "availability" / "2-node"  # counts up to 2 are valid under a 2-node folder
     d.mkdir(parents=True)
