@@ -64,25 +64,32 @@ def hindsight_cost(
     inf = math.inf
     cost = np.full((spare + 1, places, depth + 1, len(regions) + 1), inf)  # [slack used, place, restart left, ckpt]
     cost[0, 0, 0, store or 0] = 0.0
+    price_of = np.array(price)[None, :, None]
+    # a start at a place with the checkpoint nowhere yet or in its region needs no transfer
+    free = np.array([[ck in (0, home[q]) for ck in range(len(regions) + 1)] for q in range(places)])
+    extra = np.where(free, 0.0, spec.transfer_dollars)
+    arange, writes = np.arange(places), np.array(writes)
     best = inf
     for t in range(horizon):
         nxt = np.full_like(cost, inf)
-        nxt[1:, 0, 0] = cost.min(axis=(1, 2))[:-1]  # idle: one step of slack, the checkpoint where it is
-        for place in range(1, places):
-            if place >= 2 and not up[place - 2, t]:
-                continue
-            here = home[place]
-            elsewhere = np.delete(cost, place, axis=1).min(axis=(1, 2))  # [slack used, ckpt]
-            # start here: the first restart step is this one; a checkpoint in another region moves first
-            # (its transfer paid), and counts as here only once the instance makes progress
-            for ck in range(len(regions) + 1):
-                steps, extra = (restart, 0.0) if ck in (0, here) else (depth, spec.transfer_dollars)
-                nxt[1:, place, steps - 1, ck] = np.minimum(nxt[1:, place, steps - 1, ck],
-                                                           elsewhere[:-1, ck] + price[place] + extra)
-            for k in range(1, depth + 1):  # still restarting: no progress
-                nxt[1:, place, k - 1] = np.minimum(nxt[1:, place, k - 1], cost[:-1, place, k] + price[place])
-            progress = cost[:, place, 0].min(axis=1)
-            nxt[:, place, 0, writes[place]] = np.minimum(nxt[:, place, 0, writes[place]], progress + price[place])
+        at = cost.min(axis=2)  # [slack used, place, ckpt]
+        # the job anywhere but at q: the best place, or for q itself the second best
+        order = np.argsort(at, axis=1)
+        first = np.take_along_axis(at, order[:, :1], axis=1)
+        second = np.take_along_axis(at, order[:, 1:2], axis=1)
+        elsewhere = np.where(order[:, :1] == arange[None, :, None], second, first)
+        # start here: the first restart step is this one; a checkpoint in another region moves first
+        # (its transfer paid), and counts as here only once the instance makes progress
+        start = elsewhere[:-1] + price_of + extra[None]
+        nxt[1:, :, restart - 1] = np.where(free[None], start, inf)
+        nxt[1:, :, depth - 1] = np.minimum(nxt[1:, :, depth - 1], np.where(free[None], inf, start))
+        # still restarting: no progress
+        nxt[1:, :, :-1] = np.minimum(nxt[1:, :, :-1], cost[:-1, :, 1:] + price_of[..., None])
+        progress = cost[:, :, 0].min(axis=2) + price_of[:, :, 0]  # [slack used, place]
+        nxt[:, arange, 0, writes] = np.minimum(nxt[:, arange, 0, writes], progress)
+        nxt[:, 2:][:, ~up[:, t]] = inf  # a spot pool only while it is up for the whole step
+        nxt[:, 0] = inf
+        nxt[1:, 0, 0] = at.min(axis=1)[:-1]  # idle: one step of slack, the checkpoint where it is
         cost = nxt
         done_at = t + 1 - work  # slack used by a job that has just finished
         if 0 <= done_at <= spare:
