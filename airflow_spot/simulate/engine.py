@@ -126,8 +126,9 @@ class View:
     #: paid time the current instance has still to spend before it makes progress (restart, a checkpoint
     #: move, a save's stall)
     pending_seconds: float = 0.0
-    #: the region the job's last checkpoint is in (None before its first instance made progress): an
-    #: instance started in another region pays ``JobSpec.transfer_seconds`` / ``transfer_dollars``
+    #: the region the job's last checkpoint is in (None before its first instance made progress; with
+    #: ``JobSpec.store_region``, always the store's): an instance started in another region pays
+    #: ``JobSpec.transfer_seconds`` / ``transfer_dollars``
     checkpoint_region: str | None = None
 
     @property
