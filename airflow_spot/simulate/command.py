@@ -125,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
         if HINDSIGHT in names and args.deadline_hours is None:
             raise ValueError("the hindsight optimum needs a deadline: pass --deadline-hours")
         check_node_count(traces, args.nodes)
+        if args.store_region and args.store_region in {t.zone for t in traces}:
+            raise ValueError(f"--store-region {args.store_region} is a zone; give its region "
+                             f"({next(t.region for t in traces if t.zone == args.store_region)})")
         prices = read_prices(args.prices) if args.prices else None
         market = None
         if prices is None and (args.spot_price is None or args.on_demand_price is None):

@@ -265,6 +265,8 @@ def test_cli_store_region_prices_every_attempt_outside_it(tmp_path, capsys):
     assert (held["ours"]["cost"], held["hindsight"]["cost"]) == pytest.approx((1.1, 1.1), rel=0.01)
     assert main(base + ["--transfer-dollars", "-1"]) == 2
     assert "transfer_dollars must be >= 0" in capsys.readouterr().err
+    assert main(base + ["--store-region", "us-west-2b"]) == 2
+    assert "is a zone; give its region (us-west-2)" in capsys.readouterr().err
 
 
 def test_cli_hindsight_column_prices_and_nodes(tmp_path, capsys):
