@@ -56,6 +56,7 @@ def record_attempt(
         gpu_count=offer.gpu_count,
         step_seconds=event.get("step_time_ewma"),
         notice_at=event.get("notice_at"),
+        transfer_dollars=launch.transfer_dollars,
     )
     LedgerStore(store).write(row)
     return row.to_dict()

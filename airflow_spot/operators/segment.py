@@ -41,7 +41,7 @@ from airflow_spot.operators import accounting, planning
 from airflow_spot.operators.attempt_record import AttemptLaunch, read_job, write_job
 from airflow_spot.operators.retry import segment_retry_policy
 from airflow_spot.operators.validation import validate_gpus, validate_step_profile
-from airflow_spot.policy.offers import GpuRequest, Market
+from airflow_spot.policy.offers import GpuRequest, Market, Offer
 from airflow_spot.storage.checkpoint import NoUsableCheckpointError
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError
 from airflow_spot.storage.protocol import JobLayout, Outcome, SegmentRequest, safe_id
@@ -426,6 +426,7 @@ class SpotSegmentOperator(BaseOperator):
             try_number=context["ti"].try_number,
             task_id=self.task_id,
             resume_step=max(latest or 0, self.start_step),
+            transfer_dollars=self._transfer_dollars(instance.offer, reused),
         )
         launch.write(store)
         JobLayout(store).write_request(instance.instance_id, self._request(attempt_id, requested_at, plan))
@@ -526,6 +527,13 @@ class SpotSegmentOperator(BaseOperator):
             recorded.get("try_number"),
         )
         return launch
+
+    def _transfer_dollars(self, offer: Offer, reused: bool) -> float:
+        """The egress a new instance outside the checkpoint store's region pays (as the plan priced it and the
+        replay charges it: per new instance; a warm one restored nothing)."""
+        if reused or self.checkpoint_region is None or offer.region == self.checkpoint_region:
+            return 0.0
+        return self.transfer_dollars
 
     @staticmethod
     def _billed_from(instance: InstanceInfo, reused: bool, rows: list, requested_at: float) -> float:

@@ -62,6 +62,8 @@ class LedgerRow:
     step_seconds: float | None = None
     #: when the instance's preemption notice reached the training process (None: no notice seen)
     notice_at: float | None = None
+    #: egress of moving the checkpoint to or from another region for this attempt ($, in ``cost``)
+    transfer_dollars: float = 0.0
     schema_version: int = LEDGER_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -70,6 +72,8 @@ class LedgerRow:
             raise ValueError(f"ledger row {self.attempt_id}: ended_at {self.ended_at} is before started_at {self.started_at}")
         if self.price_per_hour < 0 or self.on_demand_price_per_hour < 0:
             raise ValueError(f"ledger row {self.attempt_id}: prices must be >= 0")
+        if not self.transfer_dollars >= 0:
+            raise ValueError(f"ledger row {self.attempt_id}: transfer_dollars must be >= 0")
         if self.steps_done < 0 or self.steps_lost < 0:
             raise ValueError(f"ledger row {self.attempt_id}: step counts must be >= 0")
 
@@ -83,7 +87,7 @@ class LedgerRow:
 
     @property
     def cost(self) -> float:
-        return self.billed_seconds / 3600.0 * self.price_per_hour
+        return self.billed_seconds / 3600.0 * self.price_per_hour + self.transfer_dollars
 
     @property
     def lost_seconds(self) -> float:

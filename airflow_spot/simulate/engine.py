@@ -176,6 +176,7 @@ class SimResult:
 class _Attempt:
     def __init__(self, where: tuple[str, int], offer: Offer, start: float, committed: float) -> None:
         self.where, self.offer, self.start, self.committed_at_start = where, offer, start, committed
+        self.transfer_dollars = 0.0
 
 
 def simulate(
@@ -265,7 +266,6 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
     cost_so_far = 0.0
     done_at: float | None = None
     checkpoint_region: str | None = spec.store_region
-    transfer_cost = 0.0
 
     def close(now: float, outcome: str, kept: float, lost: float) -> None:
         nonlocal attempt, cost_so_far
@@ -276,7 +276,7 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
             zone=o.zone, region=o.region, market=o.market, price_per_hour=o.price_per_hour,
             on_demand_price_per_hour=o.on_demand_price_per_hour, started_at=attempt.start, ended_at=now,
             steps_done=int(round(max(0.0, kept - attempt.committed_at_start))), steps_lost=int(round(lost)),
-            outcome=outcome, step_seconds=1.0 / o.relative_throughput,
+            outcome=outcome, step_seconds=1.0 / o.relative_throughput, transfer_dollars=attempt.transfer_dollars,
         ))
         cost_so_far += rows[-1].cost
         attempt = None
@@ -317,7 +317,7 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
                     pending, since_ckpt = r, 0.0
                     if checkpoint_region is not None and offer.region != checkpoint_region:
                         pending += spec.transfer_seconds  # the checkpoint moves to the new region
-                        transfer_cost += spec.transfer_dollars
+                        attempt.transfer_dollars = spec.transfer_dollars  # billed with the attempt, as the operators do
             # a trace holds its value for a whole tick; a controller that decides more often than the
             # trace was sampled (the operators retry a job waiting for capacity every minute) is asked
             # again inside the tick, with the same capacity
@@ -350,7 +350,8 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
         if done_at is not None:
             break
         if t % timeline_every == 0:
-            running_cost = cost_so_far + ((now + gap - attempt.start) / HOUR * attempt.offer.price_per_hour if attempt else 0)
+            running_cost = cost_so_far + ((now + gap - attempt.start) / HOUR * attempt.offer.price_per_hour
+                                          + attempt.transfer_dollars if attempt else 0)
             timeline.append(((now + gap) / HOUR, progress / total, running_cost))
     else:
         if attempt is not None:
@@ -361,7 +362,7 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
     return SimResult(
         policy=controller.name,
         # probes (spot requests placed and cancelled) are billed outside the job's attempts
-        cost=summary.cost + getattr(controller, "probe_cost", 0.0) + transfer_cost,
+        cost=summary.cost + getattr(controller, "probe_cost", 0.0),
         on_demand_cost=summary.on_demand_cost,
         completed=done_at is not None,
         completion_hours=done_at / HOUR if done_at is not None else None,

@@ -28,7 +28,11 @@ def test_the_attempt_runs_in_the_stores_region_when_moving_there_costs_more_than
     assert anywhere[0].region != "us-east-1"
     priced = _run(tmp_path / "b", "region_priced", checkpoint_region="us-east-1", transfer_seconds=60.0,
                   transfer_dollars=1.0)
-    assert [r.region for r in priced] == ["us-east-1"]
+    assert [r.region for r in priced] == ["us-east-1"] and priced[0].transfer_dollars == 0.0
+    # a transfer too cheap to keep the job home: it runs elsewhere and its ledger row carries the egress
+    cheap = _run(tmp_path / "c", "region_cheap", checkpoint_region="us-east-1", transfer_dollars=0.0001)
+    assert cheap[0].region != "us-east-1" and cheap[0].transfer_dollars == 0.0001
+    assert cheap[0].cost == pytest.approx(cheap[0].billed_seconds / 3600 * cheap[0].price_per_hour + 0.0001)
 
 
 @pytest.mark.parametrize("options, message", [
