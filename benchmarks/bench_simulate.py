@@ -90,6 +90,12 @@ def _ours_variants(args, hs, offs, base, headline, spec, field: str, values: dic
     return {f"{label:g}": statistics.mean(hindsight_ratios(dists[label], hs)) for label in sorted(dists)}
 
 
+def _spec(args, deadline: float) -> JobSpec:
+    """The issue 4 job (48 h of work, 0.2 h restart) with the command line's gang and transfer options."""
+    return JobSpec(48, deadline, restart_overhead_hours=0.2, nodes=args.nodes, transfer_seconds=args.transfer_seconds,
+                   transfer_dollars=args.transfer_dollars, store_region=args.store_region)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--traces", default=[DEFAULT_TRACES], nargs="+",
@@ -140,8 +146,7 @@ def main() -> None:
         if not tr:
             continue
         pools, od = _pools(tr, args.nodes, args.prices)
-        spec = JobSpec(48, 52, restart_overhead_hours=0.2, nodes=args.nodes, transfer_seconds=args.transfer_seconds,
-                       transfer_dollars=args.transfer_dollars, store_region=args.store_region)
+        spec = _spec(args, 52)
         base = run_policies(spec, pools, od, ["on-demand"])[0].cost
         best = run_one(spec, pools, od, HINDSIGHT).cost
         results = run_policies(spec, pools, od, names)
@@ -155,9 +160,7 @@ def main() -> None:
     pools, od = _pools(traces, args.nodes, args.prices)
     targets = {}
     for deadline in [int(x) for x in args.deadlines.split(",") if x]:
-        spec = JobSpec(48, deadline, restart_overhead_hours=0.2, nodes=args.nodes,
-                       transfer_seconds=args.transfer_seconds, transfer_dollars=args.transfer_dollars,
-                       store_region=args.store_region)
+        spec = _spec(args, deadline)
         offs = offsets_for(spec, traces)
         base = run_policies(spec, pools, od, ["on-demand"])[0].cost
         jobs = [(spec, (args.traces, args.prices), n, offs, base) for n in names + [HINDSIGHT]]
