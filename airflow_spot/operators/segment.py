@@ -41,9 +41,11 @@ from airflow_spot.operators import accounting, planning
 from airflow_spot.operators.attempt_record import AttemptLaunch, read_job, write_job
 from airflow_spot.operators.retry import segment_retry_policy
 from airflow_spot.operators.validation import validate_gpus, validate_step_profile
-from airflow_spot.policy.offers import GpuRequest, Market, Offer
+from airflow_spot.policy.offers import GpuRequest, Market
+from airflow_spot.policy.transfer import TransferCost, transfer_cost
 from airflow_spot.storage.checkpoint import NoUsableCheckpointError
-from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError
+from airflow_spot.storage.manifest import Manifest
+from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError, store_errors
 from airflow_spot.storage.protocol import JobLayout, Outcome, SegmentRequest, safe_id
 from airflow_spot.triggers.completion import summarize
 from airflow_spot.triggers.segment import EVENT_KEYS, SegmentTrigger
@@ -89,13 +91,19 @@ def job_tags(dag_id: str, run_id: str, job_name: str) -> dict[str, str]:
     return {TAG_DAG: dag_id, TAG_RUN: run_id, TAG_JOB: job_name}
 
 
-def newest_usable_step(store: ObjectStore) -> int | None:
-    """The job's newest checkpoint step; a store whose checkpoints are all broken fails the task without
-    retries (a retry would find the same store), with the error that says how to recover."""
+def newest_usable_checkpoint(store: ObjectStore) -> Manifest | None:
+    """The manifest of the job's newest checkpoint; a store whose checkpoints are all broken fails the task
+    without retries (a retry would find the same store), with the error that says how to recover."""
     try:
-        return JobLayout(store).latest_step()
+        return JobLayout(store).checkpoint_store().latest()
     except NoUsableCheckpointError as exc:
         raise AirflowFailException(str(exc)) from None
+
+
+def newest_usable_step(store: ObjectStore) -> int | None:
+    """The step of :func:`newest_usable_checkpoint`."""
+    newest = newest_usable_checkpoint(store)
+    return None if newest is None else newest.step
 
 
 class SpotSegmentOperator(BaseOperator):
@@ -142,11 +150,15 @@ class SpotSegmentOperator(BaseOperator):
     :param step_profile: seconds per training step the job was measured at, per GPU model (e.g.
         ``{"T4": 0.42}``, from ``airflow-spot estimate --profile-command``); the UI's ranking of instance
         types before the job starts scales it by the catalog's relative throughputs (optional).
-    :param checkpoint_region: the region of the store ``checkpoint_uri`` names (an S3 bucket's region). An
-        attempt in another region restores the checkpoint and saves back across regions; give what that
-        costs per attempt as ``transfer_seconds`` (extra start-up) and ``transfer_dollars`` (egress, e.g.
-        checkpoint GB x $0.02) and the offer plan prices both, against the cheaper offers elsewhere and in
-        the deadline's slack (``simulate --store-region`` replays the same). Default: not priced.
+    :param checkpoint_region: the region of the store ``checkpoint_uri`` names, or ``"auto"``: the ``s3://``
+        bucket's own region, asked of S3 at each try (``s3:GetBucketLocation``; a ``file://`` store has no
+        region, so nothing is priced). An attempt in another region restores the checkpoint and saves back
+        across regions; the offer plan prices that per new instance there, against the cheaper offers
+        elsewhere and in the deadline's slack (``simulate --store-region`` replays the same), as the sum of
+        a flat part, ``transfer_seconds`` (extra start-up) and ``transfer_dollars`` (egress), and a part
+        that grows with the job's newest checkpoint: ``transfer_seconds_per_gib`` of restore per GiB and
+        ``transfer_dollars_per_gib`` (the inter-region rate, e.g. 0.02) for the restore and one save back
+        (:func:`airflow_spot.policy.transfer.transfer_cost`). Default: not priced.
     """
 
     # ``spot_job`` is a template field so that it is in the serialized DAG: the UI plugin ranks offers for a
@@ -196,6 +208,8 @@ class SpotSegmentOperator(BaseOperator):
         checkpoint_region: str | None = None,
         transfer_seconds: float = 0.0,
         transfer_dollars: float = 0.0,
+        transfer_seconds_per_gib: float = 0.0,
+        transfer_dollars_per_gib: float = 0.0,
         **kwargs: Any,
     ) -> None:
         # Airflow's own retry policy decides how each failure is retried (operators/retry.py); a policy
@@ -238,6 +252,8 @@ class SpotSegmentOperator(BaseOperator):
         self.checkpoint_region = checkpoint_region
         self.transfer_seconds = float(transfer_seconds)
         self.transfer_dollars = float(transfer_dollars)
+        self.transfer_seconds_per_gib = float(transfer_seconds_per_gib)
+        self.transfer_dollars_per_gib = float(transfer_dollars_per_gib)
         self.spot_job = {  # what the job asks for, readable from the serialized DAG before it starts
             "job_name": job_name, "gpus": self.gpus.to_dict(), "total_steps": self.total_steps,
             "backend": backend, "market_options": self.market_options, "aws_conn_id": aws_conn_id,
@@ -347,7 +363,8 @@ class SpotSegmentOperator(BaseOperator):
         resumed = self._reattach(context, store)
         if resumed is not None:
             return self._wait(context, resumed)
-        latest = newest_usable_step(store)
+        newest = newest_usable_checkpoint(store)
+        latest = None if newest is None else newest.step
         if latest is not None and latest >= self.end_step:
             self.log.info(
                 "segment %d [%d, %d) is already done: the job's newest checkpoint is at step %d; nothing to run",
@@ -374,6 +391,7 @@ class SpotSegmentOperator(BaseOperator):
         alive = self._warm_instances(context)
         recorder = self._availability(store)
         market = self.hook.get_market().with_availability_log(recorder.deployment_log)
+        home, transfer = self._checkpoint_transfer(store, newest)
         plan_inputs = dict(
             done_steps=latest or 0,
             total_steps=self.total_steps,
@@ -384,9 +402,9 @@ class SpotSegmentOperator(BaseOperator):
             running=alive[0].offer.market if alive else None,
             running_pool=alive[0].offer.pool if alive else None,
             committed=bool(job.get("deadline_committed")),
-            checkpoint_region=self.checkpoint_region,
-            transfer_seconds=self.transfer_seconds,
-            transfer_dollars=self.transfer_dollars,
+            checkpoint_region=home,
+            transfer_seconds=transfer.seconds,
+            transfer_dollars=transfer.dollars,
         )
 
         def replan() -> planning.Plan:  # after capacity refusals: the same decision, with them observed
@@ -426,7 +444,7 @@ class SpotSegmentOperator(BaseOperator):
             try_number=context["ti"].try_number,
             task_id=self.task_id,
             resume_step=max(latest or 0, self.start_step),
-            transfer_dollars=self._transfer_dollars(instance.offer, reused),
+            transfer_dollars=0.0 if reused or home in (None, instance.offer.region) else transfer.dollars,
         )
         launch.write(store)
         JobLayout(store).write_request(instance.instance_id, self._request(attempt_id, requested_at, plan))
@@ -528,12 +546,32 @@ class SpotSegmentOperator(BaseOperator):
         )
         return launch
 
-    def _transfer_dollars(self, offer: Offer, reused: bool) -> float:
-        """The egress a new instance outside the checkpoint store's region pays (as the plan priced it and the
-        replay charges it: per new instance; a warm one restored nothing)."""
-        if reused or self.checkpoint_region is None or offer.region == self.checkpoint_region:
-            return 0.0
-        return self.transfer_dollars
+    def _checkpoint_transfer(self, store: ObjectStore, newest: Manifest | None) -> tuple[str | None, TransferCost]:
+        """The store's region and what a new instance outside it pays (the plan prices it; the launch's ledger
+        row carries its egress, as the replay charges it: per new instance; a warm one restored nothing)."""
+        region = self.checkpoint_region
+        if region == "auto":
+            try:
+                region = store.region()
+            except store_errors() as exc:
+                if "AccessDenied" not in str(exc):
+                    raise  # a store that does not answer: this try fails and is retried
+                raise AirflowFailException(
+                    f"checkpoint_region='auto' needs the region of {store.uri}, and S3 refused to say ({exc}): "
+                    "allow s3:GetBucketLocation on the bucket to the connection's role, or give the region "
+                    "itself, e.g. segment_options={'checkpoint_region': 'us-east-1'}") from exc
+            if region is None:
+                self.log.info("checkpoint_region='auto': the store %s has no region; transfers are not priced",
+                              store.uri)
+        if region is None:
+            return None, TransferCost()
+        cost = transfer_cost(newest.size if newest else None, seconds=self.transfer_seconds,
+                             dollars=self.transfer_dollars, seconds_per_gib=self.transfer_seconds_per_gib,
+                             dollars_per_gib=self.transfer_dollars_per_gib)
+        self.log.info("checkpoint store in %s: a new instance elsewhere pays %.0f s and $%.4f of transfer "
+                      "(newest checkpoint %s)", region, cost.seconds, cost.dollars,
+                      f"{newest.size / 2**30:.2f} GiB" if newest else "none yet")
+        return region, cost
 
     @staticmethod
     def _billed_from(instance: InstanceInfo, reused: bool, rows: list, requested_at: float) -> float:

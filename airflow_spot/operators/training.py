@@ -192,18 +192,19 @@ def _check_segment_numbers(options: dict[str, Any]) -> None:
         raise SpotTrainingConfigError(
             f"segment_options: checkpoint_min_interval={low:g} is above checkpoint_max_interval={high:g}"
         )
-    for name in ("transfer_seconds", "transfer_dollars"):
+    transfers = ("transfer_seconds", "transfer_dollars", "transfer_seconds_per_gib", "transfer_dollars_per_gib")
+    for name in transfers:
         value = options.get(name, 0.0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
             raise SpotTrainingConfigError(f"segment_options[{name!r}] must be a number >= 0, got {value!r}")
     region = options.get("checkpoint_region")
     if region is not None and (not isinstance(region, str) or not region.strip()):
         raise SpotTrainingConfigError(f"segment_options['checkpoint_region'] must be a region name such as "
-                                      f"'us-east-1', got {region!r}")
-    if region is None and (options.get("transfer_seconds") or options.get("transfer_dollars")):
+                                      f"'us-east-1', or 'auto' for the S3 bucket's own, got {region!r}")
+    if region is None and any(options.get(name) for name in transfers):
         raise SpotTrainingConfigError(
-            "segment_options transfer_seconds / transfer_dollars price attempts outside the checkpoint store's "
-            "region; say which region that is with segment_options['checkpoint_region'] (e.g. the S3 bucket's)"
+            f"segment_options {' / '.join(transfers)} price attempts outside the checkpoint store's region; say "
+            "which region that is with segment_options['checkpoint_region'] ('auto' asks S3 for the bucket's)"
         )
     keep = options.get("keep_checkpoints")
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):

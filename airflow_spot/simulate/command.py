@@ -7,7 +7,9 @@ Example (the issue's reference job, all four measured zones)::
 
 Multi-region: ``--prices FILE`` (CSV ``zone,spot,on_demand``) prices each zone; ``--transfer-seconds`` and
 ``--transfer-dollars`` charge moving the checkpoint to another region (or, with ``--store-region``, every
-instance outside the one store's region, as the operators price it). Multi-node availability traces
+instance outside the one store's region, as the operators price it); ``--checkpoint-gib`` with
+``--transfer-dollars-per-gib`` / ``--transfer-seconds-per-gib`` derive them from the checkpoint's size as the
+operators' segment_options of the same names do. Multi-node availability traces
 (counts 0..N) with ``--nodes N``: the gang needs N up in one zone. ``hindsight`` in ``--policies`` adds
 the hindsight optimum; with a deadline every result is also given as ``cost / hindsight``.
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 from airflow_spot.market.traces import (
     PREEMPTION_TRACES_SUBDIR, TraceError, check_node_count, default_traces_dir, load_traces, read_notes,
 )
+from airflow_spot.policy.transfer import GIB, TransferCost, transfer_cost
 from airflow_spot.simulate.controllers import controllers
 from airflow_spot.simulate.engine import JobSpec
 from airflow_spot.simulate.report import (
@@ -54,6 +57,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="chance one probe request of a pool with capacity reads 'no capacity' (0.18: F1 0.9 per request; "
                         "a refused probe is asked once more, drawn independently; default 0)")
     p.add_argument("--transfer-dollars", type=float, default=0.0, help="$ per checkpoint moved across regions")
+    p.add_argument("--checkpoint-gib", type=float, default=0.0,
+                   help="size of the job's checkpoint in GiB, for the per-GiB transfer costs below")
+    p.add_argument("--transfer-dollars-per-gib", type=float, default=0.0,
+                   help="inter-region $ per GiB (e.g. 0.02): a move pays the restore and one save back, "
+                        "2 x --checkpoint-gib GiB; added to --transfer-dollars")
+    p.add_argument("--transfer-seconds-per-gib", type=float, default=0.0,
+                   help="restore seconds per GiB across regions; added to --transfer-seconds")
     p.add_argument("--store-region", default=None,
                    help="the checkpoints stay in one store in this region (the operators' segment_options "
                         "checkpoint_region): every instance elsewhere pays the transfer; default: the checkpoint "
@@ -90,6 +100,20 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"--offset-step-hours must be > 0, got {args.offset_step_hours}")
 
 
+def _transfer(args: argparse.Namespace) -> TransferCost:
+    """The per-move transfer, flat and per GiB of checkpoint, as the operators derive it."""
+    per_gib = args.transfer_dollars_per_gib or args.transfer_seconds_per_gib
+    if per_gib and not args.checkpoint_gib:
+        raise ValueError("--transfer-dollars-per-gib / --transfer-seconds-per-gib price each GiB of the checkpoint: "
+                         "give its size with --checkpoint-gib")
+    for flag in ("checkpoint_gib", "transfer_seconds", "transfer_dollars", "transfer_seconds_per_gib",
+                 "transfer_dollars_per_gib"):
+        if not getattr(args, flag) >= 0:  # also NaN
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
+    return transfer_cost(args.checkpoint_gib * GIB, seconds=args.transfer_seconds, dollars=args.transfer_dollars,
+                         seconds_per_gib=args.transfer_seconds_per_gib, dollars_per_gib=args.transfer_dollars_per_gib)
+
+
 def _check_window(args: argparse.Namespace, traces: list, start: int) -> None:
     """The replay must start inside every trace, or every policy would report 'unfinished' for no reason."""
     if not traces:
@@ -106,10 +130,11 @@ def run(args: argparse.Namespace) -> int:
         _check_arguments(args)
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        transfer = _transfer(args)
         spec = JobSpec(work_hours=args.work_hours, deadline_hours=args.deadline_hours,
                        save_cost_seconds=args.save_cost_seconds, restart_overhead_hours=args.restart_overhead_hours,
-                       notice_seconds=args.notice_seconds, nodes=args.nodes, transfer_seconds=args.transfer_seconds,
-                       transfer_dollars=args.transfer_dollars, segment_seconds=args.segment_minutes * 60.0,
+                       notice_seconds=args.notice_seconds, nodes=args.nodes, transfer_seconds=transfer.seconds,
+                       transfer_dollars=transfer.dollars, segment_seconds=args.segment_minutes * 60.0,
                        probe_miss=args.probe_miss, store_region=args.store_region or None)
         traces = load_traces(_trace_paths(args.traces))
         if args.zones:

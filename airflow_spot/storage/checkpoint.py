@@ -259,12 +259,17 @@ class CheckpointStore:
 
         :raises NoUsableCheckpointError: when checkpoints exist but none passes these checks.
         """
+        latest = self.latest()
+        return None if latest is None else latest.step
+
+    def latest(self) -> Manifest | None:
+        """The manifest of the checkpoint :meth:`latest_step` names (its ``size`` is what a restore reads)."""
         statuses = self.scan()
         problems = []
         for status in reversed(statuses):
             problem = status.problem if not status.ok else self._payload_size_problem(status.manifest)
             if problem is None:
-                return status.step
+                return status.manifest
             log.error("checkpoint %s/%s at step %d is broken and will be skipped: %s",
                       self.store.uri, status.directory, status.step, problem)
             problems.append(f"{status.directory}: {problem}")

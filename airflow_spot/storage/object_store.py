@@ -94,6 +94,10 @@ class ObjectStore(ABC):
     def _child_options(self) -> dict:
         return {}
 
+    def region(self) -> str | None:
+        """The cloud region the store's objects live in; None where a store has none (``file://``)."""
+        return None
+
     def check_writable(self) -> None:
         """Write and delete a probe object, so a bad URI fails before any training starts."""
         key = f".probe-{uuid.uuid4().hex}"
@@ -304,6 +308,12 @@ class S3Store(ObjectStore):
 
     def _child_options(self) -> dict:
         return {"endpoint_url": self.endpoint_url, "client": self.client, **self._options}
+
+    def region(self) -> str:
+        """The bucket's region (``GetBucketLocation``): S3 answers no constraint for us-east-1 and the legacy
+        ``EU`` for the oldest eu-west-1 buckets."""
+        location = self.client.get_bucket_location(Bucket=self.bucket).get("LocationConstraint")
+        return {None: "us-east-1", "": "us-east-1", "EU": "eu-west-1"}.get(location, location)
 
     def _key(self, key: str) -> str:
         key = key.strip("/")

@@ -66,6 +66,7 @@ def test_policy_allows_every_store_call(endpoint):
     store.put_bytes("a/b.json", b"{}")
     assert store.get_bytes("a/b.json") == b"{}" and store.size("a/b.json") == 2
     assert store.list("a/") and store.delete(store.list("a/")) is None
+    assert store.region() == "us-east-1"  # checkpoint_region="auto"
     called = moto_ec2.iam_actions(recorder.operations)
     allowed = {a for a in moto_ec2.policy_actions(str(POLICY)) if a.startswith("s3:")}
     assert called <= allowed, f"store calls the policy does not allow: {called - allowed}"

@@ -265,8 +265,13 @@ def test_cli_store_region_prices_every_attempt_outside_it(tmp_path, capsys):
     # (1 h of work + a 0.1 h restart, in the east at $0.9/h, then in the west at $1/h)
     assert (free["ours"]["cost"], free["hindsight"]["cost"]) == pytest.approx((0.9 * 1.1, 0.9 * 1.1), rel=0.01)
     assert (held["ours"]["cost"], held["hindsight"]["cost"]) == pytest.approx((1.1, 1.1), rel=0.01)
+    # the same $1 from a 25 GiB checkpoint at $0.02 a GiB, restored and saved back
+    per_gib = run("--store-region", "us-west-2", "--checkpoint-gib", "25", "--transfer-dollars-per-gib", "0.02")
+    assert per_gib["ours"]["cost"] == pytest.approx(held["ours"]["cost"])
     assert main(base + ["--transfer-dollars", "-1"]) == 2
-    assert "transfer_dollars must be >= 0" in capsys.readouterr().err
+    assert "--transfer-dollars must be >= 0" in capsys.readouterr().err
+    assert main(base + ["--store-region", "us-west-2", "--transfer-dollars-per-gib", "0.02"]) == 2
+    assert "give its size with --checkpoint-gib" in capsys.readouterr().err
     assert main(base + ["--store-region", "us-west-2b"]) == 2
     assert "is a zone; give its region (us-west-2)" in capsys.readouterr().err
 

@@ -120,3 +120,14 @@ def test_reading_feeds_the_hasher(store):
     with store.reading("h.bin", hasher=h):
         pass
     assert h.hexdigest() == hashlib.sha256(b"abc" * 1000).hexdigest()
+
+
+def test_a_bucket_tells_its_region_and_a_local_store_has_none(s3_endpoint, tmp_path):
+    import boto3
+
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="eu-central-1").create_bucket(
+        Bucket="ckpt-frankfurt", CreateBucketConfiguration={"LocationConstraint": "eu-central-1"})
+    assert open_store("s3://ckpt-frankfurt/job", endpoint_url=s3_endpoint).region() == "eu-central-1"
+    # us-east-1 buckets answer no location constraint at all
+    assert open_store("s3://ckpt/job", endpoint_url=s3_endpoint).region() == "us-east-1"
+    assert open_store(f"file://{tmp_path}/job").region() is None
