@@ -93,7 +93,8 @@ def _ours_variants(args, hs, offs, base, headline, spec, field: str, values: dic
 def _spec(args, deadline: float) -> JobSpec:
     """The issue 4 job (48 h of work, 0.2 h restart) with the command line's gang and transfer options."""
     return JobSpec(48, deadline, restart_overhead_hours=0.2, nodes=args.nodes, transfer_seconds=args.transfer_seconds,
-                   transfer_dollars=args.transfer_dollars, store_region=args.store_region)
+                   transfer_dollars=args.transfer_dollars, store_region=args.store_region,
+                   remote_dollars_per_hour=args.remote_dollars_per_hour)
 
 
 def main() -> None:
@@ -119,10 +120,15 @@ def main() -> None:
                     help="$ per checkpoint moved to another region (egress), as `simulate --transfer-dollars`")
     ap.add_argument("--store-region", default=None,
                     help="checkpoints in one store in this region, as `simulate --store-region`")
+    ap.add_argument("--remote-dollars-per-hour", type=float, default=0.0,
+                    help="with --store-region, $ an hour an instance elsewhere pays for its saves written back "
+                         "(simulate --checkpoint-gib G --transfer-dollars-per-gib R gives 4 G R at 15-min segments)")
     ap.add_argument("--json", default=str(HERE / "results_simulate.json"), help="where to write the figures")
     args = ap.parse_args()
-    if not (args.transfer_seconds >= 0 and args.transfer_dollars >= 0):  # also NaN
-        ap.error("--transfer-seconds and --transfer-dollars must be >= 0")
+    if not (args.transfer_seconds >= 0 and args.transfer_dollars >= 0 and args.remote_dollars_per_hour >= 0):
+        ap.error("--transfer-seconds, --transfer-dollars and --remote-dollars-per-hour must be >= 0")  # also NaN
+    if args.remote_dollars_per_hour and not args.store_region:
+        ap.error("--remote-dollars-per-hour prices saves written back to one store: give --store-region")
     args.traces = ",".join(args.traces)  # one string: it travels to the worker processes
     traces = _traces(args.traces)
     if args.nodes < 1:

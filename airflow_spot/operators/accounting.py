@@ -37,6 +37,7 @@ def record_attempt(
     ended = float(event.get("ended_at") or now)
     committed = max(steps_after if steps_after is not None else 0, launch.resume_step)
     last_step = event.get("last_step")
+    ended = max(ended, launch.billed_from)
     row = LedgerRow(
         attempt_id=launch.attempt_id,
         instance_id=launch.instance_id,
@@ -46,7 +47,7 @@ def record_attempt(
         price_per_hour=offer.price_per_hour,
         on_demand_price_per_hour=offer.on_demand_price_per_hour,
         started_at=launch.billed_from,
-        ended_at=max(ended, launch.billed_from),
+        ended_at=ended,
         steps_done=committed - launch.resume_step,
         outcome=outcome.value,
         region=offer.region,
@@ -56,7 +57,7 @@ def record_attempt(
         gpu_count=offer.gpu_count,
         step_seconds=event.get("step_time_ewma"),
         notice_at=event.get("notice_at"),
-        transfer_dollars=launch.transfer_dollars,
+        transfer_dollars=launch.transfer_dollars + (ended - launch.billed_from) / 3600.0 * launch.remote_dollars_per_hour,
     )
     LedgerStore(store).write(row)
     return row.to_dict()

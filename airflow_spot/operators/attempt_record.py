@@ -45,8 +45,10 @@ class AttemptLaunch:
     task_id: str
     #: the job's newest committed step when the attempt was requested (where it resumes)
     resume_step: int = 0
-    #: egress this attempt pays to restore from and save to a checkpoint store in another region
+    #: egress this attempt pays to restore from a checkpoint store in another region
     transfer_dollars: float = 0.0
+    #: egress per billed hour for its saves written back to a store in another region
+    remote_dollars_per_hour: float = 0.0
     schema: int = field(default=SCHEMA_VERSION)
 
     @property

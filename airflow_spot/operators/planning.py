@@ -80,6 +80,7 @@ def plan(
     checkpoint_region: str | None = None,
     transfer_seconds: float = 0.0,
     transfer_dollars: float = 0.0,
+    remote_dollars_per_hour: float = 0.0,
 ) -> Plan:
     """Rank the offers for the next attempt with :func:`airflow_spot.policy.decision.decide_attempt`, the
     function the simulator's ``ours`` replays, fed by one
@@ -95,7 +96,8 @@ def plan(
     :param committed: the deadline policy's state from the previous plan (safety net fired).
     :param checkpoint_region: the region of the job's store: an attempt elsewhere restores and saves across
         regions, paying ``transfer_seconds`` more start-up and ``transfer_dollars``; the ranking and the
-        deadline rule price both (``DecisionParams.home_region``), as ``simulate --store-region`` replays.
+        deadline rule price both (``DecisionParams.home_region``), as ``simulate --store-region`` replays;
+        ``remote_dollars_per_hour`` is what running there costs an hour (its saves written back).
     """
     from airflow_spot.policy.deadline import WAIT, DeadlineState
     from airflow_spot.policy import decision as policy_decision
@@ -120,7 +122,7 @@ def plan(
         unit = 1.0
     if checkpoint_region is not None:
         params = replace(params, home_region=checkpoint_region, transfer_seconds=transfer_seconds,
-                         transfer_dollars=transfer_dollars)
+                         transfer_dollars=transfer_dollars, remote_dollars_per_hour=remote_dollars_per_hour)
     observed = getattr(market, "observations", None)
     deployment = list(observed(now)) if callable(observed) else []
     obs = JobObservation(

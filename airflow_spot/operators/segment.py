@@ -42,7 +42,7 @@ from airflow_spot.operators.attempt_record import AttemptLaunch, read_job, write
 from airflow_spot.operators.retry import segment_retry_policy
 from airflow_spot.operators.validation import validate_gpus, validate_step_profile
 from airflow_spot.policy.offers import GpuRequest, Market
-from airflow_spot.policy.transfer import TransferCost, transfer_cost
+from airflow_spot.policy.transfer import TransferCost, saves_per_hour, transfer_cost
 from airflow_spot.storage.checkpoint import NoUsableCheckpointError
 from airflow_spot.storage.manifest import Manifest
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError, store_errors
@@ -153,12 +153,14 @@ class SpotSegmentOperator(BaseOperator):
     :param checkpoint_region: the region of the store ``checkpoint_uri`` names, or ``"auto"``: the ``s3://``
         bucket's own region, asked of S3 at each try (``s3:GetBucketLocation``; a ``file://`` store has no
         region, so nothing is priced). An attempt in another region restores the checkpoint and saves back
-        across regions; the offer plan prices that per new instance there, against the cheaper offers
-        elsewhere and in the deadline's slack (``simulate --store-region`` replays the same), as the sum of
-        a flat part, ``transfer_seconds`` (extra start-up) and ``transfer_dollars`` (egress), and a part
-        that grows with the job's newest checkpoint: ``transfer_seconds_per_gib`` of restore per GiB and
-        ``transfer_dollars_per_gib`` (the inter-region rate, e.g. 0.02) for the restore and one save back
-        (:func:`airflow_spot.policy.transfer.transfer_cost`). Default: not priced.
+        across regions; the offer plan prices that against the cheaper offers elsewhere and in the
+        deadline's slack (``simulate --store-region`` replays the same). Per new instance there: a flat
+        ``transfer_seconds`` (extra start-up) and ``transfer_dollars`` (egress), plus, from the size of the
+        job's newest checkpoint, ``transfer_seconds_per_gib`` of restore per GiB and
+        ``transfer_dollars_per_gib`` (the inter-region rate, e.g. 0.02) per GiB restored; per hour any
+        instance runs there, that rate for the checkpoint saved back at each segment boundary
+        (:mod:`airflow_spot.policy.transfer`). Each ledger row carries what its attempt paid. Default: not
+        priced.
     """
 
     # ``spot_job`` is a template field so that it is in the serialized DAG: the UI plugin ranks offers for a
@@ -391,20 +393,22 @@ class SpotSegmentOperator(BaseOperator):
         alive = self._warm_instances(context)
         recorder = self._availability(store)
         market = self.hook.get_market().with_availability_log(recorder.deployment_log)
-        home, transfer = self._checkpoint_transfer(store, newest)
+        step_seconds = planning.measured_step_seconds(JobLayout(store))
+        home, transfer = self._checkpoint_transfer(store, newest, step_seconds)
         plan_inputs = dict(
             done_steps=latest or 0,
             total_steps=self.total_steps,
             job_started_at=float(job["started_at"]),
             deadline=self.deadline,
             ledger_rows=rows,
-            step_seconds=planning.measured_step_seconds(JobLayout(store)),
+            step_seconds=step_seconds,
             running=alive[0].offer.market if alive else None,
             running_pool=alive[0].offer.pool if alive else None,
             committed=bool(job.get("deadline_committed")),
             checkpoint_region=home,
             transfer_seconds=transfer.seconds,
             transfer_dollars=transfer.dollars,
+            remote_dollars_per_hour=transfer.dollars_per_hour,
         )
 
         def replan() -> planning.Plan:  # after capacity refusals: the same decision, with them observed
@@ -445,6 +449,7 @@ class SpotSegmentOperator(BaseOperator):
             task_id=self.task_id,
             resume_step=max(latest or 0, self.start_step),
             transfer_dollars=0.0 if reused or home in (None, instance.offer.region) else transfer.dollars,
+            remote_dollars_per_hour=0.0 if home in (None, instance.offer.region) else transfer.dollars_per_hour,
         )
         launch.write(store)
         JobLayout(store).write_request(instance.instance_id, self._request(attempt_id, requested_at, plan))
@@ -546,9 +551,11 @@ class SpotSegmentOperator(BaseOperator):
         )
         return launch
 
-    def _checkpoint_transfer(self, store: ObjectStore, newest: Manifest | None) -> tuple[str | None, TransferCost]:
-        """The store's region and what a new instance outside it pays (the plan prices it; the launch's ledger
-        row carries its egress, as the replay charges it: per new instance; a warm one restored nothing)."""
+    def _checkpoint_transfer(self, store: ObjectStore, newest: Manifest | None,
+                             step_seconds: float | None) -> tuple[str | None, TransferCost]:
+        """The store's region and what an instance outside it pays: a new one its restore, any one its saves
+        written back, one a segment at the measured step time. The plan prices both; the launch's ledger row
+        carries them, as the replay charges them."""
         region = self.checkpoint_region
         if region == "auto":
             try:
@@ -567,10 +574,11 @@ class SpotSegmentOperator(BaseOperator):
             return None, TransferCost()
         cost = transfer_cost(newest.size if newest else None, seconds=self.transfer_seconds,
                              dollars=self.transfer_dollars, seconds_per_gib=self.transfer_seconds_per_gib,
-                             dollars_per_gib=self.transfer_dollars_per_gib)
-        self.log.info("checkpoint store in %s: a new instance elsewhere pays %.0f s and $%.4f of transfer "
-                      "(newest checkpoint %s)", region, cost.seconds, cost.dollars,
-                      f"{newest.size / 2**30:.2f} GiB" if newest else "none yet")
+                             dollars_per_gib=self.transfer_dollars_per_gib,
+                             saves_per_hour=saves_per_hour(self.end_step - self.start_step, step_seconds))
+        self.log.info("checkpoint store in %s: a new instance elsewhere pays %.0f s and $%.4f of restore, and "
+                      "$%.4f an hour of saves back (newest checkpoint %s)", region, cost.seconds, cost.dollars,
+                      cost.dollars_per_hour, f"{newest.size / 2**30:.2f} GiB" if newest else "none yet")
         return region, cost
 
     @staticmethod

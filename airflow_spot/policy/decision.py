@@ -26,7 +26,8 @@ seen down is priced as if it came back right after that down-event — the most 
 a pool that just refused or preempted the job ranks after one never seen down), then the longest
 observed up-time, then the pool name. Prices may differ per region; moving the job's checkpoint to another region than
 the one it is in costs ``transfer_seconds`` of restart and ``transfer_dollars`` (:class:`DecisionParams`),
-which the ranking adds per unit of work left.
+which the ranking adds per unit of work left; with the checkpoints in one store, running outside its
+region also costs ``remote_dollars_per_hour`` (the saves written back), added to the offer's price.
 
 Moving a running spot job to a cheaper pool (:func:`move_targets`): at a segment boundary, a job on a
 spot instance that is still up moves when another pool's long-run cost per unit of work is lower by
@@ -104,6 +105,9 @@ class DecisionParams:
         job's checkpoint (``JobObservation.offers`` carry regions; see ``home_region``).
     :param transfer_dollars: money per cross-region move (egress of one checkpoint).
     :param home_region: the region the job's checkpoint is in, or None (no transfer cost).
+    :param remote_dollars_per_hour: money per hour of running outside ``home_region`` when that is the one
+        store every save is written to (:mod:`airflow_spot.policy.transfer`); the ranking and the move
+        rule add it to the price of every offer there.
     :param move_margin: a running spot job moves to a cheaper pool only when the saving over the target's
         expected lifetime pays this many times the move (:func:`move_targets`); None never moves. 2: a
         target preempted halfway through its expected lifetime still pays for the move.
@@ -120,11 +124,12 @@ class DecisionParams:
     transfer_seconds: float = 0.0
     transfer_dollars: float = 0.0
     home_region: str | None = None
+    remote_dollars_per_hour: float = 0.0
     move_margin: float | None = 2.0
 
     def __post_init__(self) -> None:
         for name in ("recheck_seconds", "watch_seconds", "prior_outage_seconds", "probe_every_seconds",
-                     "transfer_seconds", "transfer_dollars"):
+                     "transfer_seconds", "transfer_dollars", "remote_dollars_per_hour"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.rate_prior_hours is not None and self.rate_prior_hours <= 0:
@@ -161,6 +166,14 @@ def _move_penalty(offer: Offer, params: DecisionParams, work_left: float) -> flo
     return dollars / (work_left / 3600.0)
 
 
+def _cost_per_step(offer: Offer, params: DecisionParams, age: float | None = None) -> float:
+    """:func:`cost_per_step`, with the saves written back to a store in another region."""
+    cost = cost_per_step(offer, params.ranking, age)
+    if params.remote_dollars_per_hour and params.home_region and offer.region != params.home_region:
+        cost += params.remote_dollars_per_hour / offer.relative_throughput
+    return cost
+
+
 def _risk_age(offer: Offer, view: PoolView | None, now: float) -> float | None:
     """The up-time a spot pool's risk is priced with: observed, or for a pool last seen down, the most it
     can have been up since."""
@@ -180,13 +193,13 @@ def move_targets(
     if current is None or params.move_margin is None or not affordable or work_left <= 0:
         return ()
     restart_hours = params.deadline.restart_overhead_seconds / 3600.0
-    base = cost_per_step(current, params.ranking)
+    base = _cost_per_step(current, params)
     out = []
     for o in offers:
         v = views.get(o.pool)
         if not o.is_spot or o.pool == running_pool or (v is not None and v.state == "down"):
             continue
-        saving = base - cost_per_step(o, params.ranking)  # $ per V100-hour, long-run rates: ages do not move
+        saving = base - _cost_per_step(o, params)  # $ per V100-hour, long-run rates: ages do not move
         if saving <= 0:
             continue
         age = _risk_age(o, v, now)
@@ -213,7 +226,7 @@ def rank_observed(
         state = v.state if (v is not None and o.is_spot) else ("up" if not o.is_spot else "unknown")
         age = v.up_seconds(now) if v is not None and o.is_spot else None
         # a pool last seen down is, if back, at most this old: priced as a pool that came back then
-        cost = cost_per_step(o, params.ranking, _risk_age(o, v, now)) + _move_penalty(o, params, work_left)
+        cost = _cost_per_step(o, params, _risk_age(o, v, now)) + _move_penalty(o, params, work_left)
         return (_STATE_ORDER[state], round(cost, 9), -(age or 0.0), o.pool)
 
     return sorted(offers, key=key)

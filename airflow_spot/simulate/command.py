@@ -60,8 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-gib", type=float, default=0.0,
                    help="size of the job's checkpoint in GiB, for the per-GiB transfer costs below")
     p.add_argument("--transfer-dollars-per-gib", type=float, default=0.0,
-                   help="inter-region $ per GiB (e.g. 0.02): a move pays the restore and one save back, "
-                        "2 x --checkpoint-gib GiB; added to --transfer-dollars")
+                   help="inter-region $ per GiB (e.g. 0.02): a move pays the restore of --checkpoint-gib GiB "
+                        "(added to --transfer-dollars); with --store-region, an instance elsewhere also pays it "
+                        "for the save at every segment boundary (--segment-minutes)")
     p.add_argument("--transfer-seconds-per-gib", type=float, default=0.0,
                    help="restore seconds per GiB across regions; added to --transfer-seconds")
     p.add_argument("--store-region", default=None,
@@ -110,8 +111,10 @@ def _transfer(args: argparse.Namespace) -> TransferCost:
                  "transfer_dollars_per_gib"):
         if not getattr(args, flag) >= 0:  # also NaN
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
+    saves = 60.0 / args.segment_minutes if args.store_region else 0.0  # without one store, saves stay local
     return transfer_cost(args.checkpoint_gib * GIB, seconds=args.transfer_seconds, dollars=args.transfer_dollars,
-                         seconds_per_gib=args.transfer_seconds_per_gib, dollars_per_gib=args.transfer_dollars_per_gib)
+                         seconds_per_gib=args.transfer_seconds_per_gib, dollars_per_gib=args.transfer_dollars_per_gib,
+                         saves_per_hour=saves)
 
 
 def _check_window(args: argparse.Namespace, traces: list, start: int) -> None:
@@ -135,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
                        save_cost_seconds=args.save_cost_seconds, restart_overhead_hours=args.restart_overhead_hours,
                        notice_seconds=args.notice_seconds, nodes=args.nodes, transfer_seconds=transfer.seconds,
                        transfer_dollars=transfer.dollars, segment_seconds=args.segment_minutes * 60.0,
-                       probe_miss=args.probe_miss, store_region=args.store_region or None)
+                       probe_miss=args.probe_miss, store_region=args.store_region or None,
+                       remote_dollars_per_hour=transfer.dollars_per_hour)
         traces = load_traces(_trace_paths(args.traces))
         if args.zones:
             wanted = [z.strip() for z in args.zones.split(",") if z.strip()]

@@ -51,6 +51,8 @@ class JobSpec:
     :param store_region: the checkpoints live in one store in this region (the operators' model: one S3
         bucket) instead of following the job: every instance in another region restores from it and saves
         back across regions, paying the transfer, the first included. None: the checkpoint moves with the job.
+    :param remote_dollars_per_hour: with ``store_region``, money per hour an instance runs in another region
+        (its saves written back across regions; :mod:`airflow_spot.policy.transfer`), on its ledger row.
     :param segment_seconds: wall-clock length of one segment (``steps_per_segment`` times the step time):
         the operators decide where the job runs at segment boundaries, so the replay of ``ours`` does too.
     :param probe_miss: the chance that one probe request (a spot request placed and cancelled) of a pool
@@ -69,6 +71,7 @@ class JobSpec:
     transfer_seconds: float = 0.0
     transfer_dollars: float = 0.0
     store_region: str | None = None
+    remote_dollars_per_hour: float = 0.0
     segment_seconds: float = 900.0
     probe_miss: float = 0.0
 
@@ -88,9 +91,12 @@ class JobSpec:
             raise ValueError(f"probe_miss is a probability in [0, 1) (a probe that always misses is no probe), "
                              f"got {self.probe_miss!r}")
         for name in ("save_cost_seconds", "restart_overhead_hours", "notice_seconds", "transfer_seconds",
-                     "transfer_dollars"):
+                     "transfer_dollars", "remote_dollars_per_hour"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.remote_dollars_per_hour and self.store_region is None:
+            raise ValueError("remote_dollars_per_hour prices saves written back to one store in another region: "
+                             "give the store's region (store_region)")
 
 
 @dataclass(frozen=True)
@@ -176,7 +182,11 @@ class SimResult:
 class _Attempt:
     def __init__(self, where: tuple[str, int], offer: Offer, start: float, committed: float) -> None:
         self.where, self.offer, self.start, self.committed_at_start = where, offer, start, committed
-        self.transfer_dollars = 0.0
+        self.transfer_dollars = 0.0  # the restore of a checkpoint in another region
+        self.remote_dollars_per_hour = 0.0  # saves written back to a store in another region
+
+    def transfers(self, now: float) -> float:
+        return self.transfer_dollars + (now - self.start) / HOUR * self.remote_dollars_per_hour
 
 
 def simulate(
@@ -276,7 +286,7 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
             zone=o.zone, region=o.region, market=o.market, price_per_hour=o.price_per_hour,
             on_demand_price_per_hour=o.on_demand_price_per_hour, started_at=attempt.start, ended_at=now,
             steps_done=int(round(max(0.0, kept - attempt.committed_at_start))), steps_lost=int(round(lost)),
-            outcome=outcome, step_seconds=1.0 / o.relative_throughput, transfer_dollars=attempt.transfer_dollars,
+            outcome=outcome, step_seconds=1.0 / o.relative_throughput, transfer_dollars=attempt.transfers(now),
         ))
         cost_so_far += rows[-1].cost
         attempt = None
@@ -318,6 +328,8 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
                     if checkpoint_region is not None and offer.region != checkpoint_region:
                         pending += spec.transfer_seconds  # the checkpoint moves to the new region
                         attempt.transfer_dollars = spec.transfer_dollars  # billed with the attempt, as the operators do
+                    if spec.store_region is not None and offer.region != spec.store_region:
+                        attempt.remote_dollars_per_hour = spec.remote_dollars_per_hour
             # a trace holds its value for a whole tick; a controller that decides more often than the
             # trace was sampled (the operators retry a job waiting for capacity every minute) is asked
             # again inside the tick, with the same capacity
@@ -351,7 +363,7 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
             break
         if t % timeline_every == 0:
             running_cost = cost_so_far + ((now + gap - attempt.start) / HOUR * attempt.offer.price_per_hour
-                                          + attempt.transfer_dollars if attempt else 0)
+                                          + attempt.transfers(now + gap) if attempt else 0)
             timeline.append(((now + gap) / HOUR, progress / total, running_cost))
     else:
         if attempt is not None:

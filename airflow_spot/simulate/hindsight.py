@@ -7,7 +7,8 @@ job idles, stays where it runs (a spot pool only while it is up for the whole st
 on-demand or on a pool up for the whole step, paying the restart and, for a checkpoint in another region,
 its transfer (time and money) as the replay does; the checkpoint is in the new region once the new
 instance makes progress (an instance given up during the move leaves it where it was), or with
-``JobSpec.store_region`` always in the store's. Approximations, all named: a pool counts as up in a step
+``JobSpec.store_region`` always in the store's, where an instance in another region also pays
+``remote_dollars_per_hour`` for each step it runs (its saves written back). Approximations, all named: a pool counts as up in a step
 only when it is up for all of it (a little pessimistic), the restart is rounded to whole steps, and
 neither save stalls nor the 60 s billing minimum are modelled (a little optimistic). Progress survives a
 preemption (emergency save).
@@ -60,6 +61,9 @@ def hindsight_cost(
     store = 1 + regions.index(spec.store_region) if regions and spec.store_region else None
     writes = home if store is None else [store] * len(home)
     price = [0.0, on_demand.price_per_hour] + [p.offer.price_per_hour for p in pools]
+    if spec.store_region is not None:  # an instance in another region writes its saves back across regions
+        price[1:] = [x + (spec.remote_dollars_per_hour if r != spec.store_region else 0.0)
+                     for x, r in zip(price[1:], run_regions, strict=True)]
     price = [x * step_seconds / HOUR for x in price]
     places = len(price)
     inf = math.inf

@@ -123,7 +123,7 @@ class ObservedController:
             recheck_seconds=self.recheck_seconds, probe_every_seconds=self.probe_every_seconds,
             prior_outage_seconds=self.prior_outage_seconds,
             transfer_seconds=view.spec.transfer_seconds, transfer_dollars=view.spec.transfer_dollars,
-            home_region=view.checkpoint_region,
+            home_region=view.checkpoint_region, remote_dollars_per_hour=view.spec.remote_dollars_per_hour,
         )
 
     def _observation(self, view: View) -> JobObservation:

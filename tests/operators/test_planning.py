@@ -408,3 +408,24 @@ def test_attempts_outside_the_checkpoint_stores_region_pay_the_transfer(market):
         make_plan(market, **long_job).ranked[0]
     # the store's region alone prices nothing
     assert make_plan(market, checkpoint_region="us-east-1").ranked == make_plan(market).ranked
+    # saves written back cost by the hour, whatever the work left: a long job with a free restore stays home
+    # when running elsewhere costs more an hour than the cheaper region saves
+    home = make_plan(market, checkpoint_region="us-east-1", remote_dollars_per_hour=5.0, **long_job).ranked[0]
+    assert home.region == "us-east-1"
+
+
+def test_the_ledger_row_carries_the_restore_and_the_saves_back_by_the_hour(tmp_path):
+    from airflow_spot.operators import accounting
+    from airflow_spot.operators.attempt_record import AttemptLaunch
+    from airflow_spot.policy.offers import Market, Offer
+    from airflow_spot.storage.object_store import open_store
+    from airflow_spot.storage.protocol import Outcome
+
+    offer = Offer("p3.2xlarge", "us-west-2", "us-west-2b", Market.SPOT, 1.0, 3.0, "V100", 1, 16.0)
+    launch = AttemptLaunch(attempt_id="a", segment_index=0, start_step=0, end_step=10, instance_id="i",
+                           offer=offer.to_dict(), requested_at=100.0, billed_from=100.0, reused_instance=False,
+                           try_number=1, task_id="t", transfer_dollars=0.5, remote_dollars_per_hour=3.6)
+    row = accounting.record_attempt(open_store(str(tmp_path)), launch, Outcome.COMPLETED,
+                                    {"ended_at": 1100.0}, steps_after=10, now=1100.0)
+    # $0.5 of restore and 1000 s at $3.6 an hour of saves back
+    assert row["transfer_dollars"] == pytest.approx(1.5)

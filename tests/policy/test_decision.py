@@ -1,6 +1,8 @@
 """The one decision function (policy/decision.py) and what it derives from observed pool events."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from airflow_spot.policy.deadline import WAIT, DeadlineParams, DeadlineState, Observation, slack_budget
@@ -363,6 +365,22 @@ def test_a_move_needs_slack_for_its_restart_and_a_checkpoint_transfer_is_priced(
     # and never from on-demand: leaving it is the deadline rule's decision
     od = job(1 * H, offers=offers, running="on-demand")
     assert decide_attempt(od, params=PARAMS).move_to == ()
+
+
+def test_a_job_writing_its_saves_back_across_regions_moves_to_the_stores_region():
+    # one price everywhere; the store is in eu-west-1, where pool E is. Running in the west costs $1 an
+    # hour more (its saves written back): the saving, $1/h over E's expected 4 h, pays the move twice over
+    home = spot("eu-west-1a", price=1.0)
+    offers = (A, home, ON_DEMAND)
+    store = DecisionParams(deadline=PARAMS.deadline, home_region="eu-west-1")
+    assert decide_attempt(running_on_a(1 * H, offers=offers, work_done=1 * H), params=store).move_to == ()
+    saves = replace(store, remote_dollars_per_hour=1.0)
+    d = decide_attempt(running_on_a(1 * H, offers=offers, work_done=1 * H), params=saves)
+    assert [o.pool for o in d.move_to] == [home.pool]
+    # and a job starting anew takes the store's region first
+    assert decide_attempt(job(0.0, offers=offers), params=saves).ranked[0] == home
+    with pytest.raises(ValueError, match="remote_dollars_per_hour must be >= 0"):
+        replace(saves, remote_dollars_per_hour=-1.0)
 
 
 def test_move_margin_none_never_moves_and_a_bad_margin_is_refused():

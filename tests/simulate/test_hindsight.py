@@ -57,6 +57,22 @@ def test_a_checkpoint_moved_across_regions_pays_the_transfer():
     assert hindsight_cost(dear, pools, east_od, step_seconds=60.0) == pytest.approx(2 * OD / 60 + 20 * SPOT / 60)
 
 
+def test_running_outside_the_stores_region_pays_its_saves_back_by_the_hour():
+    # both pools up throughout; the east is cheaper ($0.9 against $1.2/h), the store is in the west. Saves
+    # written back at $0.6 an hour make the east $1.5/h: the job runs in the west (1 + 20 minutes)
+    east = SimPool(SpotTrace("e", "us-east-1a", 60.0, (1,) * 60),
+                   Offer("p3.2xlarge", "us-east-1", "us-east-1a", Market.SPOT, 0.9, OD, "V100", 1, 16.0))
+    pools = [pool("us-west-2b", [1] * 60), east]
+    spec = JobSpec(work_hours=20 / 60, deadline_hours=30 / 60, save_cost_seconds=0.0, restart_overhead_hours=1 / 60,
+                   store_region="us-west-2")
+    assert hindsight_cost(spec, pools, ON_DEMAND, step_seconds=60.0) == pytest.approx(21 * 0.9 / 60)
+    saves = replace(spec, remote_dollars_per_hour=0.6)
+    assert hindsight_cost(saves, pools, ON_DEMAND, step_seconds=60.0) == pytest.approx(21 * SPOT / 60)
+    assert _explicit(saves, pools, ON_DEMAND) == pytest.approx(21 * SPOT / 60)
+    with pytest.raises(ValueError, match="give the store's region"):
+        replace(spec, store_region=None, remote_dollars_per_hour=0.6)
+
+
 def test_an_instance_given_up_while_the_checkpoint_moves_leaves_it_where_it_was():
     # the east pool is up in minute 2 and from minute 10. Had a move started in minute 2 and given up put
     # the checkpoint in the east, on-demand (west) for 1 + 1 minutes and the east pool from minute 10
@@ -91,7 +107,8 @@ def _explicit(spec, pools, on_demand, step_seconds=60.0):
         for q, (region, price, values) in enumerate(places):
             if values is not None and not values[t]:
                 continue
-            step = price * step_seconds / 3600
+            remote = spec.remote_dollars_per_hour if store and region != store else 0.0  # saves written back
+            step = (price + remote) * step_seconds / 3600
             if q == place:  # stay: restart, or progress (the checkpoint is here from now on)
                 nxt = best(t + 1, done, q, left - 1, ckpt) if left else best(t + 1, done + 1, q, 0, store or region)
                 out = min(out, step + nxt)
@@ -112,7 +129,9 @@ def test_matches_an_explicit_search_on_random_traces_across_regions(seed):
                      Offer("p3.2xlarge", z[:-1], z, Market.SPOT, rng.choice([0.9, 1.2, 1.5]), OD, "V100", 1, 16.0))
              for z in zones]
     od = replace(ON_DEMAND, region=rng.choice(["us-west-2", "us-east-1"]))
+    store = rng.choice([None, "us-west-2", "eu-west-1"])
     spec = JobSpec(work_hours=12 / 60, deadline_hours=20 / 60, save_cost_seconds=0.0,
                    restart_overhead_hours=rng.choice([1, 2]) / 60, transfer_seconds=rng.choice([0, 60, 180]),
-                   transfer_dollars=rng.choice([0.0, 0.05]), store_region=rng.choice([None, "us-west-2", "eu-west-1"]))
+                   transfer_dollars=rng.choice([0.0, 0.05]), store_region=store,
+                   remote_dollars_per_hour=rng.choice([0.0, 0.6]) if store else 0.0)
     assert hindsight_cost(spec, pools, od, step_seconds=60.0) == pytest.approx(_explicit(spec, pools, od))

@@ -265,9 +265,15 @@ def test_cli_store_region_prices_every_attempt_outside_it(tmp_path, capsys):
     # (1 h of work + a 0.1 h restart, in the east at $0.9/h, then in the west at $1/h)
     assert (free["ours"]["cost"], free["hindsight"]["cost"]) == pytest.approx((0.9 * 1.1, 0.9 * 1.1), rel=0.01)
     assert (held["ours"]["cost"], held["hindsight"]["cost"]) == pytest.approx((1.1, 1.1), rel=0.01)
-    # the same $1 from a 25 GiB checkpoint at $0.02 a GiB, restored and saved back
-    per_gib = run("--store-region", "us-west-2", "--checkpoint-gib", "25", "--transfer-dollars-per-gib", "0.02")
-    assert per_gib["ours"]["cost"] == pytest.approx(held["ours"]["cost"])
+    # a 2 GiB checkpoint at $0.02 a GiB: its restore ($0.04) is less than the east saves over the job
+    # ($0.11), but its saves back, one a 15-min segment, cost $0.16 an hour in the east: the job stays west
+    gib = ("--store-region", "us-west-2", "--checkpoint-gib", "2", "--transfer-dollars-per-gib", "0.02")
+    per_gib = run(*gib)
+    assert (per_gib["ours"]["cost"], per_gib["hindsight"]["cost"]) == pytest.approx((1.1, 1.1), rel=0.01)
+    # with hour-long segments the saves cost $0.04 an hour: the east, paying the restore and its saves
+    hourly = run(*gib, "--segment-minutes", "60")
+    east = 0.9 * 1.1 + 0.04 + 0.04 * 1.1
+    assert (hourly["ours"]["cost"], hourly["hindsight"]["cost"]) == pytest.approx((east, east), rel=0.01)
     assert main(base + ["--transfer-dollars", "-1"]) == 2
     assert "--transfer-dollars must be >= 0" in capsys.readouterr().err
     assert main(base + ["--store-region", "us-west-2", "--transfer-dollars-per-gib", "0.02"]) == 2
