@@ -561,7 +561,7 @@ class SpotSegmentOperator(BaseOperator):
             try:
                 region = store.region()
             except store_errors() as exc:
-                if "AccessDenied" not in str(exc):
+                if getattr(exc, "response", {}).get("Error", {}).get("Code") not in ("AccessDenied", "403"):
                     raise  # a store that does not answer: this try fails and is retried
                 raise AirflowFailException(
                     f"checkpoint_region='auto' needs the region of {store.uri}, and S3 refused to say ({exc}): "

@@ -102,7 +102,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 
 def _transfer(args: argparse.Namespace) -> TransferCost:
-    """The per-move transfer, flat and per GiB of checkpoint, as the operators derive it."""
+    """The transfer a move pays and, with one store, the saves an instance elsewhere writes back an hour:
+    flat and per GiB of checkpoint, as the operators derive them (one save a segment)."""
     per_gib = args.transfer_dollars_per_gib or args.transfer_seconds_per_gib
     if per_gib and not args.checkpoint_gib:
         raise ValueError("--transfer-dollars-per-gib / --transfer-seconds-per-gib price each GiB of the checkpoint: "

@@ -8,10 +8,10 @@ on-demand or on a pool up for the whole step, paying the restart and, for a chec
 its transfer (time and money) as the replay does; the checkpoint is in the new region once the new
 instance makes progress (an instance given up during the move leaves it where it was), or with
 ``JobSpec.store_region`` always in the store's, where an instance in another region also pays
-``remote_dollars_per_hour`` for each step it runs (its saves written back). Approximations, all named: a pool counts as up in a step
-only when it is up for all of it (a little pessimistic), the restart is rounded to whole steps, and
-neither save stalls nor the 60 s billing minimum are modelled (a little optimistic). Progress survives a
-preemption (emergency save).
+``remote_dollars_per_hour`` for each step it runs (its saves written back). Approximations, all named: a
+pool counts as up in a step only when it is up for all of it (a little pessimistic), the restart is
+rounded to whole steps, and neither save stalls nor the 60 s billing minimum are modelled (a little
+optimistic). Progress survives a preemption (emergency save).
 """
 from __future__ import annotations
 
