@@ -155,6 +155,8 @@ class JobSummary:
     lost_gpu_hours: float
     steps_done: int
     steps_lost: int
+    #: of ``cost``: checkpoints restored from and saved to a store in another region
+    transfer_dollars: float = 0.0
 
     @property
     def savings(self) -> float:
@@ -184,6 +186,7 @@ def summarize(rows: Iterable[LedgerRow]) -> JobSummary:
         lost_gpu_hours=sum(r.lost_seconds * r.gpu_count for r in rows) / 3600.0,
         steps_done=sum(r.steps_done for r in rows),
         steps_lost=sum(r.steps_lost for r in rows),
+        transfer_dollars=sum(r.transfer_dollars for r in rows),
     )
 
 

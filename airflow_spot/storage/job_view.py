@@ -398,6 +398,7 @@ class JobView:
             "cost": round(cost, 6),
             "on_demand_cost": round(on_demand, 6),
             "savings": round(on_demand - cost, 6),
+            "transfer_dollars": totals["transfer_dollars"],
             "savings_fraction": round((on_demand - cost) / on_demand, 4) if on_demand > 0 else 0.0,
             "preemptions": sum(a.is_preemption for a in attempts),
             "steps_lost": totals["steps_lost"],

@@ -195,7 +195,9 @@ def job_page(dag_id: str, run_id: str, snap: dict[str, Any], offers: list[dict[s
     cards = [
         ("state", escape(str(snap.get("state")))),
         ("progress", f"{snap.get('current_step')} / {total if total else '?'} steps ({pct})"),
-        ("cost so far", _money(snap.get("cost"))),
+        ("cost so far", _money(snap.get("cost")) + (
+            f" <span class=muted id=transfers>of which checkpoint transfers {_money(snap['transfer_dollars'])}</span>"
+            if snap.get("transfer_dollars") else "")),
         ("on-demand cost of the same work", _money(snap.get("on_demand_cost"))),
         ("savings", f"{_money(snap.get('savings'))} ({100 * (snap.get('savings_fraction') or 0):.1f} %)"),
         ("preemptions", str(snap.get("preemptions", 0))),

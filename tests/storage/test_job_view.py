@@ -66,6 +66,18 @@ def test_totals_are_the_ledgers_and_counts_filter_by_outcome_segment_and_time(vi
     assert view.count([Outcome.PREEMPTED], since=T0 + 95) == 0
 
 
+def test_checkpoint_transfers_are_counted_in_the_cost_and_shown_apart(view):
+    from dataclasses import replace
+
+    before = view.snapshot(now=T0 + 250)
+    assert before["transfer_dollars"] == 0.0
+    second = next(r for r in view.ledger_rows() if r.attempt_id == "s0.try2")
+    LedgerStore(view.store).write(replace(second, transfer_dollars=1.25))  # restored from another region
+    after = view.snapshot(now=T0 + 250)
+    assert after["transfer_dollars"] == pytest.approx(1.25)
+    assert after["cost"] == pytest.approx(before["cost"] + 1.25)
+
+
 def test_snapshot_progress_cost_estimate_and_series(view):
     snap = view.snapshot(now=T0 + 250)
     assert snap["state"] == "running" and snap["total_steps"] == 300

@@ -164,6 +164,14 @@ def test_a_running_job_page_reloads_itself_and_a_finished_one_does_not():
     assert 'http-equiv="refresh"' not in job_page("d", "r", {**snap, "state": "finished"}, [])
 
 
+def test_the_cost_card_shows_the_checkpoint_transfers_in_it():
+    from airflow_spot.ui.page import job_page
+
+    snap = {"state": "finished", "attempts": [], "checkpoints": [], "series": [], "cost": 12.5}
+    assert 'id=transfers' not in job_page("d", "r", snap, [])
+    assert "of which checkpoint transfers $1.2500" in job_page("d", "r", {**snap, "transfer_dollars": 1.25}, [])
+
+
 # ------------------------------------------------------------------ before the job's first attempt
 PRESTART_DAG = "ui_api_not_started"
 PROFILE = {"T4": 0.5}  # seconds per step the job declares it measured on a T4
