@@ -35,8 +35,8 @@ enough that, over the work left but at most the target's expected lifetime (its 
 while the pool is young: :func:`~airflow_spot.policy.offer_ranking.risk_multiplier` of its observed
 up-time, or of half the time since it was last seen down), the saving pays ``move_margin`` times the
 move: the new instance's restart (and the checkpoint's transfer across regions); with a deadline, only
-while the slack pays that restart, the floor and the reserve for future preemptions (as when leaving
-on-demand). The job tries the targets first and keeps its instance if they all refuse (a refusal is not
+while the slack pays that restart, one more (the target's own preemption, should it come soon), the floor
+and the reserve for future preemptions (as when leaving on-demand). The job tries the targets first and keeps its instance if they all refuse (a refusal is not
 billed). Prices that are equal everywhere never move a job: the saving counts prices and long-run
 rates, not the pools' ages.
 
@@ -303,7 +303,10 @@ def decide_attempt(
     moves: tuple[Offer, ...] = ()
     if running is Market.SPOT and obs.running_pool and d.market == Market.SPOT.value:
         move_params = replace(params, deadline=deadline_params)
-        affordable = obs.deadline_at is None or switch_spare(dobs, now, deadline_params, None) >= 0
+        # a move bets on a pool the job has not proved: the slack must pay its restart and, should the
+        # target go soon, the restart after that, not only the one
+        affordable = obs.deadline_at is None or switch_spare(dobs, now, deadline_params, None) >= (
+            deadline_params.restart_overhead_seconds)
         moves = move_targets(ranked, obs.running_pool, views, now, move_params, work_left, affordable)
     return AttemptDecision(d.market, tuple(ranked), d.reason, d.state, probe, spot_up, expected, rate, moves)
 

@@ -354,6 +354,10 @@ def test_a_move_needs_slack_for_its_restart_and_a_checkpoint_transfer_is_priced(
     cheap = spot("us-west-2b", price=0.7)
     offers = (A, cheap, C, ON_DEMAND)
     assert decide_attempt(running_on_a(1 * H, offers=offers, work_done=1 * H), params=PARAMS).move_to
+    # 2.1 h in, nothing done: the slack pays the move's restart (it did until 2.2 h) but not a second one
+    # should the target go soon, on top of the floor and the reserve: no move (the last one is at 1.99 h)
+    assert decide_attempt(running_on_a(1.9 * H, offers=offers), params=PARAMS).move_to
+    assert decide_attempt(running_on_a(2.1 * H, offers=offers), params=PARAMS).move_to == ()
     # 3.4 h in, nothing done: 0.6 h of slack cannot pay a restart, the floor and the reserve
     late = decide_attempt(running_on_a(3.4 * H, offers=offers), params=PARAMS)
     assert late.market == Market.SPOT.value and late.move_to == ()
