@@ -125,10 +125,10 @@ def main() -> None:
                          "(simulate --checkpoint-gib G --transfer-dollars-per-gib R gives 4 G R at 15-min segments)")
     ap.add_argument("--json", default=str(HERE / "results_simulate.json"), help="where to write the figures")
     args = ap.parse_args()
-    if not (args.transfer_seconds >= 0 and args.transfer_dollars >= 0 and args.remote_dollars_per_hour >= 0):
-        ap.error("--transfer-seconds, --transfer-dollars and --remote-dollars-per-hour must be >= 0")  # also NaN
-    if args.remote_dollars_per_hour and not args.store_region:
-        ap.error("--remote-dollars-per-hour prices saves written back to one store: give --store-region")
+    try:  # the job's own checks (JobSpec): negative transfer figures, saves without a store region
+        _spec(args, 52)
+    except ValueError as exc:
+        ap.error(str(exc))
     args.traces = ",".join(args.traces)  # one string: it travels to the worker processes
     traces = _traces(args.traces)
     if args.nodes < 1:

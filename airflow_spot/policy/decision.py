@@ -130,7 +130,7 @@ class DecisionParams:
     def __post_init__(self) -> None:
         for name in ("recheck_seconds", "watch_seconds", "prior_outage_seconds", "probe_every_seconds",
                      "transfer_seconds", "transfer_dollars", "remote_dollars_per_hour"):
-            if getattr(self, name) < 0:
+            if not getattr(self, name) >= 0:  # also NaN
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.rate_prior_hours is not None and self.rate_prior_hours <= 0:
             raise ValueError(f"rate_prior_hours must be > 0 or None, got {self.rate_prior_hours!r}")

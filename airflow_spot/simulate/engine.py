@@ -92,7 +92,7 @@ class JobSpec:
                              f"got {self.probe_miss!r}")
         for name in ("save_cost_seconds", "restart_overhead_hours", "notice_seconds", "transfer_seconds",
                      "transfer_dollars", "remote_dollars_per_hour"):
-            if getattr(self, name) < 0:
+            if not getattr(self, name) >= 0:  # also NaN
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.remote_dollars_per_hour and self.store_region is None:
             raise ValueError("remote_dollars_per_hour prices saves written back to one store in another region: "

@@ -110,3 +110,10 @@ def test_oracle_age_waits_its_budget_then_leaves_on_demand_only_for_a_settled_po
     assert od.market == "on-demand" and od.started_at == 49 * 60
     # the flap at 80-90 and the pool's first 45 min from minute 100 are not worth leaving on-demand for
     assert spot2.market == "spot" and spot2.started_at == (100 + 45) * 60
+
+
+@pytest.mark.parametrize("name", ["transfer_seconds", "transfer_dollars", "save_cost_seconds"])
+def test_a_negative_or_nan_job_figure_is_refused_by_name(name):
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match=f"{name} must be >= 0"):
+            JobSpec(work_hours=1, **{name: bad})
