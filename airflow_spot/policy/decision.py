@@ -33,8 +33,9 @@ Moving a running spot job to a cheaper pool (:func:`move_targets`): at a segment
 spot instance that is still up moves when another pool's long-run cost per unit of work is lower by
 enough that, over the work left but at most the target's expected lifetime (its prior MTBF, shortened
 while the pool is young: :func:`~airflow_spot.policy.offer_ranking.risk_multiplier` of its observed
-up-time, or of half the time since it was last seen down), the saving pays ``move_margin`` times the
-move: the new instance's restart (and the checkpoint's transfer across regions); with a deadline, only
+up-time, or of half the time since it was last seen down; and shortened by the job's own preemptions
+anywhere in the target's region, which fade over two prior lifetimes: :data:`REGION_MEMORY_LIFETIMES`),
+the saving pays ``move_margin`` times the move: the new instance's restart (and the checkpoint's transfer across regions); with a deadline, only
 while the slack pays that restart, one more (the target's own preemption, should it come soon), the floor
 and the reserve for future preemptions (as when leaving on-demand). The job tries the targets first and keeps its instance if they all refuse (a refusal is not
 billed). Prices that are equal everywhere never move a job: the saving counts prices and long-run
@@ -47,16 +48,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from airflow_spot.policy.checkpoint_interval import estimate_mtbf
 from airflow_spot.policy.deadline import (
     WAIT, DeadlineParams, DeadlineState, Observation, decide, switch_spare,
 )
 from airflow_spot.policy.observations import (
-    WATCH_SECONDS, JobObservation, PoolEvent, PoolView, expected_outage_seconds, own_preemption_rate, pool_views,
+    WATCH_SECONDS, JobObservation, PoolEvent, PoolView, expected_outage_seconds, own_pool_losses, own_preemption_rate,
+    pool_views,
 )
 from airflow_spot.policy.offer_ranking import RankingParams, cost_per_step, risk_multiplier
 from airflow_spot.policy.offers import Market, Offer
 
 _STATE_ORDER = {"up": 0, "unknown": 1, "down": 2}
+#: the job's own losses in a region fade, for the move rule, with this many of the market's prior
+#: lifetimes (7.2 h at 3.6 h): a region that flapped this morning is not worth a move back, one that
+#: flapped yesterday is. On the replays of `benchmarks/results_simulate.md` ("A region that keeps
+#: preempting the job"), 52 h: never fading (a Gamma estimate of a fixed rate) barred a region for the
+#: rest of a job after one bad hour (H100 worst start against the anchors 1.021 -> 1.068); 1 / 2 / 4
+#: lifetimes: 1.027 / 1.034 / 1.037 there, and on the nine-zone one-store set worst 1.90 / 1.51 / 1.39
+#: against 2.05 before (every third start)
+REGION_MEMORY_LIFETIMES = 2.0
 
 #: constants of the deadline rule where they differ from ``oracle-age``'s (chosen on the even hourly
 #: offsets at 52 h of the bundled traces, ``benchmarks/results_simulate.md``): the slack kept for future
@@ -185,15 +196,26 @@ def _risk_age(offer: Offer, view: PoolView | None, now: float) -> float | None:
 
 def move_targets(
     offers: Sequence[Offer], running_pool: str, views: dict[str, PoolView], now: float, params: DecisionParams,
-    work_left: float, affordable: bool,
+    work_left: float, affordable: bool, own_losses: dict[str, tuple[float, float]] | None = None,
 ) -> tuple[Offer, ...]:
     """The spot offers (in the order given) a job running in ``running_pool`` should move to, by the rule
-    in the module docstring; ``affordable``: the deadline's slack pays one more restart."""
+    in the module docstring; ``affordable``: the deadline's slack pays one more restart; ``own_losses``:
+    per pool, the job's own preemptions there and its instances' seconds there, faded with their age
+    (:func:`~airflow_spot.policy.observations.own_pool_losses`)."""
     current = next((o for o in offers if o.pool == running_pool and o.is_spot), None)
     if current is None or params.move_margin is None or not affordable or work_left <= 0:
         return ()
     restart_hours = params.deadline.restart_overhead_seconds / 3600.0
     base = _cost_per_step(current, params)
+    # capacity in one region comes and goes together: the job's own losses anywhere in the target's region
+    # shorten the bet on the target (found on a one-store replay: a job moved home five times into a
+    # region whose pools preempted it each time, `benchmarks/results_simulate.md`)
+    region_of = {o.pool: o.region for o in offers}
+    by_region: dict[str, tuple[float, float]] = {}
+    for pool, (losses, seconds) in (own_losses or {}).items():
+        if pool in region_of:
+            n, t = by_region.get(region_of[pool], (0, 0.0))
+            by_region[region_of[pool]] = (n + losses, t + seconds)
     out = []
     for o in offers:
         v = views.get(o.pool)
@@ -207,7 +229,11 @@ def move_targets(
             # not seen up since it was seen down: if it is up, it came back at some time since then, half
             # way on average (the ranking's "at most" orders pools; a move bets on the expected lifetime)
             age /= 2.0
-        rate = o.preemption_rate_per_hour * risk_multiplier(age, params.ranking.cooldown_seconds)
+        rate = o.preemption_rate_per_hour
+        if rate > 0 and o.region in by_region:
+            # the market's rate as a prior worth one preemption (estimate_mtbf's default), moved by the job's own
+            rate = 3600.0 / estimate_mtbf(3600.0 / rate, *by_region[o.region])
+        rate *= risk_multiplier(age, params.ranking.cooldown_seconds)
         horizon = work_left / 3600.0 if rate <= 0 else min(work_left / 3600.0, 1.0 / rate)
         move = restart_hours * o.price_per_hour / o.relative_throughput
         move += _move_penalty(o, params, work_left) * work_left / 3600.0
@@ -275,8 +301,8 @@ def decide_attempt(
     deadline_params = params.deadline
     rate = None
     priors = [o.preemption_rate_per_hour for o in spot if o.preemption_rate_per_hour > 0]
-    if priors and params.rate_prior_hours is not None:
-        prior = sum(priors) / len(priors)
+    prior = sum(priors) / len(priors) if priors else None
+    if prior is not None and params.rate_prior_hours is not None:
         rate = own_preemption_rate(events, now, prior, params.rate_prior_hours)
         deadline_params = replace(deadline_params,
                                   spot_reserve_per_work=deadline_params.spot_reserve_per_work * rate / prior)
@@ -307,7 +333,9 @@ def decide_attempt(
         # target go soon, the restart after that, not only the one
         affordable = obs.deadline_at is None or switch_spare(dobs, now, deadline_params, None) >= (
             deadline_params.restart_overhead_seconds)
-        moves = move_targets(ranked, obs.running_pool, views, now, move_params, work_left, affordable)
+        memory = None if prior is None else REGION_MEMORY_LIFETIMES * 3600.0 / prior
+        moves = move_targets(ranked, obs.running_pool, views, now, move_params, work_left, affordable,
+                             own_pool_losses(events, now, memory))
     return AttemptDecision(d.market, tuple(ranked), d.reason, d.state, probe, spot_up, expected, rate, moves)
 
 

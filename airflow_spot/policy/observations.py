@@ -148,11 +148,12 @@ def expected_outage_seconds(views: Iterable[PoolView], prior_seconds: float, pri
     return (prior_seconds * prior_weight + sum(seen)) / (prior_weight + len(seen))
 
 
-def own_preemption_rate(events: Iterable[PoolEvent], now: float, prior_rate_per_hour: float,
-                        prior_hours: float) -> float:
-    """Preemptions per hour of the job's own spot instances, shrunk towards ``prior_rate_per_hour`` as if
-    ``prior_hours`` of spot time at that rate had been seen (the Gamma-prior estimate of
-    :func:`~airflow_spot.policy.checkpoint_interval.estimate_mtbf`, as a rate).
+def own_pool_losses(
+    events: Iterable[PoolEvent], now: float, memory_seconds: float | None = None
+) -> dict[str, tuple[float, float]]:
+    """Per pool, the job's own preemptions there and the seconds its own spot instances ran there; with
+    ``memory_seconds``, each instance's loss and seconds weigh ``exp(-age / memory_seconds)``, its age
+    counted from when it ended (a pool's spell of losing capacity passes).
 
     Only the job's own events count (``job == ""``: its ledger and its running instance), because only
     for its own instances is it known how long they were up before the loss. An instance's time runs
@@ -163,17 +164,19 @@ def own_preemption_rate(events: Iterable[PoolEvent], now: float, prior_rate_per_
     for e in events:
         if e.at <= now and not e.job:
             by_pool.setdefault(e.pool, []).append(e)
-    seconds = 0.0
-    losses = 0
-    for evs in by_pool.values():
+    out = {}
+    for pool, evs in by_pool.items():
         evs.sort(key=lambda e: (e.at, e.up))
+        seconds = losses = 0.0
         start = last_up = None
         for e in evs:
             if start is not None and (e.kind == "launched" or not e.up):
                 # the instance ends here: lost if preempted, else unharmed at the last sight of it up
                 lost = e.kind == "preempted"
-                seconds += (e.at if lost else last_up) - start
-                losses += lost
+                end = e.at if lost else last_up
+                weight = 1.0 if memory_seconds is None else math.exp(-(now - end) / memory_seconds)
+                seconds += weight * (end - start)
+                losses += weight * lost
                 start = None
             if e.kind == "launched":
                 start = e.at
@@ -181,6 +184,18 @@ def own_preemption_rate(events: Iterable[PoolEvent], now: float, prior_rate_per_
                 last_up = e.at
         if start is not None:
             seconds += last_up - start
+        out[pool] = (losses, seconds)
+    return out
+
+
+def own_preemption_rate(events: Iterable[PoolEvent], now: float, prior_rate_per_hour: float,
+                        prior_hours: float) -> float:
+    """Preemptions per hour of the job's own spot instances (:func:`own_pool_losses`, all pools), shrunk
+    towards ``prior_rate_per_hour`` as if ``prior_hours`` of spot time at that rate had been seen (the
+    Gamma-prior estimate of :func:`~airflow_spot.policy.checkpoint_interval.estimate_mtbf`, as a rate)."""
+    per_pool = own_pool_losses(events, now).values()
+    losses = sum(n for n, _ in per_pool)
+    seconds = sum(t for _, t in per_pool)
     prior_mtbf = 3600.0 / prior_rate_per_hour
     return 3600.0 / estimate_mtbf(prior_mtbf, losses, seconds, prior_weight=prior_rate_per_hour * prior_hours)
 

@@ -252,7 +252,7 @@ def test_the_job_s_own_preemption_rate_counts_its_instances_time_and_losses_only
     """A ran 0-2 h and was preempted (2 h, 1 loss); B ran 2-3 h and left unharmed (refused later: 1 h);
     C runs since 5 h, seen running at 6 h (1 h); another job's preemption does not count. Prior 0.1/h
     worth 10 h: (0.1 x 10 + 1) / (10 + 4) per hour."""
-    from airflow_spot.policy.observations import own_preemption_rate
+    from airflow_spot.policy.observations import own_pool_losses, own_preemption_rate
 
     ev = [PoolEvent(A.pool, "launched", 0.0), PoolEvent(A.pool, "preempted", 2 * H),
           PoolEvent(B.pool, "launched", 2 * H), PoolEvent(B.pool, "running", 3 * H),
@@ -266,6 +266,8 @@ def test_the_job_s_own_preemption_rate_counts_its_instances_time_and_losses_only
     again = [PoolEvent(A.pool, "launched", 0.0), PoolEvent(A.pool, "running", 1 * H),
              PoolEvent(A.pool, "launched", 5 * H), PoolEvent(A.pool, "preempted", 6 * H)]
     assert own_preemption_rate(again, 6 * H, 0.1, 10.0) == pytest.approx(2.0 / 12.0)
+    # the same per pool, which the move rule reads
+    assert own_pool_losses(ev, 6 * H) == {A.pool: (1, 2 * H), B.pool: (0, 1 * H), C.pool: (0, 1 * H)}
 
 
 def test_leaving_on_demand_keeps_more_slack_when_the_job_s_own_instances_were_preempted_often():
@@ -385,6 +387,34 @@ def test_a_job_writing_its_saves_back_across_regions_moves_to_the_stores_region(
     assert decide_attempt(job(0.0, offers=offers), params=saves).ranked[0] == home
     with pytest.raises(ValueError, match="remote_dollars_per_hour must be >= 0"):
         replace(saves, remote_dollars_per_hour=-1.0)
+
+
+def test_a_region_whose_pools_keep_preempting_the_job_is_not_worth_a_move_into_until_that_passes():
+    """Target T (us-east-1a) is 30 % cheaper than A, where the job runs: over the prior lifetime (4 h)
+    the saving pays the move twice over (see above). But the job's own instances in us-east-1b, the same
+    region, were preempted six times in its first hour, 5 min each. Each loss and its seconds weigh
+    exp(-age / 8 h) (two prior lifetimes): at 1.5 h about 5.3 losses and 22 min; with the market's rate as a
+    prior worth one preemption the region's lifetime is about (4 h + 22 min) / 6.3 = 0.69 h, and
+    0.3125 $/h x 0.69 h < 2 x 0.2 h x 0.7 $/h."""
+    target, lossy, far = spot("us-east-1a", price=0.7), spot("us-east-1b"), spot("eu-west-1a")
+    offers = (A, target, lossy, far, ON_DEMAND)
+
+    def moves_after_losses_in(pool, now, n=6, lived=300.0):
+        events = []
+        for i in range(n):
+            events += [PoolEvent(pool.pool, "launched", i * 600.0), PoolEvent(pool.pool, "preempted", i * 600.0 + lived)]
+        events.append(PoolEvent(A.pool, "launched", max(1 * H, (n - 1) * 600.0 + lived)))
+        obs = job(now, events, offers=offers, deadline_h=None, running="spot", running_pool=A.pool)
+        return [o.pool for o in decide_attempt(obs, params=PARAMS).move_to]
+
+    assert moves_after_losses_in(lossy, 1.5 * H, n=0) == [target.pool]
+    assert moves_after_losses_in(lossy, 1.5 * H) == []
+    # the same losses in another region say nothing about us-east-1
+    assert moves_after_losses_in(far, 1.5 * H) == [target.pool]
+    # a day later they weigh about 0.04 each: the region is worth a move again
+    assert moves_after_losses_in(lossy, 25.5 * H) == [target.pool]
+    # one preemption after a 3 h run is no sign of flapping: (4 h + 2.8 h) / 1.94 = 3.5 h, worth the move
+    assert moves_after_losses_in(lossy, 3.5 * H, n=1, lived=3 * H) == [target.pool]
 
 
 def test_move_margin_none_never_moves_and_a_bad_margin_is_refused():
