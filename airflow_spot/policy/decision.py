@@ -35,10 +35,11 @@ enough that, over the work left but at most the target's expected lifetime (its 
 while the pool is young: :func:`~airflow_spot.policy.offer_ranking.risk_multiplier` of its observed
 up-time, or of half the time since it was last seen down; and shortened by the job's own preemptions
 anywhere in the target's region, which fade over two prior lifetimes: :data:`REGION_MEMORY_LIFETIMES`),
-the saving pays ``move_margin`` times the move: the new instance's restart (and the checkpoint's transfer across regions); with a deadline, only
-while the slack pays that restart, one more (the target's own preemption, should it come soon), the floor
-and the reserve for future preemptions (as when leaving on-demand). The job tries the targets first and keeps its instance if they all refuse (a refusal is not
-billed). Prices that are equal everywhere never move a job: the saving counts prices and long-run
+the saving pays ``move_margin`` times the move: the new instance's restart (and the checkpoint's
+transfer across regions); with a deadline, only while the slack pays that restart, one more (the
+target's own preemption, should it come soon), the floor and the reserve for future preemptions (as when
+leaving on-demand). The job tries the targets first and keeps its instance if they all refuse (a refusal
+is not billed). Prices that are equal everywhere never move a job: the saving counts prices and long-run
 rates, not the pools' ages.
 
 Pure: everything is passed in.

@@ -169,21 +169,24 @@ def own_pool_losses(
         evs.sort(key=lambda e: (e.at, e.up))
         seconds = losses = 0.0
         start = last_up = None
+
+        def weight(end: float) -> float:
+            return 1.0 if memory_seconds is None else math.exp(-(now - end) / memory_seconds)
+
         for e in evs:
             if start is not None and (e.kind == "launched" or not e.up):
                 # the instance ends here: lost if preempted, else unharmed at the last sight of it up
                 lost = e.kind == "preempted"
                 end = e.at if lost else last_up
-                weight = 1.0 if memory_seconds is None else math.exp(-(now - end) / memory_seconds)
-                seconds += weight * (end - start)
-                losses += weight * lost
+                seconds += weight(end) * (end - start)
+                losses += weight(end) * lost
                 start = None
             if e.kind == "launched":
                 start = e.at
             if e.up:
                 last_up = e.at
         if start is not None:
-            seconds += last_up - start
+            seconds += weight(last_up) * (last_up - start)
         out[pool] = (losses, seconds)
     return out
 
