@@ -40,11 +40,14 @@ def test_train_tiny_survives_an_injected_preemption(make_backend, job_uri, layou
                 startup = time.monotonic() - started
         assert ref.wait(timeout=120) == 0 and startup is not None
 
-    # launch 0 is preempted once its training loop is surely running; launch 1 is not preempted
+    # launch 0 is preempted once its training loop is surely running; launch 1 is not preempted. The loop
+    # lasts 12 s (240 steps of 0.05 s) so that a start-up much faster than the reference's (the load
+    # dropped between the two) still meets the preemption inside it: with 0.02 s a run whose reference
+    # start-up was measured under load once finished before it (a CI run beside a benchmark)
     backend = make_backend(preemption={"mode": "schedule", "after_seconds": [1.5 * startup + 1.5]},
                            notice_window_seconds=5.0)
     weights = tmp_path / "final.pt"
-    command = train_tiny("--step-sleep", "0.02", "--final-weights", str(weights))
+    command = train_tiny("--step-sleep", "0.05", "--final-weights", str(weights))
 
     first = backend.launch(spec(job_uri, token="try1"))
     layout.write_request(first.instance_id, SegmentRequest(
