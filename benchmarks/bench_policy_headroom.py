@@ -8,7 +8,9 @@ decisions from the traces' future (yardsticks, not policies):
 * ``wait``: an idle job facing an outage of every pool waits when a pool is back within 20 min;
 * ``leave``: a job on on-demand leaves for spot as soon as a pool will stay up 1 h;
 * ``pool``: a launch takes the pool that will stay up the longest;
-* ``all three``.
+* ``launch``: an idle job whose slack leaves ``ours`` a waiting budget starts only on a pool that will
+  stay up 30 min, and waits while none will;
+* ``all three`` (wait, leave, pool) and ``all four``.
 
 The gain of a variant over ``ours`` bounds what a better prediction of that decision could buy.
 
@@ -34,7 +36,10 @@ VARIANTS = {
     "wait (back within 20 min)": {"wait_if_back_within": 1200.0},
     "leave (pool stays up 1 h)": {"leave_if_up_for": 3600.0},
     "pool (longest up ahead)": {"pool_by_future": True},
+    "launch (stays up 30 min)": {"launch_if_up_for": 1800.0},
     "all three": {"wait_if_back_within": 1200.0, "leave_if_up_for": 3600.0, "pool_by_future": True},
+    "all four": {"wait_if_back_within": 1200.0, "leave_if_up_for": 3600.0, "pool_by_future": True,
+                 "launch_if_up_for": 1800.0},
 }
 
 

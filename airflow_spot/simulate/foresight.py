@@ -12,7 +12,10 @@ ahead in the traces:
 * ``leave_if_up_for``: a job on on-demand leaves for spot, at a decision point, as soon as a pool will
   stay up that long from now (when the slack pays the restart and the floor), whatever the rule's
   reserve and settle time say; otherwise the rule decides;
-* ``pool_by_future``: a launch tries the pools in the order of how long they will stay up.
+* ``pool_by_future``: a launch tries the pools in the order of how long they will stay up;
+* ``launch_if_up_for``: an idle job that ``ours`` would start on spot, and whose slack leaves ``ours`` a
+  waiting budget (``slack - floor > wait_reserve_per_work x work left``), starts only on a pool that will
+  stay up that long from now, trying those first; while none will, it waits.
 
 Each one's gain over ``ours`` is the most that predicting that decision better could buy
 (``benchmarks/bench_policy_headroom.py``). Everything else — what the job observes, when it decides,
@@ -41,6 +44,7 @@ class ForesightController(ObservedController):
     wait_if_back_within: float | None = None
     leave_if_up_for: float | None = None
     pool_by_future: bool = False
+    launch_if_up_for: float | None = None
 
     def _up_ahead(self, view: View, i: int) -> float:
         """Seconds pool ``i`` stays up from now (0 when it is down now)."""
@@ -87,6 +91,15 @@ class ForesightController(ObservedController):
                 and any(self._up_ahead(view, i) >= self.leave_if_up_for for i in range(len(view.pools)))):
             return replace(d, market=Market.SPOT.value, reason="foresight: a pool stays up", probe=False,
                            ranked=self._spot_first(view))
+        if (self.launch_if_up_for is not None and running is None and d.market == Market.SPOT.value
+                and self._slack(view) - floor > p.wait_reserve_per_work * (view.work_total - view.work_done)):
+            index = {q.name: i for i, q in enumerate(view.pools)}
+            lasting = {o.pool for o in d.ranked if o.is_spot
+                       and self._up_ahead(view, index[o.pool]) >= self.launch_if_up_for}
+            if not lasting:
+                return replace(d, market=WAIT, reason="foresight: no pool stays up long enough yet")
+            # the lasting pools first, each group in the rule's order
+            return replace(d, ranked=tuple(sorted(d.ranked, key=lambda o: o.pool not in lasting)))
         return d
 
     def _execute(self, d: AttemptDecision, view: View):

@@ -74,3 +74,19 @@ def test_pool_takes_the_one_that_stays_up():
     ahead = simulate(spec, pools, ON_DEMAND, ForesightController(pool_by_future=True), max_hours=5)
     assert ours.preemptions == 1 and ours.rows[0].zone == "us-west-2a"
     assert ahead.preemptions == 0 and [r.zone for r in ahead.rows] == ["us-west-2b"]
+
+
+def test_launch_waits_for_a_pool_that_stays_up_while_the_slack_leaves_a_waiting_budget():
+    # pool a is up for its first 10 minutes only; pool b comes up at 20 minutes and stays: `ours` starts on
+    # a and is preempted, the yardstick waits for b
+    a, b = [1] * 10 + [0] * 1200, [0] * 20 + [1] * 1190
+    roomy = JobSpec(work_hours=10, deadline_hours=20, save_cost_seconds=0.0, restart_overhead_hours=0.1)
+    pools = [pool("us-west-2a", a), pool("us-west-2b", b)]
+    ours = simulate(roomy, pools, ON_DEMAND, controllers.get("ours")(), max_hours=21)
+    ahead = simulate(roomy, pools, ON_DEMAND, ForesightController(launch_if_up_for=1800.0), max_hours=21)
+    assert ours.preemptions == 1 and ours.rows[0].zone == "us-west-2a"
+    assert ahead.preemptions == 0 and [(r.zone, r.started_at) for r in ahead.rows] == [("us-west-2b", 20 * 60)]
+    assert ahead.cost < ours.cost and ahead.deadline_met
+    # without a waiting budget (10 h of work in 11 h) it starts where `ours` starts
+    tight = simulate(SPEC, pools, ON_DEMAND, ForesightController(launch_if_up_for=1800.0), max_hours=12)
+    assert tight.rows[0].zone == "us-west-2a" and tight.rows[0].started_at == 0
