@@ -8,7 +8,8 @@ hindsight optimum (``cost / hindsight``), deadlines met; ``ours`` (what the oper
 inputs only) on the even offsets (where its constants were chosen) and the odd ones (held out)
 separately; ``ours`` at the first deadline with other segment lengths than 15 min (``--segments``: it
 decides at segment boundaries, as the operators do); ``ours`` with probes that miss (``--probe-misses``);
-and issue 11's targets. Writes the figures to benchmarks/results_simulate.json.
+``ours`` in a deployment that has run before (``--history-hours``: its log holds what an earlier job logged
+in the hours before each start); and issue 11's targets. Writes the figures to benchmarks/results_simulate.json.
 
     python benchmarks/bench_simulate.py [--traces DIR|FILE,FILE] [--prices CSV] [--nodes N] [--policies a,b]
         [--workers 2] [--json F]
@@ -51,12 +52,12 @@ DEFAULT_TRACES = str(default_traces_dir() / PREEMPTION_TRACES_SUBDIR)
 
 
 def _dist(args):
-    spec, (traces_dir, prices), name, offs, base = args
+    spec, (traces_dir, prices), name, offs, base, *history = args
     traces = _traces(traces_dir)
     pools, od = _pools(traces, spec.nodes, prices)
     if name == HINDSIGHT:
         return hindsight_distribution(spec, pools, od, offs, base)
-    return distribution(spec, pools, od, name, offs, base)
+    return distribution(spec, pools, od, name, offs, base, history_hours=history[0] if history else 0.0)
 
 
 def _pools(traces, nodes: int, prices: str | None = None):
@@ -123,6 +124,9 @@ def main() -> None:
     ap.add_argument("--remote-dollars-per-hour", type=float, default=0.0,
                     help="with --store-region, $ an hour an instance elsewhere pays for its saves written back "
                          "(simulate --checkpoint-gib G --transfer-dollars-per-gib R gives 4 G R at 15-min segments)")
+    ap.add_argument("--history-hours", type=float, default=24.0,
+                    help="also replay ours in a deployment that has run before: its log holds what an earlier job "
+                         "logged in this many hours before each start, as `simulate --history-hours` (0: skip)")
     ap.add_argument("--json", default=str(HERE / "results_simulate.json"), help="where to write the figures")
     args = ap.parse_args()
     try:  # the job's own checks (JobSpec): negative transfer figures, saves without a store region
@@ -133,6 +137,8 @@ def main() -> None:
     traces = _traces(args.traces)
     if args.nodes < 1:
         ap.error(f"--nodes must be >= 1, got {args.nodes}")
+    if not args.history_hours >= 0:
+        ap.error(f"--history-hours must be >= 0, got {args.history_hours}")
     try:
         check_node_count(traces, args.nodes)
     except TraceError as exc:
@@ -170,11 +176,14 @@ def main() -> None:
         offs = offsets_for(spec, traces)
         base = run_policies(spec, pools, od, ["on-demand"])[0].cost
         jobs = [(spec, (args.traces, args.prices), n, offs, base) for n in names + [HINDSIGHT]]
+        if "ours" in names and args.history_hours:
+            jobs.append((spec, (args.traces, args.prices), "ours", offs, base, args.history_hours))
         if args.workers > 1:
             with ProcessPoolExecutor(max_workers=min(args.workers, 2)) as ex:
                 dists = list(ex.map(_dist, jobs))
         else:
             dists = [_dist(j) for j in jobs]
+        warm = dists.pop() if len(jobs) > len(names) + 1 else None
         hs = dists[-1]
         print(f"\n== {every}, {len(offs)} hourly start offsets, {deadline} h deadline "
               "(x = multiple of on-demand; /hs = cost / hindsight optimum)")
@@ -228,6 +237,22 @@ def main() -> None:
                 out[key]["worst over min(greedy, slack-reserve)"] = {"ours": worst, **others}
                 print(f"worst offset over min(greedy, slack-reserve): ours {worst:.3f}; "
                       + ", ".join(f"{k} {v:.3f}" for k, v in others.items()))
+            if warm is not None:
+                # the same policy in a deployment whose log already holds an earlier job's events: what the
+                # availability log gives a new job over starting from nothing (the headline's case)
+                rs = hindsight_ratios(warm, hs)
+                row = {"hours": args.history_hours, "over_hindsight_mean": statistics.mean(rs),
+                       "over_hindsight_mean_even": statistics.mean(rs[0::2]),
+                       "over_hindsight_mean_odd": statistics.mean(rs[1::2]),
+                       "deadlines_met": f"{warm.deadline_met}/{warm.runs}"}
+                if "greedy" in by and "slack-reserve" in by:
+                    row["worst_over_anchors"] = max(o / a for o, a in zip(warm.ratios, anchors, strict=True))
+                out[key]["ours after an earlier job's history"] = row
+                print(f"ours after {args.history_hours:g} h of an earlier job's log: mean / hindsight "
+                      f"{row['over_hindsight_mean']:.3f} (even {row['over_hindsight_mean_even']:.3f} / odd "
+                      f"{row['over_hindsight_mean_odd']:.3f}), deadlines met {row['deadlines_met']}"
+                      + (f", worst offset over min(greedy, slack-reserve) {row['worst_over_anchors']:.3f}"
+                         if "worst_over_anchors" in row else ""))
             if "rc-cr" in by:
                 # the published multi-region Uniform Progress rule the maintainers replay beside ours
                 rc = by["rc-cr"]

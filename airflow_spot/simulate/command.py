@@ -74,6 +74,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=1,
                    help="jobs of one deployment started together on the same window; each reads the others' pool "
                         "events as they happen (a row per job)")
+    p.add_argument("--history-hours", type=float, default=0.0,
+                   help="the deployment has run before: the jobs find in its availability log what an earlier job "
+                        "of the same policy logged in this many hours before they start (at most since the "
+                        "traces' start; policies that read the traces ignore it; default 0: an empty log)")
     p.add_argument("--start-hour", type=float, default=0.0, help="replay from this hour of the traces")
     p.add_argument("--offsets", action="store_true", help="also run every hourly start offset and print the distribution")
     p.add_argument("--offset-step-hours", type=float, default=1.0)
@@ -97,6 +101,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
     if not args.segment_minutes > 0:
         raise ValueError(f"--segment-minutes is the wall-clock length of one segment and must be > 0, "
                          f"got {args.segment_minutes}")
+    if not args.history_hours >= 0:
+        raise ValueError(f"--history-hours is how long an earlier job ran before the replayed one and must be >= 0, "
+                         f"got {args.history_hours}")
     if not args.offset_step_hours > 0:
         raise ValueError(f"--offset-step-hours must be > 0, got {args.offset_step_hours}")
 
@@ -172,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"airflow-spot simulate: {exc}", file=sys.stderr)
         return 2
     baseline = run_policies(spec, pools, on_demand, ["on-demand"], offset_ticks=start)[0].cost
-    results = run_policies(spec, pools, on_demand, names, offset_ticks=start, jobs=args.jobs)
+    results = run_policies(spec, pools, on_demand, names, offset_ticks=start, jobs=args.jobs,
+                           history_hours=args.history_hours)
     best = None
     if spec.deadline_hours is not None:
         best = next((r.cost for r in results if r.policy == HINDSIGHT), None)
@@ -183,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"job: {spec.work_hours:g} GPU h x {spec.nodes} node(s), deadline {spec.deadline_hours} h, restart "
           f"{spec.restart_overhead_hours:g} h, segments {spec.segment_seconds / 60:g} min, zones {', '.join(t.zone for t in traces)}, "
           f"start hour {args.start_hour:g}, "
-          f"{args.jobs} job(s); on-demand only = ${baseline:.2f}"
+          f"{args.jobs} job(s)" + (f" after {args.history_hours:g} h of history" if args.history_hours else "")
+          + f"; on-demand only = ${baseline:.2f}"
           + (f"; hindsight optimum = ${best:.2f}" if best else ""))
     print(format_table(results, baseline, best))
     out: dict = {"spec": spec.__dict__, "zones": [t.zone for t in traces], "on_demand_cost": baseline,
@@ -194,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"airflow-spot simulate: {exc}", file=sys.stderr)
             return 2
-        dists = [distribution(spec, pools, on_demand, n, offs, baseline, jobs=args.jobs) for n in names]
+        dists = [distribution(spec, pools, on_demand, n, offs, baseline, jobs=args.jobs, history_hours=args.history_hours)
+                 for n in names]
         hs = None
         if spec.deadline_hours is not None:
             hs = next((d for d in dists if d.policy == HINDSIGHT), None) or hindsight_distribution(

@@ -4,8 +4,9 @@ Which observations each uses:
 
 * ``ours`` — what ``SpotSegmentOperator`` runs (:mod:`airflow_spot.simulate.observed`):
   :func:`airflow_spot.policy.decision.decide_attempt` on observed pool events only — its own launches,
-  refusals and preemptions, probes while on on-demand (charged), and with ``--jobs N`` the other jobs'
-  events; it learns which pools are up only by trying them.
+  refusals and preemptions, probes while on on-demand (charged), with ``--jobs N`` the other jobs'
+  events, and with ``--history-hours H`` what an earlier job of the deployment logged before it started
+  (:mod:`airflow_spot.simulate.history`); it learns which pools are up only by trying them.
 * ``ours-no-probe`` — ``ours`` on a backend that cannot probe.
 * ``oracle-age`` — yardstick, not a policy: ``slack-budget`` seeing every pool's true up-since time and
   which pools are up now (the previous headline ``ours``).

@@ -43,12 +43,15 @@ from airflow_spot.simulate.engine import HOUR, View
 class OtherJobs:
     """The events of the other jobs of a deployment replayed together, as one job reads them: live (what
     they have recorded so far; ``pool_views`` then ignores anything after the reader's ``now``) and named
-    as theirs, since only a job's own events say how long its instances lived."""
+    as theirs, since only a job's own events say how long its instances lived; after ``history``, what
+    the deployment logged before they started (:mod:`airflow_spot.simulate.history`)."""
 
-    def __init__(self, others: Sequence[tuple[str, "ObservedController"]]) -> None:
+    def __init__(self, others: Sequence[tuple[str, "ObservedController"]], history: Sequence[PoolEvent] = ()) -> None:
         self.others = list(others)
+        self.history = list(history)
 
     def __iter__(self) -> Iterator[PoolEvent]:
+        yield from self.history
         for name, controller in self.others:
             for e in controller.events:
                 yield replace(e, job=name)

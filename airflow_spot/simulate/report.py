@@ -11,6 +11,7 @@ from airflow_spot.market.traces import SpotTrace
 from airflow_spot.policy.offers import Market, Offer
 from airflow_spot.simulate.controllers import controllers
 from airflow_spot.simulate.engine import HOUR, JobSpec, SimPool, SimResult, simulate, simulate_together
+from airflow_spot.simulate.history import deployment_history
 from airflow_spot.simulate.observed import OtherJobs
 
 REFERENCE_GPU = "V100"
@@ -150,47 +151,58 @@ def policy_names() -> list[str]:
     return controllers.names() + [HINDSIGHT]
 
 
-def run_one(spec, pools, on_demand, name: str, offset_ticks: int = 0, jobs: int = 1) -> SimResult:
+def run_one(spec, pools, on_demand, name: str, offset_ticks: int = 0, jobs: int = 1,
+            history_hours: float = 0.0) -> SimResult:
     """One replay of ``name``; with ``jobs`` > 1 the last job's result of :func:`run_jobs` (at equal times
     the jobs decide in order, so it is the one that has seen the most)."""
-    return run_jobs(spec, pools, on_demand, name, offset_ticks, jobs)[-1]
+    return run_jobs(spec, pools, on_demand, name, offset_ticks, jobs, history_hours)[-1]
 
 
-def run_jobs(spec, pools, on_demand, name: str, offset_ticks: int = 0, jobs: int = 1) -> list[SimResult]:
+def run_jobs(spec, pools, on_demand, name: str, offset_ticks: int = 0, jobs: int = 1,
+             history_hours: float = 0.0) -> list[SimResult]:
     """Replays of ``name``: with ``jobs`` > 1 and a controller that reads the deployment's events
     (``shared``), ``jobs`` jobs start together on the same window and each reads the others' events as
     they happen (:func:`~airflow_spot.simulate.engine.simulate_together`), one result per job; otherwise
-    one result (jobs that read nothing of each other all do the same)."""
+    one result (jobs that read nothing of each other all do the same). With ``history_hours``, such jobs
+    also find in the log what an earlier job of the deployment logged in the hours before they start
+    (:func:`~airflow_spot.simulate.history.deployment_history`)."""
     if name == HINDSIGHT:
         from airflow_spot.simulate.hindsight import hindsight_cost
 
         cost = hindsight_cost(spec, pools, on_demand, offset_ticks=offset_ticks)
         return [SimResult(HINDSIGHT, cost, math.nan, True, None, True, 0, 0.0, math.nan, math.nan)]
     first = controllers.get(name)()
-    if jobs <= 1 or not hasattr(first, "shared"):
+    reads_log = hasattr(first, "shared")
+    history = (deployment_history(spec, pools, on_demand, name, offset_ticks, history_hours)
+               if reads_log and history_hours else [])
+    if jobs <= 1 or not reads_log:
+        if history:
+            first.shared = history
         return [simulate(spec, pools, on_demand, first, offset_ticks=offset_ticks)]
     together = [first] + [controllers.get(name)() for _ in range(jobs - 1)]
     for k, c in enumerate(together):
-        c.shared = OtherJobs([(f"replayed-job-{j}", o) for j, o in enumerate(together) if j != k])
+        c.shared = OtherJobs([(f"replayed-job-{j}", o) for j, o in enumerate(together) if j != k], history)
     return simulate_together(spec, pools, on_demand, together, offset_ticks=offset_ticks)
 
 
-def run_policies(spec, pools, on_demand, names, offset_ticks=0, jobs: int = 1) -> list[SimResult]:
+def run_policies(spec, pools, on_demand, names, offset_ticks=0, jobs: int = 1,
+                 history_hours: float = 0.0) -> list[SimResult]:
     """Each policy's replay; with ``jobs`` > 1 a row per job of a policy whose jobs read each other's events
     (named ``policy (job k/N)``)."""
     out = []
     for n in names:
-        results = run_jobs(spec, pools, on_demand, n, offset_ticks, jobs)
+        results = run_jobs(spec, pools, on_demand, n, offset_ticks, jobs, history_hours)
         if len(results) > 1:
             results = [replace(r, policy=f"{n} (job {k + 1}/{len(results)})") for k, r in enumerate(results)]
         out.extend(results)
     return out
 
 
-def distribution(spec, pools, on_demand, name, offsets, baseline_cost: float, jobs: int = 1) -> Distribution:
+def distribution(spec, pools, on_demand, name, offsets, baseline_cost: float, jobs: int = 1,
+                 history_hours: float = 0.0) -> Distribution:
     if name == HINDSIGHT:
         return hindsight_distribution(spec, pools, on_demand, offsets, baseline_cost)
-    results = [run_one(spec, pools, on_demand, name, o, jobs) for o in offsets]
+    results = [run_one(spec, pools, on_demand, name, o, jobs, history_hours) for o in offsets]
     in_order = [r.cost / baseline_cost for r in results]
     ratios = sorted(in_order)
     return Distribution(
