@@ -19,12 +19,17 @@ every pool has refused the job (``no_spot_seconds``); the expected outage length
 preemption rate, which scales the slack kept for future preemptions when leaving on-demand. The
 deadline rule is :func:`airflow_spot.policy.deadline.slack_budget` by default.
 
-Ranking of spot offers: pools believed up, then unknown ones, then those that just refused; within a
-group the cheapest per unit of work (:func:`~airflow_spot.policy.offer_ranking.cost_per_step`, each
-pool's preemption risk raised while its observed up-time is short; a pool not seen up since it was last
-seen down is priced as if it came back right after that down-event — the most it can have been up — so
-a pool that just refused or preempted the job ranks after one never seen down), then the longest
-observed up-time, then the pool name. Prices may differ per region; moving the job's checkpoint to another region than
+Ranking of spot offers: the pools not believed down (believed up, or unknown) before those that just
+refused; among them the cheapest per unit of work in the long run first (price over throughput, the
+market's preemption rate, and any checkpoint move: see below), and at equal cost: believed up before
+unknown, then the cost with each pool's preemption risk raised while its observed up-time is short
+(:func:`~airflow_spot.policy.offer_ranking.cost_per_step`; a pool not seen up since it was last seen down
+is priced as if it came back right after that down-event — the most it can have been up — so a pool that
+refused or preempted the job a while ago ranks after one never seen down), then the longest observed
+up-time, then the pool name. A cheaper pool not known to be down goes before a pricier one known up:
+trying it costs a refusal (seconds, no money), while the pricier one costs its price for as long as the
+job stays (found in replays of a job that finds the deployment's log: it followed an earlier job's
+instance into a pricier pool and stayed, `benchmarks/results_simulate.md`). Prices may differ per region; moving the job's checkpoint to another region than
 the one it is in costs ``transfer_seconds`` of restart and ``transfer_dollars`` (:class:`DecisionParams`),
 which the ranking adds per unit of work left; with the checkpoints in one store, running outside its
 region also costs ``remote_dollars_per_hour`` (the saves written back), added to the offer's price.
@@ -252,9 +257,12 @@ def rank_observed(
         v = views.get(o.pool)
         state = v.state if (v is not None and o.is_spot) else ("up" if not o.is_spot else "unknown")
         age = v.up_seconds(now) if v is not None and o.is_spot else None
+        move = _move_penalty(o, params, work_left)
+        # the price decides first: trying a cheaper pool not known to be down costs only a refusal
+        price = _cost_per_step(o, params) + move
         # a pool last seen down is, if back, at most this old: priced as a pool that came back then
-        cost = _cost_per_step(o, params, _risk_age(o, v, now)) + _move_penalty(o, params, work_left)
-        return (_STATE_ORDER[state], round(cost, 9), -(age or 0.0), o.pool)
+        cost = _cost_per_step(o, params, _risk_age(o, v, now)) + move
+        return (state == "down", round(price, 9), _STATE_ORDER[state], round(cost, 9), -(age or 0.0), o.pool)
 
     return sorted(offers, key=key)
 

@@ -137,15 +137,17 @@ def test_a_tight_job_does_not_wait_an_outage_it_cannot_afford():
     assert d.market == Market.ON_DEMAND.value
 
 
-def test_spot_offers_are_ranked_by_observed_state_price_and_up_time_not_list_order():
-    cheap = spot("us-west-2d", price=0.9)
+def test_spot_offers_are_ranked_by_price_observed_state_and_up_time_not_list_order():
+    cheap, unseen = spot("us-west-2d", price=0.9), spot("us-west-2e")
+    cheap_refused = spot("us-west-2f", price=0.8)
     ev = [PoolEvent(A.pool, "launched", 0.0), PoolEvent(B.pool, "probe-up", 3 * H),
-          PoolEvent(C.pool, "refused", 4 * H - 10)]
-    for offers in ([A, B, C, cheap, ON_DEMAND], [cheap, C, B, A, ON_DEMAND]):
+          PoolEvent(C.pool, "refused", 4 * H - 10), PoolEvent(cheap_refused.pool, "refused", 4 * H - 10)]
+    for offers in ([A, B, C, cheap, unseen, cheap_refused, ON_DEMAND],
+                   [cheap_refused, unseen, cheap, C, B, A, ON_DEMAND]):
         d = decide_attempt(job(4 * H, ev, offers=offers, deadline_h=None), params=PARAMS)
-        # believed up first (A up 4 h before B up 1 h at the same price), the unknown cheap pool, then
-        # the pool that just refused
-        assert [o.pool for o in d.ranked] == [A.pool, B.pool, cheap.pool, C.pool]
+        # the cheaper pool not known to be down first (a try costs a refusal); at the same price believed
+        # up before unknown, A (up 4 h) before B (up 1 h); the pools that just refused last, cheapest first
+        assert [o.pool for o in d.ranked] == [cheap.pool, A.pool, B.pool, unseen.pool, cheap_refused.pool, C.pool]
 
 
 def test_leaving_on_demand_needs_a_pool_seen_up_long_enough():
