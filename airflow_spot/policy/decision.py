@@ -29,10 +29,12 @@ refused or preempted the job a while ago ranks after one never seen down), then 
 up-time, then the pool name. A cheaper pool not known to be down goes before a pricier one known up:
 trying it costs a refusal (seconds, no money), while the pricier one costs its price for as long as the
 job stays (found in replays of a job that finds the deployment's log: it followed an earlier job's
-instance into a pricier pool and stayed, `benchmarks/results_simulate.md`). Prices may differ per region; moving the job's checkpoint to another region than
-the one it is in costs ``transfer_seconds`` of restart and ``transfer_dollars`` (:class:`DecisionParams`),
-which the ranking adds per unit of work left; with the checkpoints in one store, running outside its
-region also costs ``remote_dollars_per_hour`` (the saves written back), added to the offer's price.
+instance into a pricier pool and stayed, `benchmarks/results_simulate.md`).
+
+Prices may differ per region; moving the job's checkpoint to another region than the one it is in
+costs ``transfer_seconds`` of restart and ``transfer_dollars`` (:class:`DecisionParams`), which the
+ranking adds per unit of work left; with the checkpoints in one store, running outside its region also
+costs ``remote_dollars_per_hour`` (the saves written back), added to the offer's price.
 
 Moving a running spot job to a cheaper pool (:func:`move_targets`): at a segment boundary, a job on a
 spot instance that is still up moves when another pool's long-run cost per unit of work is lower by
