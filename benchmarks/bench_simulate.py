@@ -176,14 +176,15 @@ def main() -> None:
         offs = offsets_for(spec, traces)
         base = run_policies(spec, pools, od, ["on-demand"])[0].cost
         jobs = [(spec, (args.traces, args.prices), n, offs, base) for n in names + [HINDSIGHT]]
-        if "ours" in names and args.history_hours:
+        with_history = "ours" in names and args.history_hours > 0
+        if with_history:  # after the hindsight, so dists[-1] below stays the hindsight
             jobs.append((spec, (args.traces, args.prices), "ours", offs, base, args.history_hours))
         if args.workers > 1:
             with ProcessPoolExecutor(max_workers=min(args.workers, 2)) as ex:
                 dists = list(ex.map(_dist, jobs))
         else:
             dists = [_dist(j) for j in jobs]
-        warm = dists.pop() if len(jobs) > len(names) + 1 else None
+        warm = dists.pop() if with_history else None
         hs = dists[-1]
         print(f"\n== {every}, {len(offs)} hourly start offsets, {deadline} h deadline "
               "(x = multiple of on-demand; /hs = cost / hindsight optimum)")

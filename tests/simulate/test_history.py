@@ -47,8 +47,7 @@ def test_the_history_is_what_an_earlier_job_logged_before_the_start_on_the_new_j
 
 def test_a_job_that_finds_the_deployments_history_skips_the_pool_it_says_is_down():
     """Without history the job tries us-east-1a first and is refused; with the earlier job's log (it was
-    refused there and runs in us-west-2b) the new job launches in us-west-2b at once, however the log's
-    events are stored."""
+    refused there and runs in us-west-2b) the new job launches in us-west-2b at once."""
     cold, warm = controllers.get("ours")(), controllers.get("ours")()
     simulate(SPEC, POOLS, ON_DEMAND, cold, offset_ticks=120)
     warm.shared = deployment_history(SPEC, POOLS, ON_DEMAND, "ours", offset_ticks=120, hours=2.0)
