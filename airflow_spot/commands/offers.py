@@ -56,6 +56,20 @@ def _request(args: argparse.Namespace, *, filters: bool) -> GpuRequest:
                       regions=tuple(args.regions), zones=tuple(args.zones), markets=markets)
 
 
+def _nothing_offered(args: argparse.Namespace, market) -> str:
+    """Why not even the count and regions alone leave an offer. A cloud market is not asked again: without
+    the regions it would query every region."""
+    asked = f"{args.gpus} GPU(s) per instance" + (f" in regions {list(args.regions)}" if args.regions else "")
+    if getattr(backend_class(args.backend), "uses_clients", False):
+        return f"the market offers nothing with {asked}"
+    markets = _request(args, filters=False).markets
+    offered = [o for c in range(1, 17) for o in market.offers(GpuRequest(count=c, markets=markets))]
+    there = [o for o in offered if not args.regions or o.region in args.regions]
+    if not there:
+        return f"the market offers nothing in regions {list(args.regions)}; its regions: {sorted({o.region for o in offered})}"
+    return f"the market offers nothing with {asked}; its instances there have {sorted({o.gpu_count for o in there})} GPUs"
+
+
 def run(args: argparse.Namespace) -> int:
     from airflow_spot.market import get_market
 
@@ -74,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
         market = get_market(args.backend, clients=clients, **options)
         offers = market.offers(request)
         if not offers:
-            why = request.describe_mismatch(market.offers(_request(args, filters=False)))
+            pool = market.offers(_request(args, filters=False))
+            why = request.describe_mismatch(pool) if pool else _nothing_offered(args, market)
             print(f"airflow-spot offers: no offer matches the request: {why}", file=sys.stderr)
             return 1
     except (ValueError, TypeError, KeyError, RuntimeError) as exc:

@@ -139,6 +139,14 @@ def zone_region(zone: str) -> str:
     raise TraceError(f"{zone!r} is not a zone name like 'us-west-2b' (AWS) or 'us-central1-a' (GCP)")
 
 
+def check_region(region: str) -> str:
+    """``region`` when it names a region (``us-west-2``, ``us-central1``), else a TraceError saying what one
+    looks like: a store region that names no region would price every instance as remote, silently."""
+    if re.fullmatch(r"[a-z]{2}(?:-[a-z]+)+-\d", region) or re.fullmatch(_GCP_REGION_PATTERN, region):
+        return region
+    raise TraceError(f"{region!r} is not a region name like 'us-west-2' (AWS) or 'us-central1' (GCP)")
+
+
 def trace_node_count(path: str | Path) -> int:
     """How many instances a trace file counts: ``N`` when it sits under an ``N-node`` folder (the layout of
     skypilot-org/spot-traces), else 1. A one-node trace holds 0/1 only, so a stray ``2`` there is an error,

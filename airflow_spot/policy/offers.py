@@ -56,6 +56,14 @@ class Offer:
 _EXAMPLES = {"names": ["A10G", "L4"], "exclude_names": ["K80"], "regions": ["us-east-1"], "zones": ["us-east-1a"]}
 
 
+
+#: per filter of ``GpuRequest.describe_mismatch`` that names values, what an offer has for it
+_PRESENT = {
+    "gpu count": lambda o: o.gpu_count,
+    "gpu names": lambda o: o.gpu_name,
+    "regions": lambda o: o.region,
+}
+
 @dataclass(frozen=True)
 class GpuRequest:
     """What a segment needs. Validated on construction so a DAG fails at parse time, not at launch.
@@ -154,6 +162,10 @@ class GpuRequest:
                 if label == "price cap":
                     cheapest = min(o.price_per_hour for o in left)
                     hint = f"; the cheapest otherwise matching offer costs ${cheapest:.4f}/h"
+                elif label in _PRESENT:  # say what the candidates do have, so the fix is a choice, not a guess
+                    values = sorted({_PRESENT[label](o) for o in left})
+                    more = f" and {len(values) - 20} more" if len(values) > 20 else ""
+                    hint = f"; they have {label} {values[:20]}{more}"
                 return f"no offer is left after the {label} filter ({setting}) out of {len(left)} candidates{hint}"
             left = kept
         return f"{len(left)} offers match"

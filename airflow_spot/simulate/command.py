@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 
 from airflow_spot.market.traces import (
-    PREEMPTION_TRACES_SUBDIR, TraceError, check_node_count, default_traces_dir, load_traces, read_notes,
+    PREEMPTION_TRACES_SUBDIR, TraceError, check_node_count, check_region, default_traces_dir, load_traces,
+    read_notes,
 )
 from airflow_spot.policy.transfer import GIB, TransferCost, transfer_cost
 from airflow_spot.simulate.controllers import controllers
@@ -136,6 +137,24 @@ def _check_window(args: argparse.Namespace, traces: list, start: int) -> None:
                          f"use a start hour below {hours:.1f}")
 
 
+def _replay_notes(args: argparse.Namespace, traces: list, results: list) -> list[str]:
+    """What the figures rest on beyond the traces: a replay past their end sees every spot pool down
+    (``SpotTrace.up_at``), so what a policy did there is an artefact of the replay, not of the market."""
+    notes = []
+    if args.store_region and args.store_region not in {t.region for t in traces}:
+        notes.append(f"no zone of the traces is in the store's region {args.store_region}: every instance pays "
+                     "the transfer")
+    end = min(len(t.values) for t in traces) * traces[0].gap_seconds / 3600
+    late = [r.policy for r in results if r.policy != "on-demand"  # the one policy that reads no trace
+            and (r.completion_hours is None or args.start_hour + r.completion_hours > end)]
+    if late:
+        notes.append(f"{', '.join(late)} ran past the end of the traces (hour {end:.1f}; this job started at hour "
+                     f"{args.start_hour:g}): past it every spot pool counts as down, so the on-demand hours or the "
+                     "'unfinished' there come from the replay, not the market; replay a shorter job or an earlier "
+                     "--start-hour")
+    return notes
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         _check_arguments(args)
@@ -165,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
         if args.store_region and args.store_region in {t.zone for t in traces}:
             raise ValueError(f"--store-region {args.store_region} is a zone; give its region "
                              f"({next(t.region for t in traces if t.zone == args.store_region)})")
+        if args.store_region:
+            check_region(args.store_region)
         prices = read_prices(args.prices) if args.prices else None
         market = None
         if prices is None and (args.spot_price is None or args.on_demand_price is None):
@@ -186,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         best = next((r.cost for r in results if r.policy == HINDSIGHT), None)
         if best is None:
             best = run_one(spec, pools, on_demand, HINDSIGHT, start).cost
-    for note in read_notes(traces):
+    for note in read_notes(traces) + _replay_notes(args, traces, results):
         print(f"note: {note}")
     print(f"job: {spec.work_hours:g} GPU h x {spec.nodes} node(s), deadline {spec.deadline_hours} h, restart "
           f"{spec.restart_overhead_hours:g} h, segments {spec.segment_seconds / 60:g} min, zones {', '.join(t.zone for t in traces)}, "

@@ -48,6 +48,18 @@ def test_no_match_says_which_constraint_to_relax(endpoint, capsys):
     assert "no offer is left after the price cap filter" in err and "cheapest otherwise matching offer" in err
 
 
+def test_local_no_match_names_what_the_market_does_have(capsys):
+    assert main(["offers", "--gpu-names", "NOPE"]) == 1
+    err = capsys.readouterr().err
+    assert "after the gpu names filter (names=['NOPE'])" in err and "'A10G'" in err and "'V100'" in err
+    assert main(["offers", "--gpus", "3", "--regions", "us-east-1"]) == 1
+    err = capsys.readouterr().err
+    assert "nothing with 3 GPU(s) per instance in regions ['us-east-1']" in err and "[1, 2, 4, 8] GPUs" in err
+    assert main(["offers", "--regions", "mars-1"]) == 1
+    err = capsys.readouterr().err
+    assert "nothing in regions ['mars-1']; its regions: [" in err and "'us-west-2'" in err
+
+
 def test_bad_inputs_are_refused(endpoint, capsys):
     assert main(["offers", "--backend", "ec2", "--regions", "mars-1"]) == 2
     assert "unknown AWS region" in capsys.readouterr().err

@@ -30,6 +30,7 @@ def run(capsys, *argv: str) -> tuple[int | None, str]:
         (["--history-hours", "-24"], "--history-hours is how long an earlier job ran before the replayed one and must "
                                      "be >= 0, got -24.0"),
         (["--zones", "mars-1a"], "zones ['mars-1a'] have no trace"),
+        (["--store-region", "mars-1"], "'mars-1' is not a region name like 'us-west-2' (AWS) or 'us-central1' (GCP)"),
         (["--policies", "cheapest"], "unknown simulated controller policy 'cheapest'"),
     ],
 )

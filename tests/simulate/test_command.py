@@ -42,6 +42,26 @@ def test_simulate_reports_bad_input(tmp_path, capsys):
     assert "shorter than the work" in capsys.readouterr().err
 
 
+def test_simulate_says_when_a_replay_runs_past_the_traces_or_its_store_has_no_zone(tmp_path, capsys):
+    # two hours of an always-up pool: a 1 h job fits, a 3 h job's last hour is past the traces (every pool
+    # counts as down there), and the note says so instead of passing that hour off as the policy's choice
+    (tmp_path / "us-west-2b_v100_1.json").write_text(json.dumps({"metadata": {"gap_seconds": 60}, "data": [1] * 120}))
+    base = ["simulate", "--traces", str(tmp_path), "--spot-price", "1", "--on-demand-price", "3",
+            "--policies", "ours,on-demand", "--restart-overhead-hours", "0"]
+    assert main(base + ["--work-hours", "1"]) == 0
+    assert "note:" not in capsys.readouterr().out
+    assert main(base + ["--work-hours", "3", "--deadline-hours", "3.5"]) == 0
+    out = capsys.readouterr().out
+    # on-demand reads no trace, so only ours is named
+    assert "note: ours ran past the end of the traces (hour 2.0; this job started at hour 0)" in out
+    spot_h, od_h = (float(x) for x in next(x for x in out.splitlines() if x.startswith("ours")).split()[-2:])
+    assert spot_h == pytest.approx(2.0, abs=0.1) and od_h > 0.9  # the hour past the end ran on-demand
+    assert main(base + ["--work-hours", "3"]) == 0  # without a deadline it waits there for spot: unfinished
+    assert "ours ran past the end" in capsys.readouterr().out
+    assert main(base + ["--work-hours", "1", "--store-region", "us-east-1"]) == 0
+    assert "no zone of the traces is in the store's region us-east-1" in capsys.readouterr().out
+
+
 @pytest.mark.skipif(not PREEMPTION.is_dir(), reason=f"shared spot traces not found at {PREEMPTION}")
 def test_reference_job_on_the_real_traces(capsys):
     rc = main(["simulate", "--work-hours", "48", "--deadline-hours", "52", "--restart-overhead-hours", "0.2",

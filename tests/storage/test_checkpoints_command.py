@@ -118,3 +118,14 @@ def test_bad_uri_says_what_is_wrong(capsys):
     assert main(["checkpoints", "list", "s3:/bad"]) == 2
     err = capsys.readouterr().err
     assert "has the scheme 's3' but not the '//'" in err and "s3://bad" in err
+
+
+def test_a_local_path_that_does_not_exist_is_an_error_not_an_empty_store(tmp_path, capsys):
+    missing = tmp_path / "jbo-typo"
+    for action in (["list"], ["verify"], ["restore", "--step", "3"]):
+        assert main(["checkpoints", *action, str(missing)]) == 2
+        assert f"{missing} does not exist; give the job's checkpoint_uri" in capsys.readouterr().err
+    assert not missing.exists()  # reading creates nothing
+    missing.mkdir()  # an existing folder without checkpoints is an empty store: no error
+    assert main(["checkpoints", "list", str(missing)]) == 0
+    assert "no checkpoints under" in capsys.readouterr().out
