@@ -55,6 +55,22 @@ class MarketSource(ABC):
 _MARKETS = ("catalog", "ec2")
 
 
+def market_class(backend_name: str = "local", kind: str | None = None) -> type[MarketSource]:
+    """The market class ``get_market`` builds for a backend (``kind`` as there)."""
+    chosen = kind or ("ec2" if backend_name == "ec2" else "catalog")
+    if chosen not in _MARKETS:
+        raise ValueError(
+            f"unknown market {chosen!r} for backend {backend_name!r}; valid markets: {', '.join(_MARKETS)}"
+        )
+    if chosen == "ec2":
+        from airflow_spot.market.ec2 import Ec2Market
+
+        return Ec2Market
+    from airflow_spot.market.catalog import CatalogMarket
+
+    return CatalogMarket
+
+
 def get_market(backend_name: str = "local", kind: str | None = None, clients=None, **options) -> MarketSource:
     """The market for a backend.
 
@@ -66,15 +82,7 @@ def get_market(backend_name: str = "local", kind: str | None = None, clients=Non
     :param options: keyword arguments of the market class (e.g. ``regions``, ``catalog_path``,
         ``throughput_overrides``; see :class:`~airflow_spot.market.ec2.Ec2Market` for the live market's).
     """
-    chosen = kind or ("ec2" if backend_name == "ec2" else "catalog")
-    if chosen not in _MARKETS:
-        raise ValueError(
-            f"unknown market {chosen!r} for backend {backend_name!r}; valid markets: {', '.join(_MARKETS)}"
-        )
-    if chosen == "ec2":
-        from airflow_spot.market.ec2 import Ec2Market
-
-        return Ec2Market(clients=clients, **options)
-    from airflow_spot.market.catalog import CatalogMarket
-
-    return CatalogMarket(**options)
+    cls = market_class(backend_name, kind)
+    if getattr(cls, "uses_clients", False):
+        return cls(clients=clients, **options)
+    return cls(**options)

@@ -62,6 +62,8 @@ class Ec2Market(MarketSource):
     :param clock: monotonic seconds (tests pass their own).
     """
 
+    uses_clients = True  # built with the Airflow layer's clients (get_market), as the ec2 backend is
+
     def __init__(
         self,
         regions: Iterable[str] | str = ("us-east-1",),

@@ -40,7 +40,7 @@ from airflow_spot.links.attempt import SpotAttemptLink, SpotJobLink
 from airflow_spot.operators import accounting, planning
 from airflow_spot.operators.attempt_record import AttemptLaunch, read_job, write_job
 from airflow_spot.operators.retry import segment_retry_policy
-from airflow_spot.operators.validation import validate_gpus, validate_step_profile
+from airflow_spot.operators.validation import validate_gpus, validate_option_names, validate_step_profile
 from airflow_spot.policy.offers import GpuRequest, Market
 from airflow_spot.policy.transfer import TransferCost, saves_per_hour, transfer_cost
 from airflow_spot.storage.checkpoint import NoUsableCheckpointError
@@ -229,6 +229,7 @@ class SpotSegmentOperator(BaseOperator):
         self.backend = backend
         self.backend_options = dict(backend_options or {})
         self.market_options = dict(market_options or {})
+        validate_option_names(backend, self.backend_options, self.market_options)
         self.env = dict(env or {})
         self.cwd = cwd
         self.warm_start_uri = warm_start_uri

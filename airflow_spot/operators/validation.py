@@ -124,6 +124,36 @@ def validate_json_options(name: str, value: Any) -> None:
         raise SpotTrainingConfigError(f"{name} must hold plain JSON values (str, number, list, dict): {exc}") from None
 
 
+def validate_option_names(backend: str, backend_options: dict | None, market_options: dict | None) -> None:
+    """Keys of ``backend_options`` / ``market_options`` that the backend or market class does not take fail
+    here, at parse time, naming the ones it does; otherwise a misspelt key is a TypeError on a worker at
+    the first segment. ``clients`` is the Airflow layer's to give, not an option."""
+    import inspect
+
+    from airflow_spot.backends.base import backend_class
+    from airflow_spot.market.base import market_class
+
+    market = dict(market_options or {})
+    try:
+        backend_cls = backend_class(backend)
+    except ValueError as exc:
+        raise SpotTrainingConfigError(str(exc)) from None
+    try:
+        market_cls = market_class(backend, market.get("kind"))
+    except ValueError as exc:
+        raise SpotTrainingConfigError(f"market_options: {exc}") from None
+    for name, options, cls, extra in (("backend_options", backend_options, backend_cls, set()),
+                                      ("market_options", market, market_cls, {"kind"})):
+        params = inspect.signature(cls.__init__).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            continue
+        valid = sorted(extra | set(params) - {"self", "clients"})
+        unknown = sorted(set(options or {}) - set(valid))
+        if unknown:
+            raise SpotTrainingConfigError(f"{name}: unknown keys {unknown} for {cls.__name__} (backend "
+                                          f"{backend!r}); valid: {', '.join(valid)}")
+
+
 def validate_env(env: Any) -> None:
     if env is None:
         return
@@ -174,6 +204,10 @@ def validate_gpus(gpus: Any) -> GpuRequest:
     if isinstance(gpus, GpuRequest):
         return gpus
     if isinstance(gpus, dict):
+        fields = [f.name for f in dataclasses.fields(GpuRequest)]
+        unknown = sorted(set(gpus) - set(fields))
+        if unknown:
+            raise SpotTrainingConfigError(f"gpus: unknown keys {unknown}; valid: {', '.join(fields)}")
         try:
             return GpuRequest.from_dict(gpus)
         except (TypeError, ValueError) as exc:

@@ -133,6 +133,13 @@ def test_an_explicit_deployment_setting_wins(monkeypatch):
         (dict(backend_options=["state_dir"]), "backend_options must be a dict"),
         (dict(market_options={"regions": {"us-east-1"}}), "market_options must hold plain JSON values"),
         (dict(segment_options={"pol_interval": 1.0}), "unknown segment_options ['pol_interval']; valid: "),
+        # a misspelt key of the backend or the market fails here, not as a TypeError on a worker later
+        (dict(gpus={"cnt": 1}), "gpus: unknown keys ['cnt']; valid: count, min_memory_gib,"),
+        (dict(backend_options={"boot_secs": 1}), "backend_options: unknown keys ['boot_secs'] for LocalBackend "
+                                                 "(backend 'local'); valid: boot_seconds,"),
+        (dict(market_options={"region": ["us-east-1"]}), "market_options: unknown keys ['region'] for CatalogMarket"),
+        (dict(backend="ec2", market_options={"price_ttl": 60}), "unknown keys ['price_ttl'] for Ec2Market"),
+        (dict(market_options={"kind": "gcp"}), "market_options: unknown market 'gcp' for backend 'local'"),
         (dict(segment_options={"retries": 3}), "segment_options ['retries'] are arguments of SpotTraining itself"),
         (dict(retry_policy="preempted:0"), "retry_policy must be an airflow.sdk RetryPolicy"),
         (dict(segment_options={"heartbeat_timeout": 4}), "would call an attempt lost after a few missed heartbeats"),
@@ -149,6 +156,14 @@ def test_more_bad_arguments_fail_at_parse_time(overrides, message):
 
     with pytest.raises(SpotTrainingConfigError, match=re.escape(message)):
         build(**overrides)
+
+
+def test_every_option_the_backend_or_market_takes_is_accepted():
+    build(backend_options={"boot_seconds": 1, "preemption": {"after_seconds": 3}},
+          market_options={"regions": ["us-east-1"], "catalog_path": None, "default_mtbf_hours": 5})
+    build(backend="ec2", backend_options={"regions": ["us-east-1"], "image_id": "ami-1"},
+          market_options={"regions": ["us-east-1"], "price_ttl_seconds": 60, "spot_prices": "catalog"})
+    build(market_options={"kind": "ec2", "regions": ["us-east-1"]})  # the live market beside the local backend
 
 
 def test_the_biggest_real_request_is_accepted_and_segments_get_the_retry_policy():
