@@ -63,6 +63,7 @@ def _nothing_offered(args: argparse.Namespace, market) -> str:
     if getattr(backend_class(args.backend), "uses_clients", False):
         return f"the market offers nothing with {asked}"
     markets = _request(args, filters=False).markets
+    # a request names one count; ask each count an instance plausibly has (AWS sells up to 16 GPUs)
     offered = [o for c in range(1, 17) for o in market.offers(GpuRequest(count=c, markets=markets))]
     there = [o for o in offered if not args.regions or o.region in args.regions]
     if not there:

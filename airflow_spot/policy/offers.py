@@ -55,14 +55,13 @@ class Offer:
 
 _EXAMPLES = {"names": ["A10G", "L4"], "exclude_names": ["K80"], "regions": ["us-east-1"], "zones": ["us-east-1a"]}
 
-
-
 #: per filter of ``GpuRequest.describe_mismatch`` that names values, what an offer has for it
 _PRESENT = {
     "gpu count": lambda o: o.gpu_count,
     "gpu names": lambda o: o.gpu_name,
     "regions": lambda o: o.region,
 }
+
 
 @dataclass(frozen=True)
 class GpuRequest:
