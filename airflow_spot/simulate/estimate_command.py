@@ -133,6 +133,13 @@ def rank(args: argparse.Namespace) -> tuple[list, object]:
         raise EstimateError(f"--steps must be a positive number of training steps, got {args.steps}")
     if args.gpus < 1:
         raise EstimateError(f"--gpus must be at least 1, got {args.gpus}")
+    if args.top < 1:
+        raise EstimateError(f"--top is how many offers to show and must be at least 1, got {args.top}")
+    if not args.restart_overhead_seconds >= 0:  # also NaN
+        raise EstimateError(f"--restart-overhead-seconds is the time a new instance works for nothing and must be "
+                            f">= 0, got {args.restart_overhead_seconds}")
+    if not args.min_memory_gib >= 0:
+        raise EstimateError(f"--min-memory-gib must be >= 0, got {args.min_memory_gib}")
     measured = parse_measured(args.measured)
     if args.profile_command:
         if not args.profile_as:
@@ -153,7 +160,14 @@ def rank(args: argparse.Namespace) -> tuple[list, object]:
     except ValueError as exc:
         raise EstimateError(str(exc)) from exc
     if not offers:
-        raise EstimateError("no offer matches --gpus/--min-memory-gib/--regions; loosen them")
+        # say what the catalog has in the regions asked, so the fix is a choice, not a guess
+        shapes = sorted({(o.gpu_count, o.gpu_memory_gib) for c in range(1, 17)
+                         for o in market.offers(GpuRequest(count=c))})
+        where = f" in regions {regions}" if regions else " in the catalog"
+        raise EstimateError(
+            f"no offer has {args.gpus} GPU(s) with >= {args.min_memory_gib:g} GiB each{where}; instances there "
+            f"have {sorted({n for n, _ in shapes})} GPUs, at most "
+            f"{max((m for _, m in shapes), default=0):g} GiB each: loosen --gpus, --min-memory-gib or --regions")
     ranked = rank_offers_for_job(offers, args.steps, model, list(by_throughput),
                                  overhead_seconds=args.restart_overhead_seconds)
     return ranked, model

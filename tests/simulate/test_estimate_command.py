@@ -41,6 +41,13 @@ def test_estimate_json_scales_the_measured_gpu_to_the_others(capsys):
         (["--steps", "10", "--profile-command", "python x.py"], "needs --profile-as"),
         (["--steps", "10", "--profile-command", "no-such-program-xyz", "--profile-as", "T4"], "not found on PATH"),
         (["--steps", "10", "--measured", "V100=1", "--gpus", "0"], "--gpus must be at least 1"),
+        (["--steps", "10", "--measured", "V100=1", "--top", "0"], "--top is how many offers to show and must be"),
+        (["--steps", "10", "--measured", "V100=1", "--restart-overhead-seconds", "-5"],
+         "--restart-overhead-seconds is the time a new instance works for nothing and must be >= 0, got -5.0"),
+        (["--steps", "10", "--measured", "V100=1", "--min-memory-gib", "-1"], "--min-memory-gib must be >= 0"),
+        # what the catalog does have, so the user can choose what to loosen
+        (["--steps", "10", "--measured", "V100=1", "--gpus", "3", "--regions", "us-east-1"],
+         "no offer has 3 GPU(s) with >= 0 GiB each in regions ['us-east-1']; instances there have [1, 2, 4, 8] GPUs"),
     ],
 )
 def test_estimate_bad_arguments_say_what_to_fix(capsys, argv, message):
