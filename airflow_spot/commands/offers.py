@@ -57,14 +57,12 @@ def _request(args: argparse.Namespace, *, filters: bool) -> GpuRequest:
 
 
 def _nothing_offered(args: argparse.Namespace, market) -> str:
-    """Why not even the count and regions alone leave an offer. A cloud market is not asked again: without
-    the regions it would query every region."""
+    """Why not even the count and regions alone leave an offer. Only the bundled catalog is asked again: a
+    cloud market, without the regions, would query every region."""
     asked = f"{args.gpus} GPU(s) per instance" + (f" in regions {list(args.regions)}" if args.regions else "")
-    if getattr(backend_class(args.backend), "uses_clients", False):
+    if not hasattr(market, "offers_of_every_count"):
         return f"the market offers nothing with {asked}"
-    markets = _request(args, filters=False).markets
-    # a request names one count; ask each count an instance plausibly has (AWS sells up to 16 GPUs)
-    offered = [o for c in range(1, 17) for o in market.offers(GpuRequest(count=c, markets=markets))]
+    offered = market.offers_of_every_count(_request(args, filters=False).markets)
     there = [o for o in offered if not args.regions or o.region in args.regions]
     if not there:
         return f"the market offers nothing in regions {list(args.regions)}; its regions: {sorted({o.region for o in offered})}"

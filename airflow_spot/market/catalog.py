@@ -205,6 +205,12 @@ class CatalogMarket(MarketSource):
                                  preemption_rate_per_hour=0.0, **common))
         return [o for o in out if request.matches(o)]
 
+    def offers_of_every_count(self, markets: Iterable[Market] = tuple(Market)) -> list[Offer]:
+        """Every offer of the catalog, whatever its GPU count (a request names one count): for error
+        messages that say what the catalog does have."""
+        counts = sorted({r.gpu_count for r in self.rows})
+        return [o for n in counts for o in self.offers(GpuRequest(count=n, markets=tuple(markets)))]
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv

@@ -29,8 +29,9 @@ from pathlib import Path
 #: a trace shorter than this is most likely a truncated download, not a measurement
 MIN_TICKS = 2
 
-#: AWS zone names: the region (``us-west-2``, ``us-gov-west-1``) and one letter
-_AWS_ZONE_PATTERN = r"[a-z]{2}(?:-[a-z]+)+-\d[a-z]"
+#: AWS region names (``us-west-2``, ``us-gov-west-1``); a zone's is the region and one letter
+_AWS_REGION_PATTERN = r"[a-z]{2}(?:-[a-z]+)+-\d"
+_AWS_ZONE_PATTERN = rf"{_AWS_REGION_PATTERN}[a-z]"
 #: GCP zone names are the region, a dash and one letter (``us-central1-a``); the rest of the name is the
 #: machine type (``c3-88``), with no GPU count, or (the SkyPilot simulator's H100 traces) ``<gpu>_<count>``
 _GCP_REGION_PATTERN = r"[a-z]+-[a-z]+\d+"
@@ -142,7 +143,7 @@ def zone_region(zone: str) -> str:
 def check_region(region: str) -> str:
     """``region`` when it names a region (``us-west-2``, ``us-central1``), else a TraceError saying what one
     looks like: a store region that names no region would price every instance as remote, silently."""
-    if re.fullmatch(r"[a-z]{2}(?:-[a-z]+)+-\d", region) or re.fullmatch(_GCP_REGION_PATTERN, region):
+    if re.fullmatch(_AWS_REGION_PATTERN, region) or re.fullmatch(_GCP_REGION_PATTERN, region):
         return region
     raise TraceError(f"{region!r} is not a region name like 'us-west-2' (AWS) or 'us-central1' (GCP)")
 

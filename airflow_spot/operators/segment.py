@@ -229,6 +229,7 @@ class SpotSegmentOperator(BaseOperator):
         self.backend = backend
         self.backend_options = dict(backend_options or {})
         self.market_options = dict(market_options or {})
+        # here, not in SpotTraining: every segment is built through this, and a segment may be used alone
         validate_option_names(backend, self.backend_options, self.market_options)
         self.env = dict(env or {})
         self.cwd = cwd

@@ -38,7 +38,6 @@ from airflow_spot.operators.validation import (
     validate_gpus,
     validate_gpus_offered,
     validate_json_options,
-    validate_option_names,
     validate_optional_str,
     validate_retry_delay,
     validate_steps,
@@ -303,7 +302,6 @@ def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup
     validate_json_options("backend_options", backend_options)
     validate_json_options("market_options", market_options)
     validate_json_options("segment_options", segment_options)
-    validate_option_names(backend, backend_options, market_options)
     validate_gpus_offered(gpu_request, market_options)
     validate_env(env)
     validate_optional_str("cwd", cwd, "/home/ubuntu/project")

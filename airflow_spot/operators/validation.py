@@ -231,7 +231,7 @@ def validate_gpus_offered(request: GpuRequest, market_options: dict[str, Any] | 
     catalog_path = (market_options or {}).get("catalog_path")
     try:
         market = CatalogMarket(catalog_path=catalog_path)
-        offers = [o for n in sorted({r.gpu_count for r in market.rows}) for o in market.offers(GpuRequest(count=n))]
+        offers = market.offers_of_every_count()
     except (OSError, ValueError) as exc:
         raise SpotTrainingConfigError(f"market_options: cannot read the catalog {catalog_path!r}: {exc}") from exc
     loose = {"max_price_per_hour": None, "regions": (), "markets": tuple(Market)}

@@ -161,8 +161,7 @@ def rank(args: argparse.Namespace) -> tuple[list, object]:
         raise EstimateError(str(exc)) from exc
     if not offers:
         # say what the catalog has in the regions asked, so the fix is a choice, not a guess
-        shapes = sorted({(o.gpu_count, o.gpu_memory_gib) for c in range(1, 17)
-                         for o in market.offers(GpuRequest(count=c))})
+        shapes = {(o.gpu_count, o.gpu_memory_gib) for o in market.offers_of_every_count()}
         where = f" in regions {regions}" if regions else " in the catalog"
         raise EstimateError(
             f"no offer has {args.gpus} GPU(s) with >= {args.min_memory_gib:g} GiB each{where}; instances there "
