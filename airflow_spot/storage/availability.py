@@ -15,23 +15,39 @@ deployment), else ``_availability`` beside the job's root (the parent of its ``c
 the usual ``s3://bucket/{{ dag.dag_id }}/{{ run_id }}`` the runs of one DAG share it).
 
 Concurrent writers never conflict: every event is one object of its own,
-``<pool>/<time>-<job>-<nonce>.json``, written once (no read-modify-write, no lock); readers list the
-prefix. Old events can be dropped with :meth:`AvailabilityLog.prune`.
+``<pool>/<time>-<job>-<nonce>.<pool tag>.<kind>.json``, written once (no read-modify-write, no lock).
+The name carries the whole event: the folder is the pool's name made key-safe, and the tag, a hash of
+the exact name, tells apart pools whose names differ only in characters a key cannot hold. So a reader
+of given pools only lists, one LIST call per 1000 of their events, with no GET per event: a job reads
+the log at every decision, and one GET per event made a decision's read grow with the whole history
+(``benchmarks/bench_availability_log.py``). The body repeats the event for anyone reading objects one
+by one. Entries of the first layout, ``<pool>/<time>-<job>-<nonce>.json``, are still read, one GET
+each. Old events can be dropped with :meth:`AvailabilityLog.prune`, or on S3 by a lifecycle rule
+expiring the log's prefix (README).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import uuid
 from collections.abc import Iterable
 
-from airflow_spot.policy.observations import PoolEvent
+from airflow_spot.policy.observations import EVENT_KINDS, PoolEvent
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, open_store
 from airflow_spot.storage.protocol import safe_id
 
 ENV_URI = "AIRFLOW_SPOT_AVAILABILITY_URI"
 DEFAULT_DIR = "_availability"
 SCHEMA = 1
+#: ``<time>-<job>-<nonce>`` of an entry's name (``.<kind>.json`` follows in the current layout)
+_NAME = re.compile(r"^(\d+\.\d+)-(.*)-([0-9a-f]{12})$")
+_TAG = re.compile(r"^[0-9a-f]{8}$")
+
+
+def _pool_tag(pool: str) -> str:
+    return hashlib.sha1(pool.encode()).hexdigest()[:8]
 
 
 def deployment_availability_uri(job_uri: str, availability_uri: str | None = None, environ=None) -> str:
@@ -66,8 +82,22 @@ class AvailabilityLog:
 
     @staticmethod
     def key(event: PoolEvent, nonce: str) -> str:
-        # the time first in the name so a listing is in time order per pool
-        return f"{safe_id(event.pool)}/{event.at:017.3f}-{safe_id(event.job or 'job')}-{nonce}.json"
+        # the time first (13 integer digits, as the first layout's) so a listing is in time order per pool
+        # and can start at a time; an empty job (this job's own) stays empty
+        job = safe_id(event.job) if event.job else ""
+        return f"{safe_id(event.pool)}/{event.at:020.6f}-{job}-{nonce}.{_pool_tag(event.pool)}.{event.kind}.json"
+
+    @staticmethod
+    def _from_name(key: str, pools_by_tag: dict[str, str]) -> PoolEvent | bool | None:
+        """The event a current-layout name carries, if it is of one of ``pools_by_tag`` (tag -> pool);
+        False: it is of another pool; None: not a current-layout name (the first layout)."""
+        rest, _, kind = key.rsplit("/", 1)[-1].removesuffix(".json").rpartition(".")
+        stem, _, tag = rest.rpartition(".")
+        m = _NAME.match(stem) if kind in EVENT_KINDS and _TAG.match(tag) else None
+        if m is None:
+            return None
+        pool = pools_by_tag.get(tag)
+        return False if pool is None else PoolEvent(pool, kind, float(m.group(1)), m.group(2))
 
     def append(self, event: PoolEvent) -> str:
         """Write one event (one new object); returns its key."""
@@ -80,27 +110,51 @@ class AvailabilityLog:
         for e in events:
             self.append(e)
 
-    def read(self, *, since: float | None = None, until: float | None = None) -> list[PoolEvent]:
-        """Every event with ``since <= at <= until``, in time order. Objects that cannot be read (a newer
-        schema, a partial write of a store without atomic puts) are skipped: a log entry is a hint."""
+    def read(self, *, since: float | None = None, until: float | None = None,
+             pools: Iterable[str] | None = None) -> list[PoolEvent]:
+        """Every event with ``since <= at <= until`` (of ``pools`` only, when given), in time order.
+
+        With ``pools`` the reader lists only those pools' folders, each from ``since`` on, and takes the
+        events from the names; without, it lists the whole log and reads each entry's body. Entries that
+        cannot be read (a newer schema, a partial write of a store without atomic puts) are skipped: a log
+        entry is a hint."""
+        if pools is None:
+            keys, tags = self.store.list(""), None
+        else:
+            tags = {_pool_tag(pool): pool for pool in pools}
+            # from the second before ``since``: both layouts' names start with the time's 13 integer digits
+            start = f"{max(0, int(since) - 1):013d}" if since is not None and since >= 1 else None
+            keys = []
+            for folder in sorted({safe_id(pool) for pool in tags.values()}):
+                keys.extend(self.store.list(f"{folder}/", start_after=f"{folder}/{start}" if start else None))
         out = []
-        for key in self.store.list(""):
+        for key in keys:
             if not key.endswith(".json"):
                 continue
             try:
                 at = float(key.rsplit("/", 1)[-1].split("-", 1)[0])
             except ValueError:
                 continue
-            if (since is not None and at < since) or (until is not None and at > until):
+            # the name's time is rounded (to the ms in the first layout): the event's own decides below
+            if (since is not None and at < since - 0.001) or (until is not None and at > until + 0.001):
                 continue
-            try:
-                d = json.loads(self.store.get_bytes(key))
-                if int(d.get("schema", 0)) > SCHEMA:
-                    continue
-                out.append(PoolEvent(str(d["pool"]), str(d["kind"]), float(d["at"]), str(d.get("job", ""))))
-            except (ObjectNotFound, ValueError, KeyError, TypeError):
+            event = self._from_name(key, tags) if tags is not None else None
+            if event is None:
+                event = self._from_body(key)
+            if not event or (tags is not None and event.pool not in tags.values()):
                 continue
+            if (since is None or event.at >= since) and (until is None or event.at <= until):
+                out.append(event)
         return sorted(out, key=lambda e: (e.at, e.pool, e.kind))
+
+    def _from_body(self, key: str) -> PoolEvent | None:
+        try:
+            d = json.loads(self.store.get_bytes(key))
+            if int(d.get("schema", 0)) > SCHEMA:
+                return None
+            return PoolEvent(str(d["pool"]), str(d["kind"]), float(d["at"]), str(d.get("job", "")))
+        except (ObjectNotFound, ValueError, KeyError, TypeError):
+            return None
 
     def prune(self, before: float) -> int:
         """Delete events older than ``before``; returns how many."""

@@ -46,9 +46,10 @@ class ObjectStore(ABC):
         """:raises ObjectNotFound: when the key does not exist."""
 
     @abstractmethod
-    def list(self, prefix: str = "", *, include_temporary: bool = False) -> list[str]:
-        """Keys under ``prefix``; ``include_temporary`` adds writes that never completed (file://
-        temp files left by a killed writer) so retention can delete them."""
+    def list(self, prefix: str = "", *, include_temporary: bool = False, start_after: str | None = None) -> list[str]:
+        """Keys under ``prefix``, sorted; ``include_temporary`` adds writes that never completed (file://
+        temp files left by a killed writer) so retention can delete them; ``start_after``: only keys that
+        sort after this one (S3 then lists only those: a time-ordered log is read from a time on)."""
 
     @abstractmethod
     def delete(self, keys: list[str]) -> None: ...
@@ -144,7 +145,7 @@ class LocalStore(ObjectStore):
             pass  # removed between the two calls
         raise ObjectNotFound(key)
 
-    def list(self, prefix: str = "", *, include_temporary: bool = False) -> list[str]:
+    def list(self, prefix: str = "", *, include_temporary: bool = False, start_after: str | None = None) -> list[str]:
         if self.root.exists() and not self.root.is_dir():  # not "empty": the store is gone or replaced
             raise NotADirectoryError(f"store root {self.root} exists but is not a directory")
         base = self._path(prefix) if prefix.endswith("/") or not prefix else self._path(prefix).parent
@@ -156,7 +157,7 @@ class LocalStore(ObjectStore):
                 if name.startswith(".tmp-") and not include_temporary:
                     continue
                 rel = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
-                if rel.startswith(prefix.lstrip("/")):
+                if rel.startswith(prefix.lstrip("/")) and (start_after is None or rel > start_after):
                     out.append(rel)
         return sorted(out)
 
@@ -336,7 +337,7 @@ class S3Store(ObjectStore):
                 raise ObjectNotFound(key) from None
             raise
 
-    def list(self, prefix: str = "", *, include_temporary: bool = False) -> list[str]:
+    def list(self, prefix: str = "", *, include_temporary: bool = False, start_after: str | None = None) -> list[str]:
         # An interrupted S3 upload is never an object; its parts are an incomplete multipart upload,
         # which a bucket lifecycle rule (AbortIncompleteMultipartUpload) cleans up.
         full = self._key(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
@@ -344,7 +345,8 @@ class S3Store(ObjectStore):
             full += "/"
         strip = len(self.prefix) + 1 if self.prefix else 0
         out = []
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
+        extra = {"StartAfter": self._key(start_after)} if start_after else {}
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full, **extra):
             out.extend(obj["Key"][strip:] for obj in page.get("Contents", ()))
         return sorted(out)
 

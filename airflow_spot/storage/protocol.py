@@ -169,7 +169,8 @@ class JobLayout:
         control/attempts/<attempt_id>/heartbeat.json      heartbeat_key
         control/attempts/<attempt_id>/status.json         status_key
         control/ledger/<attempt_id>.json                  ledger_key
-        control/availability/<pool>/<time>-<job>-<n>.json AVAILABILITY_PREFIX: the job's pool events
+        control/availability/<pool>/<time>-<job>-<n>.<tag>.<kind>.json
+                                                          AVAILABILITY_PREFIX: the job's pool events
                                                           (storage/availability.py)
     """
 

@@ -7,7 +7,7 @@ import pytest
 
 from airflow_spot.policy.observations import PoolEvent
 from airflow_spot.storage.availability import AvailabilityLog, deployment_availability_uri
-from airflow_spot.storage.object_store import open_store
+from airflow_spot.storage.object_store import LocalStore, open_store
 
 POOL = "p3.2xlarge@us-west-2b"
 
@@ -61,3 +61,72 @@ def test_where_the_deployment_log_lives():
 def test_a_bad_event_is_refused_before_it_is_written(tmp_path):
     with pytest.raises(ValueError, match="valid kinds"):
         AvailabilityLog(open_store(str(tmp_path))).append(PoolEvent(POOL, "maybe", 1.0))
+
+
+class CountingStore(LocalStore):
+    """A file store that counts what the reader asks of it."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.gets, self.listed = 0, 0
+
+    def get_bytes(self, key):
+        self.gets += 1
+        return super().get_bytes(key)
+
+    def list(self, prefix="", **kw):
+        out = super().list(prefix, **kw)
+        self.listed += len(out)
+        return out
+
+
+def test_a_reader_of_given_pools_takes_events_from_names_alone(tmp_path):
+    # a job reads the log at every decision: one GET per event made a month of a deployment's events cost
+    # minutes a decision; the name carries the whole event
+    store = CountingStore(tmp_path)
+    log = AvailabilityLog(store)
+    other = "g5.xlarge@us-east-1a"
+    for i in range(50):
+        log.append(PoolEvent(POOL, "probe-up" if i % 2 else "refused", 1000.0 + i * 60 + 0.25, f"dag.run-{i % 3}"))
+        log.append(PoolEvent(other, "launched", 1000.0 + i * 60, "x"))
+    log.append(PoolEvent(POOL, "preempted", 9000.5))  # this job's own: the job stays empty
+    store.gets = store.listed = 0
+    events = log.read(pools=[POOL])
+    assert store.gets == 0 and len(events) == 51 and {e.pool for e in events} == {POOL}
+    assert events == [e for e in log.read() if e.pool == POOL]  # what the bodies say
+    assert events[-1] == PoolEvent(POOL, "preempted", 9000.5, "")
+    assert events[1] == PoolEvent(POOL, "probe-up", 1060.25, "dag.run-1")
+
+
+def test_a_reader_from_a_time_lists_only_from_there(tmp_path):
+    store = CountingStore(tmp_path)
+    log = AvailabilityLog(store)
+    for i in range(200):
+        log.append(PoolEvent(POOL, "launched", 1_800_000_000.0 + i * 3600, "a"))
+    store.gets = store.listed = 0
+    recent = log.read(pools=[POOL], since=1_800_000_000.0 + 190 * 3600, until=1_800_000_000.0 + 195 * 3600)
+    assert [e.at for e in recent] == [1_800_000_000.0 + i * 3600 for i in range(190, 196)]
+    assert store.gets == 0 and store.listed == 10  # the keys from 190 h on, not all 200
+
+
+def test_entries_of_the_first_layout_are_still_read(tmp_path):
+    # logs written before the names carried the kind: read from their bodies, with or without pools
+    store = open_store(str(tmp_path))
+    store.put_bytes("p3.2xlarge_us-west-2b/0001800000000.000-a-0123456789ab.json",
+                    b'{"schema": 1, "pool": "p3.2xlarge@us-west-2b", "kind": "refused", "at": 1800000000.0, "job": "a"}')
+    log = AvailabilityLog(store)
+    log.append(PoolEvent(POOL, "launched", 1_800_000_060.0, "b"))
+    expected = [PoolEvent(POOL, "refused", 1_800_000_000.0, "a"), PoolEvent(POOL, "launched", 1_800_000_060.0, "b")]
+    assert log.read() == expected
+    assert log.read(pools=[POOL]) == expected
+    assert log.read(pools=[POOL], since=1_800_000_000.0) == expected
+    assert log.read(pools=[POOL], since=1_800_000_000.5) == expected[1:]
+
+
+def test_pools_that_share_a_folder_are_told_apart_by_their_bodies(tmp_path):
+    # "a@b" and "a#b" both become the folder "a_b": the name cannot say whose an entry is
+    log = AvailabilityLog(open_store(str(tmp_path)))
+    log.append(PoolEvent("a@b", "launched", 10.0, "j"))
+    log.append(PoolEvent("a#b", "refused", 20.0, "j"))
+    assert [e.pool for e in log.read(pools=["a@b", "a#b"])] == ["a@b", "a#b"]
+    assert [e.kind for e in log.read(pools=["a#b", "zzz@q"])] == ["refused"]

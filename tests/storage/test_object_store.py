@@ -42,6 +42,17 @@ def test_put_get_list_delete(store):
     assert not store.exists("a/one.json") and store.exists("c.json")
 
 
+def test_list_starts_after_a_key(store):
+    # a time-ordered log is read from a time on: S3 lists only the keys after StartAfter
+    for name in ("p/0001.json", "p/0002.json", "p/0003.json", "q/0002.json"):
+        store.put_bytes(name, b"x")
+    assert store.list("p/", start_after="p/0002") == ["p/0002.json", "p/0003.json"]
+    assert store.list("p/", start_after="p/0002.json") == ["p/0003.json"]
+    assert store.list("p/", start_after="p/9") == []
+    assert store.list(start_after="p/0003.json") == ["q/0002.json"]
+    assert store.child("p").list(start_after="0001.json") == ["0002.json", "0003.json"]
+
+
 def test_writing_publishes_only_on_success(store):
     with store.writing("data/blob") as path:
         with open(path, "wb") as f:
