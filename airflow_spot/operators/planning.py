@@ -160,9 +160,9 @@ def measured_step_seconds(layout: Any) -> float | None:
     from airflow_spot.storage.protocol import Heartbeat, SchemaError
 
     newest = None
-    for key in layout.attempt_keys(layout.store, layout.HEARTBEAT_NAME):
+    for raw in layout.store.get_many(layout.attempt_keys(layout.store, layout.HEARTBEAT_NAME)).values():
         try:
-            hb = Heartbeat.from_json(layout.store.get_bytes(key))
+            hb = Heartbeat.from_json(raw)
         except (KeyError, SchemaError):
             continue
         if hb.step_time_ewma and (newest is None or hb.time > newest.time):

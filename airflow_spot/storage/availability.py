@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Iterable
 
 from airflow_spot.policy.observations import EVENT_KINDS, PoolEvent
-from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, open_store
+from airflow_spot.storage.object_store import ObjectStore, open_store
 from airflow_spot.storage.protocol import safe_id
 
 ENV_URI = "AIRFLOW_SPOT_AVAILABILITY_URI"
@@ -127,7 +127,7 @@ class AvailabilityLog:
             keys = []
             for folder in sorted({safe_id(pool) for pool in tags.values()}):
                 keys.extend(self.store.list(f"{folder}/", start_after=f"{folder}/{start}" if start else None))
-        out = []
+        events, bodies = [], []
         for key in keys:
             if not key.endswith(".json"):
                 continue
@@ -140,20 +140,22 @@ class AvailabilityLog:
                 continue
             event = self._from_name(key, tags) if tags is not None else None
             if event is None:
-                event = self._from_body(key)
-            if not event or (tags is not None and event.pool not in tags.values()):
-                continue
-            if (since is None or event.at >= since) and (until is None or event.at <= until):
-                out.append(event)
-        return sorted(out, key=lambda e: (e.at, e.pool, e.kind))
+                bodies.append(key)
+            elif event:
+                events.append(event)
+        events += [e for e in map(self._from_body, self.store.get_many(bodies).values()) if e is not None]
+        return sorted((e for e in events if (tags is None or e.pool in tags.values())
+                       and (since is None or e.at >= since) and (until is None or e.at <= until)),
+                      key=lambda e: (e.at, e.pool, e.kind))
 
-    def _from_body(self, key: str) -> PoolEvent | None:
+    @staticmethod
+    def _from_body(raw: bytes) -> PoolEvent | None:
         try:
-            d = json.loads(self.store.get_bytes(key))
+            d = json.loads(raw)
             if int(d.get("schema", 0)) > SCHEMA:
                 return None
             return PoolEvent(str(d["pool"]), str(d["kind"]), float(d["at"]), str(d.get("job", "")))
-        except (ObjectNotFound, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             return None
 
     def prune(self, before: float) -> int:

@@ -223,15 +223,12 @@ class CheckpointStore:
         """Every checkpoint directory that has a manifest, oldest first, with its manifest verified
         (checksum and directory cross-check; the payload is checked by :meth:`inspect` and restore)."""
         out = []
-        for key in self.store.list():
-            directory, _, name = key.partition("/")
-            if name != MANIFEST or not _DIR_RE.match(directory):
-                continue  # payloads, partial saves, quarantine/...
+        manifests = [k for k in self.store.list() if k.partition("/")[2] == MANIFEST
+                     and _DIR_RE.match(k.partition("/")[0])]  # not payloads, partial saves, quarantine/...
+        # one pruned between the listing and the read is left out
+        for key, raw in self.store.get_many(manifests).items():
+            directory = key.partition("/")[0]
             step = int(directory[:12])
-            try:
-                raw = self.store.get_bytes(key)
-            except ObjectNotFound:
-                continue  # pruned between the listing and the read
             try:
                 out.append(CheckpointStatus(directory, step, Manifest.from_json(raw, directory)))
             except ManifestError as exc:

@@ -123,18 +123,22 @@ class JobView:
 
     def launches(self) -> dict[str, dict[str, Any]]:
         out = {}
-        for key in JobLayout.attempt_keys(self.store, JobLayout.LAUNCH_NAME):
-            data = self._json(key)
-            if data and data.get("attempt_id"):
+        for key, raw in self.store.get_many(JobLayout.attempt_keys(self.store, JobLayout.LAUNCH_NAME)).items():
+            try:
+                data = json.loads(raw)
+            except ValueError as exc:
+                log.warning("%s/%s is not JSON (%s); ignored", self.uri, key, exc)
+                continue
+            if isinstance(data, dict) and data.get("attempt_id"):
                 out[data["attempt_id"]] = data
         return out
 
     def _typed(self, name: str, cls) -> dict[str, Any]:
         out = {}
-        for key in JobLayout.attempt_keys(self.store, name):
+        for raw in self.store.get_many(JobLayout.attempt_keys(self.store, name)).values():
             try:
-                obj = cls.from_json(self.store.get_bytes(key))
-            except (ObjectNotFound, SchemaError):
+                obj = cls.from_json(raw)
+            except SchemaError:
                 continue
             out[obj.attempt_id] = obj
         return out
@@ -148,12 +152,12 @@ class JobView:
     def requests(self) -> list[SegmentRequest]:
         """Every segment request of the job (all instances), oldest first."""
         out: list[SegmentRequest] = []
-        for key in self.store.list("control/instances/"):
-            if "/requests/" in key and key.endswith(".json"):
-                try:
-                    out.append(SegmentRequest.from_json(self.store.get_bytes(key)))
-                except (ObjectNotFound, SchemaError):
-                    continue
+        keys = [k for k in self.store.list("control/instances/") if "/requests/" in k and k.endswith(".json")]
+        for raw in self.store.get_many(keys).values():
+            try:
+                out.append(SegmentRequest.from_json(raw))
+            except SchemaError:
+                continue
         return sorted(out, key=lambda r: (r.created_at, r.attempt_id))
 
     def ledger_rows(self) -> list[LedgerRow]:

@@ -41,15 +41,9 @@ class LedgerStore:
 
     def rows(self) -> list[LedgerRow]:
         """Every row, ordered by start time (then attempt id)."""
-        out = []
-        for key in self.store.list(LEDGER_PREFIX):
-            if not key.endswith(".json"):
-                continue
-            try:
-                raw = self.store.get_bytes(key)
-            except ObjectNotFound:  # deleted between list and get (retention); nothing to count
-                continue
-            out.append(self._decode(key, raw))
+        keys = [k for k in self.store.list(LEDGER_PREFIX) if k.endswith(".json")]
+        # a row deleted between the listing and the read (retention) is left out: nothing to count
+        out = [self._decode(key, raw) for key, raw in self.store.get_many(keys).items()]
         return sorted(out, key=lambda r: (r.started_at, r.attempt_id))
 
     def _decode(self, key: str, raw: bytes) -> LedgerRow:

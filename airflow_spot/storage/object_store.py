@@ -81,6 +81,16 @@ class ObjectStore(ABC):
             return False
         return True
 
+    def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        """The objects of ``keys`` that exist (a key deleted since it was listed is left out)."""
+        out = {}
+        for key in keys:
+            try:
+                out[key] = self.get_bytes(key)
+            except ObjectNotFound:
+                continue
+        return out
+
     def tidy(self) -> None:  # noqa: B027 - a no-op by default, on purpose
         """Remove what a killed writer can leave behind that is not an object (file://: empty folders)."""
 
@@ -328,6 +338,24 @@ class S3Store(ObjectStore):
             return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
         except self.client.exceptions.NoSuchKey:
             raise ObjectNotFound(key) from None
+
+    #: GETs in flight at once in :meth:`get_many` (botocore keeps 10 connections per client by default)
+    GET_CONCURRENCY = 8
+
+    def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        # one request each, several at once: a job's ledger, heartbeats and log are many small objects read
+        # at every segment start, where one after another paid each request's latency in turn
+        if len(keys) < 2:
+            return super().get_many(keys)
+
+        def one(key: str) -> tuple[str, bytes | None]:
+            try:
+                return key, self.get_bytes(key)
+            except ObjectNotFound:
+                return key, None
+
+        with ThreadPoolExecutor(min(self.GET_CONCURRENCY, len(keys)), thread_name_prefix="s3-get") as ex:
+            return {k: v for k, v in ex.map(one, keys) if v is not None}
 
     def size(self, key: str) -> int:
         try:
