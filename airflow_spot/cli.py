@@ -1,4 +1,4 @@
-"""``airflow-spot``: demo, simulate, estimate, reap.
+"""``airflow-spot``: demo, simulate, estimate, reap, offers, checkpoints, availability.
 
 Each subcommand lives in the module that owns its subject and exposes ``add_arguments(parser)`` and
 ``run(args) -> int``; this file only wires them, importing lazily so ``--help`` stays fast.
@@ -16,6 +16,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "reap": ("airflow_spot.commands.reap", "find and terminate leftover instances"),
     "offers": ("airflow_spot.commands.offers", "rank the offers a GPU request gets now ($/h, $/step, risk)"),
     "checkpoints": ("airflow_spot.storage.checkpoints_command", "list, verify or restore a job's checkpoints"),
+    "availability": ("airflow_spot.storage.availability_command",
+                     "show or prune what a deployment's jobs observed of the spot pools"),
 }
 
 

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_spot.backends.base import InstanceInfo
-from airflow_spot.policy.observations import PROBE_RETRIES
+from airflow_spot.policy.observations import PROBE_RETRIES, ledger_events
 from airflow_spot.policy.offers import GpuRequest, Market, Offer
 
 
@@ -41,25 +41,6 @@ class Plan:
         from airflow_spot.policy.offer_ranking import cost_per_step
 
         return cost_per_step(offer)
-
-
-def ledger_events(rows: Sequence[Any]) -> list:
-    """Pool events of the job's own ledger rows: a new spot instance held capacity when it started
-    (``launched``; an instance reused from the previous segment is ``running``), one that completed held
-    it until it ended, a preempted or lost one lost it when it ended."""
-    from airflow_spot.policy.observations import PoolEvent
-
-    out = []
-    for r in rows:
-        if Market(r.market) is not Market.SPOT:
-            continue
-        pool = f"{r.instance_type}@{r.zone}"
-        out.append(PoolEvent(pool, "launched" if r.new_instance else "running", float(r.started_at)))
-        if r.outcome in ("preempted", "lost"):
-            out.append(PoolEvent(pool, "preempted", float(r.ended_at)))
-        else:
-            out.append(PoolEvent(pool, "running", float(r.ended_at)))
-    return out
 
 
 def plan(

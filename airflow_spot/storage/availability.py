@@ -22,8 +22,8 @@ of given pools only lists, one LIST call per 1000 of their events, with no GET p
 the log at every decision, and one GET per event made a decision's read grow with the whole history
 (``benchmarks/bench_availability_log.py``). The body repeats the event for anyone reading objects one
 by one. Entries of the first layout, ``<pool>/<time>-<job>-<nonce>.json``, are still read, one GET
-each. Old events can be dropped with :meth:`AvailabilityLog.prune`, or on S3 by a lifecycle rule
-expiring the log's prefix (README).
+each. Old events can be dropped with :meth:`AvailabilityLog.prune` (`airflow-spot availability prune`), or on
+S3 by a lifecycle rule expiring the log's prefix (README).
 """
 from __future__ import annotations
 

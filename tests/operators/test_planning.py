@@ -363,7 +363,7 @@ def test_the_plan_scales_its_preemption_reserve_with_the_job_s_own_preemptions(m
 
 
 def test_ledger_events_tell_a_new_instance_from_one_reused_by_the_next_segment():
-    from airflow_spot.operators.planning import ledger_events
+    from airflow_spot.policy.observations import ledger_events
 
     def row(i, start, end, outcome, new):
         return LedgerRow(f"seg{i}.try1", "i-1", "g5.xlarge", "use1-az1", "spot", 0.5, 1.0, start, end, 5, outcome,

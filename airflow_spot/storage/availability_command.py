@@ -1,0 +1,138 @@
+"""``airflow-spot availability show|prune``: what a deployment's jobs observed of the spot pools.
+
+``URI`` is an availability log (:mod:`airflow_spot.storage.availability`): the deployment's
+(``_availability`` beside the job roots, ``AIRFLOW_SPOT_AVAILABILITY_URI``, or the operator's
+``availability_uri``), or a job's root: then its own log under ``control/availability/`` and its ledger
+(its instances' launches and preemptions), what its decisions read besides the deployment's log.
+``file://``, plain paths and ``s3://`` work (S3 through boto3: ``AWS_ENDPOINT_URL_S3`` or
+``--endpoint-url`` for MinIO or moto).
+
+* ``show URI``: per pool, what the decision would conclude now (up / down / unknown, seen up or down
+  since when), the outages measured and their mean, the events and the newest, from the log's last
+  ``--hours`` (24; 0: all of it).
+* ``prune URI --older-than-days D``: delete the events older than ``D`` days (``--dry-run``: count them).
+  A decision reads every event of its offered pools, so a log nobody prunes costs more to read as it
+  grows; on S3 a lifecycle rule on the prefix does the same without anyone running this.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import statistics
+import sys
+import time
+
+from airflow_spot.policy.decision import DecisionParams
+from airflow_spot.policy.observations import ledger_events, pool_views
+from airflow_spot.storage.availability import AvailabilityLog
+from airflow_spot.storage.ledger_store import LedgerStore
+from airflow_spot.storage.object_store import LocalStore, ObjectStore, StoreConfigError, open_store, store_errors
+from airflow_spot.storage.protocol import JobLayout
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for name, help_text in (
+        ("show", "per pool: believed state now, observed up-time, outages and events"),
+        ("prune", "delete events older than --older-than-days"),
+    ):
+        p = actions.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("uri", metavar="URI",
+                       help="the availability log (e.g. s3://bucket/my-dag/_availability) or a job's root")
+        p.add_argument("--endpoint-url", default=None, help="S3 endpoint (default: AWS_ENDPOINT_URL_S3 / boto3's)")
+        if name == "show":
+            p.add_argument("--hours", type=float, default=24.0, help="read the events of the last H hours (0: all)")
+        else:
+            p.add_argument("--older-than-days", type=float, required=True, metavar="D")
+            p.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
+
+
+def open_log(uri: str, endpoint_url: str | None = None) -> tuple[AvailabilityLog, ObjectStore | None]:
+    """The log at ``uri``; for a job's root, its own log (``control/availability/``) and the job's store
+    (whose ledger holds its instances' launches and preemptions)."""
+    options = {"endpoint_url": endpoint_url} if endpoint_url and uri.startswith("s3://") else {}
+    store = open_store(uri, **options)
+    if isinstance(store, LocalStore) and not store.root.exists():
+        # a mistyped path would read as an empty log (S3 cannot tell a missing prefix from an empty one)
+        raise StoreConfigError(f"{store.root} does not exist; give the availability log (e.g. the _availability "
+                               "folder beside the job roots) or a job's root")
+    own = store.child(JobLayout.AVAILABILITY_PREFIX)
+    if own.list() or store.list("control/"):
+        return AvailabilityLog(own), store
+    return AvailabilityLog(store), None
+
+
+def run(args: argparse.Namespace, now: float | None = None) -> int:
+    now = time.time() if now is None else now
+    try:
+        if args.action == "show":
+            if not args.hours >= 0:
+                raise StoreConfigError(f"--hours must be >= 0, got {args.hours}")
+            return _show(*open_log(args.uri, args.endpoint_url), now, args.hours)
+        if not args.older_than_days > 0:
+            raise StoreConfigError(f"--older-than-days must be > 0, got {args.older_than_days} "
+                                   "(a decision reads the recent events: keep a week or more)")
+        return _prune(open_log(args.uri, args.endpoint_url)[0], now, args.older_than_days, args.dry_run)
+    except StoreConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except store_errors() as exc:
+        print(f"error: cannot read {args.uri}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _when(at: float | None, now: float) -> str:
+    if at is None:
+        return "-"
+    stamp = dt.datetime.fromtimestamp(at, dt.UTC).strftime("%m-%d %H:%M")
+    return f"{stamp} ({_ago(now - at)} ago)"
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h" if seconds < 86400 else f"{seconds / 86400:.1f} d"
+
+
+def _show(log: AvailabilityLog, job_store: ObjectStore | None, now: float, hours: float) -> int:
+    since = now - hours * 3600 if hours else None
+    events = log.read(since=since, until=now)
+    where = log.store.uri
+    if job_store is not None:
+        events += [e for e in ledger_events(LedgerStore(job_store).rows())
+                   if (since is None or e.at >= since) and e.at <= now]
+        events.sort(key=lambda e: (e.at, e.pool, e.kind))
+        where = f"{where} and the job's ledger"
+    span = f"the last {hours:g} h" if hours else "all of it"
+    if not events:
+        print(f"no events under {where} in {span}")
+        return EXIT_OK
+    params = DecisionParams()
+    views = pool_views(events, now, recheck_seconds=params.recheck_seconds, watch_seconds=params.watch_seconds)
+    jobs = {e.job for e in events}
+    print(f"{len(events)} events of {len(views)} pools from {len(jobs)} job(s) under {where} ({span}); "
+          "states as a decision would read them now")
+    print(f"  {'POOL':<32} {'STATE':<8} {'UP SINCE':<24} {'DOWN SINCE':<24} {'OUTAGES':>7} {'MEAN':>7} "
+          f"{'EVENTS':>6}  NEWEST")
+    for pool, v in sorted(views.items()):
+        evs = [e for e in events if e.pool == pool]
+        newest = evs[-1]
+        mean = _ago(statistics.mean(v.outages)) if v.outages else "-"
+        print(f"  {pool:<32} {v.state:<8} {_when(v.up_since, now):<24} {_when(v.down_since, now):<24} "
+              f"{len(v.outages):>7} {mean:>7} {len(evs):>6}  {newest.kind} {_ago(now - newest.at)} ago "
+              f"({newest.job or 'this job'})")
+    return EXIT_OK
+
+
+def _prune(log: AvailabilityLog, now: float, days: float, dry_run: bool) -> int:
+    before = now - days * 86400
+    if dry_run:
+        old = [e for e in log.read(until=before) if e.at < before]
+        print(f"would delete {len(old)} events older than {days:g} days under {log.store.uri}")
+        return EXIT_OK
+    n = log.prune(before=before)
+    print(f"deleted {n} events older than {days:g} days under {log.store.uri}")
+    return EXIT_OK
