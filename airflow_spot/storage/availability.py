@@ -41,7 +41,7 @@ from airflow_spot.storage.protocol import safe_id
 ENV_URI = "AIRFLOW_SPOT_AVAILABILITY_URI"
 DEFAULT_DIR = "_availability"
 SCHEMA = 1
-#: ``<time>-<job>-<nonce>`` of an entry's name (``.<kind>.json`` follows in the current layout)
+#: ``<time>-<job>-<nonce>`` of an entry's name (``.<pool tag>.<kind>.json`` follows in the current layout)
 _NAME = re.compile(r"^(\d+\.\d+)-(.*)-([0-9a-f]{12})$")
 _TAG = re.compile(r"^[0-9a-f]{8}$")
 
@@ -144,7 +144,8 @@ class AvailabilityLog:
             elif event:
                 events.append(event)
         events += [e for e in map(self._from_body, self.store.get_many(bodies).values()) if e is not None]
-        return sorted((e for e in events if (tags is None or e.pool in tags.values())
+        wanted = None if tags is None else set(tags.values())
+        return sorted((e for e in events if (wanted is None or e.pool in wanted)
                        and (since is None or e.at >= since) and (until is None or e.at <= until)),
                       key=lambda e: (e.at, e.pool, e.kind))
 
