@@ -39,7 +39,9 @@ pytestmark = pytest.mark.chaos
 
 PATHS = ("sampler", *FEEDS)
 KILLS_PER_STORE = 20  # x2 stores: 40 kills per data-feeding path
-TOTAL = 400
+#: longer than what the kills let the job train (about 35 steps an attempt on a quiet 2-core machine): at
+#: 400 a quiet machine finished the job before its 20th kill, and every try after that exited 0
+TOTAL = 2000
 HIDDEN = "4096"  # about 1 MB of weights and Adam moments per save
 PHASES = ("startup", "training", "save")
 
@@ -80,6 +82,7 @@ def chaos_job(forks: ForkServer, path: str, job: str, env_extra: dict, tmp_path,
     lost: list[int] = []
     for attempt in range(KILLS_PER_STORE):
         resume_at = checkpoints.latest_step() or 0
+        assert resume_at < TOTAL, f"the job finished after {attempt} of {KILLS_PER_STORE} kills: raise TOTAL"
         name = f"c{seed}-{attempt}"
         phase = rng.choices(PHASES, weights=(2, 5, 3))[0]
         kind = "sigkill" if phase == "save" else rng.choice(("sigterm", "file", "sigkill"))
