@@ -32,7 +32,7 @@ from airflow_spot.policy.observations import PoolEvent
 from airflow_spot.storage.availability import AvailabilityLog
 from airflow_spot.storage.object_store import S3Store
 from airflow_spot.storage.protocol import safe_id
-from airflow_spot.testing.moto_s3 import create_bucket, moto_server_process
+from airflow_spot.testing.moto_s3 import FAKE_CREDENTIALS, create_bucket, moto_server_process
 
 OFFERED = [f"p3.2xlarge@us-west-2{z}" for z in "abcd"]
 POOLS = OFFERED + [f"g5.xlarge@us-east-1{z}" for z in "abcd"]
@@ -74,9 +74,8 @@ def main() -> None:
     ap.add_argument("--days", type=float, default=30.0, help="the events spread over this many days before now")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    for k, v in FAKE_CREDENTIALS.items():  # moto's
+        os.environ.setdefault(k, v)
     print(f"# python benchmarks/bench_availability_log.py --events {args.events} --days {args.days:g} "
           f"--repeats {args.repeats}  ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs)")
     print(f"{'events':>7} {'reader':<26} {'seconds':>8} {'read':>6} {'x faster':>9}")

@@ -23,7 +23,7 @@ from airflow_spot.policy.ledger import LedgerRow
 from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import ObjectStore, S3Store
 from airflow_spot.storage.protocol import Heartbeat, JobLayout
-from airflow_spot.testing.moto_s3 import create_bucket, moto_server_process
+from airflow_spot.testing.moto_s3 import FAKE_CREDENTIALS, create_bucket, moto_server_process
 
 
 class OneByOne(S3Store):
@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--latency-ms", default="0,20", help="delays added before every S3 request, comma-separated")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    for k, v in {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for k, v in FAKE_CREDENTIALS.items():  # moto's
         os.environ.setdefault(k, v)
     print(f"# python benchmarks/bench_job_reads.py --attempts {args.attempts} --latency-ms {args.latency_ms} "
           f"--repeats {args.repeats}  ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs)")

@@ -26,7 +26,7 @@ from airflow_spot.policy.decision import DecisionParams
 from airflow_spot.policy.observations import ledger_events, pool_views
 from airflow_spot.storage.availability import AvailabilityLog
 from airflow_spot.storage.ledger_store import LedgerStore
-from airflow_spot.storage.object_store import LocalStore, ObjectStore, StoreConfigError, open_store, store_errors
+from airflow_spot.storage.object_store import ObjectStore, StoreConfigError, open_existing_store, store_errors
 from airflow_spot.storage.protocol import JobLayout
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -52,12 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def open_log(uri: str, endpoint_url: str | None = None) -> tuple[AvailabilityLog, ObjectStore | None]:
     """The log at ``uri``; for a job's root, its own log (``control/availability/``) and the job's store
     (whose ledger holds its instances' launches and preemptions)."""
-    options = {"endpoint_url": endpoint_url} if endpoint_url and uri.startswith("s3://") else {}
-    store = open_store(uri, **options)
-    if isinstance(store, LocalStore) and not store.root.exists():
-        # a mistyped path would read as an empty log (S3 cannot tell a missing prefix from an empty one)
-        raise StoreConfigError(f"{store.root} does not exist; give the availability log (e.g. the _availability "
-                               "folder beside the job roots) or a job's root")
+    store = open_existing_store(uri, endpoint_url, "the availability log (e.g. the _availability folder beside "
+                                                   "the job roots) or a job's root")
     own = store.child(JobLayout.AVAILABILITY_PREFIX)
     if own.list() or store.list("control/"):
         return AvailabilityLog(own), store

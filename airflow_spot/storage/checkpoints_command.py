@@ -23,7 +23,7 @@ import shutil
 import sys
 
 from airflow_spot.storage.checkpoint import QUARANTINE, CheckpointStatus, CheckpointStore
-from airflow_spot.storage.object_store import LocalStore, StoreConfigError, open_store, store_errors
+from airflow_spot.storage.object_store import StoreConfigError, open_existing_store, store_errors
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 
@@ -49,12 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def open_checkpoints(uri: str, endpoint_url: str | None = None) -> CheckpointStore:
     """The checkpoint store for a job URI, or for a URI that already is a job's ``checkpoints/`` prefix."""
-    options = {"endpoint_url": endpoint_url} if endpoint_url and uri.startswith("s3://") else {}
-    store = open_store(uri, **options)
-    if isinstance(store, LocalStore) and not store.root.exists():
-        # a mistyped path would read as "no checkpoints" (S3 cannot tell a missing prefix from an empty one)
-        raise StoreConfigError(f"{store.root} does not exist; give the job's checkpoint_uri (the folder that "
-                               "holds its checkpoints/) or that checkpoints/ folder")
+    store = open_existing_store(uri, endpoint_url, "the job's checkpoint_uri (the folder that holds its "
+                                                   "checkpoints/) or that checkpoints/ folder")
     nested = store.child("checkpoints")
     return CheckpointStore(nested if nested.list() else store, writer="cli")
 

@@ -554,7 +554,17 @@ def open_store(uri: str, **options) -> ObjectStore:
     return LocalStore(os.path.abspath(parsed.path if parsed.scheme == "file" else uri))
 
 
+def open_existing_store(uri: str, endpoint_url: str | None = None, what: str = "a store") -> ObjectStore:
+    """:func:`open_store` for a command that reads what is there: a local path that does not exist is an
+    error naming ``what`` was expected (read as empty, a mistyped path would look like an empty store; S3
+    cannot tell a missing prefix from an empty one). ``endpoint_url`` applies to ``s3://`` only."""
+    store = open_store(uri, **({"endpoint_url": endpoint_url} if endpoint_url and uri.startswith("s3://") else {}))
+    if isinstance(store, LocalStore) and not store.root.exists():
+        raise StoreConfigError(f"{store.root} does not exist; give {what}")
+    return store
+
+
 __all__ = [
-    "LocalStore", "ObjectNotFound", "ObjectStore", "S3Store", "StoreConfigError", "open_store", "store_errors",
-    "uri_problem",
+    "LocalStore", "ObjectNotFound", "ObjectStore", "S3Store", "StoreConfigError", "open_existing_store", "open_store",
+    "store_errors", "uri_problem",
 ]
