@@ -6,8 +6,9 @@ layouts (:mod:`airflow_spot.storage.availability`):
 
 * ``first layout``: ``<pool>/<time>-<job>-<nonce>.json``, read as the operators read it before this
   benchmark existed: list the whole log, one GET per entry (``AvailabilityLog.read()`` on such entries);
-* ``names``: the current layout, read as the operators read it now: only the offered pools' folders are
-  listed and the events come from the names (``read(pools=...)``);
+* ``names, every pool``: the current layout, read as the operators read it now: the events come from
+  the names, one body per pool for its exact name (``read()``);
+* ``names, offered pools``: only the offered pools' folders listed, no body read (``read(pools=...)``);
 * ``names, last 24 h``: the same from a time on (``read(pools=..., since=now - 24 h)``; S3 lists from
   ``StartAfter``).
 
@@ -91,6 +92,8 @@ def main() -> None:
             write(new, events, first_layout=False)
             base, got = timed(lambda: AvailabilityLog(old).read(until=NOW), args.repeats)
             print(f"{n:>7} {'first layout (every GET)':<26} {base:>8.3f} {got:>6} {1.0:>9.1f}")
+            t, got = timed(lambda: AvailabilityLog(new).read(until=NOW), args.repeats)
+            print(f"{n:>7} {'names, every pool':<26} {t:>8.3f} {got:>6} {base / t:>9.1f}")
             t, got = timed(lambda: AvailabilityLog(new).read(until=NOW, pools=OFFERED), args.repeats)
             print(f"{n:>7} {'names, offered pools':<26} {t:>8.3f} {got:>6} {base / t:>9.1f}")
             t, got = timed(lambda: AvailabilityLog(new).read(since=NOW - 86400, until=NOW, pools=OFFERED), args.repeats)

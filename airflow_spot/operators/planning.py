@@ -105,8 +105,7 @@ def plan(
         params = replace(params, home_region=checkpoint_region, transfer_seconds=transfer_seconds,
                          transfer_dollars=transfer_dollars, remote_dollars_per_hour=remote_dollars_per_hour)
     observed = getattr(market, "observations", None)
-    # only the offered pools' events matter to the decision; the log lists only theirs
-    deployment = list(observed(now, pools=[o.pool for o in offers if o.is_spot])) if callable(observed) else []
+    deployment = list(observed(now)) if callable(observed) else []
     obs = JobObservation(
         now=now, started_at=job_started_at,
         deadline_at=job_started_at + deadline_seconds if deadline_seconds else None,
@@ -195,9 +194,8 @@ class AvailabilityRecorder:
         self.job = job
         self._log = log
 
-    def job_events(self, pools: Sequence[str] | None = None) -> list:
-        """The job's own events (of ``pools`` only, when given: read from the entries' names alone)."""
-        return self.job_log.read(pools=pools)
+    def job_events(self) -> list:
+        return self.job_log.read()
 
     def record(self, pool: str, kind: str, at: float) -> None:
         from airflow_spot.policy.observations import PoolEvent

@@ -413,18 +413,15 @@ class SpotSegmentOperator(BaseOperator):
             remote_dollars_per_hour=transfer.dollars_per_hour,
         )
 
-        spot_offers = [o for o in market.offers(self.gpus) if o.is_spot and self.gpus.matches(o)]
-        pools = [o.pool for o in spot_offers]  # the job's log is read from its entries' names, these pools only
-
         def replan() -> planning.Plan:  # after capacity refusals: the same decision, with them observed
-            return planning.plan(market, self.gpus, now=time.time(), job_events=recorder.job_events(pools),
-                                 **plan_inputs)
+            return planning.plan(market, self.gpus, now=time.time(), job_events=recorder.job_events(), **plan_inputs)
 
         try:
-            plan = planning.plan(market, self.gpus, now=now, job_events=recorder.job_events(pools), **plan_inputs)
+            plan = planning.plan(market, self.gpus, now=now, job_events=recorder.job_events(), **plan_inputs)
         except planning.NoOfferError as exc:
             raise AirflowFailException(str(exc)) from exc
         if plan.probe and self.probe_spot and alive:
+            spot_offers = [o for o in market.offers(self.gpus) if o.is_spot and self.gpus.matches(o)]
             answered = planning.probe_spot(self.hook.get_backend(), spot_offers,
                                            lambda o, k: self._probe_spec(context, store, o, now, k), recorder, now, self.log)
             self.log.info("probed %d spot pools while on on-demand", answered)

@@ -16,12 +16,13 @@ the usual ``s3://bucket/{{ dag.dag_id }}/{{ run_id }}`` the runs of one DAG shar
 
 Concurrent writers never conflict: every event is one object of its own,
 ``<pool>/<time>-<job>-<nonce>.<pool tag>.<kind>.json``, written once (no read-modify-write, no lock).
-The name carries the whole event: the folder is the pool's name made key-safe, and the tag, a hash of
-the exact name, tells apart pools whose names differ only in characters a key cannot hold. So a reader
-of given pools only lists, one LIST call per 1000 of their events, with no GET per event: a job reads
-the log at every decision, and one GET per event made a decision's read grow with the whole history
-(``benchmarks/bench_availability_log.py``). The body repeats the event for anyone reading objects one
-by one. Entries of the first layout, ``<pool>/<time>-<job>-<nonce>.json``, are still read, one GET
+The name carries the event: the folder is the pool's name made key-safe, the tag a hash of the exact
+name (it tells apart pools whose names differ only in characters a key cannot hold), then the time, the
+job's key-safe id and the kind. So a reader lists (one LIST call per folder and per 1000 entries) and
+reads one body per pool, to learn its exact name, not one per event: a job reads the log at every
+decision, and one GET per event made a decision's read grow with the whole history
+(``benchmarks/bench_availability_log.py``). A reader of given pools lists only their folders, from a
+time on if asked. The body repeats the event for anyone reading objects one by one. Entries of the first layout, ``<pool>/<time>-<job>-<nonce>.json``, are still read, one GET
 each. Old events can be dropped with :meth:`AvailabilityLog.prune` (`airflow-spot availability prune`), or on
 S3 by a lifecycle rule expiring the log's prefix (README).
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import uuid
@@ -82,22 +84,21 @@ class AvailabilityLog:
 
     @staticmethod
     def key(event: PoolEvent, nonce: str) -> str:
-        # the time first (13 integer digits, as the first layout's) so a listing is in time order per pool
-        # and can start at a time; an empty job (this job's own) stays empty
+        # the time first, 13 integer digits as in the first layout, so a listing is in time order per pool
+        # and can start at a time; 7 decimals: 17 significant digits for times since 2001, which a float
+        # reads back exactly. An empty job (this job's own) stays empty.
         job = safe_id(event.job) if event.job else ""
-        return f"{safe_id(event.pool)}/{event.at:020.6f}-{job}-{nonce}.{_pool_tag(event.pool)}.{event.kind}.json"
+        return f"{safe_id(event.pool)}/{event.at:021.7f}-{job}-{nonce}.{_pool_tag(event.pool)}.{event.kind}.json"
 
     @staticmethod
-    def _from_name(key: str, pools_by_tag: dict[str, str]) -> PoolEvent | bool | None:
-        """The event a current-layout name carries, if it is of one of ``pools_by_tag`` (tag -> pool);
-        False: it is of another pool; None: not a current-layout name (the first layout)."""
-        rest, _, kind = key.rsplit("/", 1)[-1].removesuffix(".json").rpartition(".")
+    def _parse_name(key: str) -> tuple[str, str, float, str, str] | None:
+        """``(folder, tag, time, kind, job)`` of a current-layout name, or None (the first layout, or not an
+        entry); the job as its key-safe id."""
+        folder, _, name = key.rpartition("/")
+        rest, _, kind = name.removesuffix(".json").rpartition(".")
         stem, _, tag = rest.rpartition(".")
-        m = _NAME.match(stem) if kind in EVENT_KINDS and _TAG.match(tag) else None
-        if m is None:
-            return None
-        pool = pools_by_tag.get(tag)
-        return False if pool is None else PoolEvent(pool, kind, float(m.group(1)), m.group(2))
+        m = _NAME.match(stem) if name.endswith(".json") and kind in EVENT_KINDS and _TAG.match(tag) else None
+        return None if m is None else (folder, tag, float(m.group(1)), kind, m.group(2))
 
     def append(self, event: PoolEvent) -> str:
         """Write one event (one new object); returns its key."""
@@ -112,22 +113,26 @@ class AvailabilityLog:
 
     def read(self, *, since: float | None = None, until: float | None = None,
              pools: Iterable[str] | None = None) -> list[PoolEvent]:
-        """Every event with ``since <= at <= until`` (of ``pools`` only, when given), in time order.
+        """Every event with ``since <= at <= until`` (of ``pools`` only, when given), in time order; the
+        job of an event read from its name is its key-safe id (``safe_id``: the operators' job ids are).
 
-        With ``pools`` the reader lists only those pools' folders, each from ``since`` on, and takes the
-        events from the names; without, it lists the whole log and reads each entry's body. Entries that
-        cannot be read (a newer schema, a partial write of a store without atomic puts) are skipped: a log
-        entry is a hint."""
+        Events come from the names: one body is read per pool, to learn its exact name (the folder holds
+        it made key-safe), unless ``pools`` names it; entries of the first layout are read one body each.
+        With ``pools``, only their folders are listed, each from ``since`` on. Entries that cannot be read
+        (a newer schema, a partial write of a store without atomic puts) are skipped: a log entry is a
+        hint."""
+        if since is not None and not math.isfinite(since):
+            return [] if since > 0 else self.read(until=until, pools=pools)
         if pools is None:
-            keys, tags = self.store.list(""), None
+            keys, named = self.store.list(""), {}
         else:
-            tags = {_pool_tag(pool): pool for pool in pools}
+            named = {_pool_tag(pool): pool for pool in pools}
             # from the second before ``since``: both layouts' names start with the time's 13 integer digits
             start = f"{max(0, int(since) - 1):013d}" if since is not None and since >= 1 else None
             keys = []
-            for folder in sorted({safe_id(pool) for pool in tags.values()}):
+            for folder in sorted({safe_id(pool) for pool in named.values()}):
                 keys.extend(self.store.list(f"{folder}/", start_after=f"{folder}/{start}" if start else None))
-        events, bodies = [], []
+        parsed, bodies = [], []
         for key in keys:
             if not key.endswith(".json"):
                 continue
@@ -135,16 +140,29 @@ class AvailabilityLog:
                 at = float(key.rsplit("/", 1)[-1].split("-", 1)[0])
             except ValueError:
                 continue
-            # the name's time is rounded (to the ms in the first layout): the event's own decides below
+            # the first layout's names round the time to the ms: its bodies decide below
             if (since is not None and at < since - 0.001) or (until is not None and at > until + 0.001):
                 continue
-            event = self._from_name(key, tags) if tags is not None else None
-            if event is None:
+            name = self._parse_name(key)
+            if name is None:
                 bodies.append(key)
-            elif event:
-                events.append(event)
+            elif pools is None or name[1] in named:
+                parsed.append((key, name))
+        # a pool not named by the caller: its exact name from one of its entries' bodies
+        unknown = {}
+        for key, (folder, tag, *_rest) in parsed:
+            if tag not in named:
+                unknown.setdefault((folder, tag), key)
+        samples = self.store.get_many(list(unknown.values()))
+        for (folder, tag), key in unknown.items():
+            body = self._from_body(samples[key]) if key in samples else None
+            if body is not None and _pool_tag(body.pool) == tag and safe_id(body.pool) == folder:
+                named[tag] = body.pool
+        events = [PoolEvent(named[tag], kind, at, job) for _key, (_folder, tag, at, kind, job) in parsed if tag in named]
+        # a pool whose sampled entry could not be read: its entries' bodies, one by one
+        bodies += [key for key, (_folder, tag, *_rest) in parsed if tag not in named]
         events += [e for e in map(self._from_body, self.store.get_many(bodies).values()) if e is not None]
-        wanted = None if tags is None else set(tags.values())
+        wanted = None if pools is None else set(named.values())
         return sorted((e for e in events if (wanted is None or e.pool in wanted)
                        and (since is None or e.at >= since) and (until is None or e.at <= until)),
                       key=lambda e: (e.at, e.pool, e.kind))
@@ -159,8 +177,9 @@ class AvailabilityLog:
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
 
-    def prune(self, before: float) -> int:
-        """Delete events older than ``before``; returns how many."""
+    def prune(self, before: float, dry_run: bool = False) -> int:
+        """Delete the entries older than ``before`` (by the time their names carry); returns how many
+        (``dry_run``: only count them)."""
         old = []
         for key in self.store.list(""):
             try:
@@ -168,7 +187,7 @@ class AvailabilityLog:
                     old.append(key)
             except ValueError:
                 continue
-        if old:
+        if old and not dry_run:
             self.store.delete(old)
         return len(old)
 

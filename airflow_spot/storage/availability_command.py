@@ -11,7 +11,7 @@
   since when), the outages measured and their mean, the events and the newest, from the log's last
   ``--hours`` (24; 0: all of it).
 * ``prune URI --older-than-days D``: delete the events older than ``D`` days (``--dry-run``: count them).
-  A decision reads every event of its offered pools, so a log nobody prunes costs more to read as it
+  A decision reads every event of the log, so a log nobody prunes costs more to read as it
   grows; on S3 a lifecycle rule on the prefix does the same without anyone running this.
 """
 from __future__ import annotations
@@ -124,11 +124,6 @@ def _show(log: AvailabilityLog, job_store: ObjectStore | None, now: float, hours
 
 
 def _prune(log: AvailabilityLog, now: float, days: float, dry_run: bool) -> int:
-    before = now - days * 86400
-    if dry_run:
-        old = [e for e in log.read(until=before) if e.at < before]
-        print(f"would delete {len(old)} events older than {days:g} days under {log.store.uri}")
-        return EXIT_OK
-    n = log.prune(before=before)
-    print(f"deleted {n} events older than {days:g} days under {log.store.uri}")
+    n = log.prune(before=now - days * 86400, dry_run=dry_run)
+    print(f"{'would delete' if dry_run else 'deleted'} {n} events older than {days:g} days under {log.store.uri}")
     return EXIT_OK

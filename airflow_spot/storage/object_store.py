@@ -290,6 +290,8 @@ class S3Store(ObjectStore):
     #: multipart size and concurrency measured in benchmarks/bench_store_throughput.py
     MULTIPART_CHUNK = 64 * 1024 * 1024
     MAX_CONCURRENCY = 8
+    #: GETs in flight at once in :meth:`get_many`
+    GET_CONCURRENCY = 8
 
     def __init__(
         self,
@@ -302,12 +304,15 @@ class S3Store(ObjectStore):
     ) -> None:
         import boto3
         from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
 
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.endpoint_url = endpoint_url
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
-        self.client = client or boto3.client("s3", endpoint_url=endpoint_url)
+        # room for get_many's GETs and a transfer's parts at once (botocore keeps 10 connections by default)
+        pool = Config(max_pool_connections=self.GET_CONCURRENCY + (max_concurrency or self.MAX_CONCURRENCY) + 2)
+        self.client = client or boto3.client("s3", endpoint_url=endpoint_url, config=pool)
         chunk = multipart_chunk or self.MULTIPART_CHUNK
         self._options = {"multipart_chunk": multipart_chunk, "max_concurrency": max_concurrency}
         self.transfer_config = TransferConfig(
@@ -339,8 +344,6 @@ class S3Store(ObjectStore):
         except self.client.exceptions.NoSuchKey:
             raise ObjectNotFound(key) from None
 
-    #: GETs in flight at once in :meth:`get_many` (botocore keeps 10 connections per client by default)
-    GET_CONCURRENCY = 8
 
     def get_many(self, keys: list[str]) -> dict[str, bytes]:
         # one request each, several at once: a job's ledger, heartbeats and log are many small objects read
