@@ -42,15 +42,14 @@ class MarketSource(ABC):
         self.availability_log = log
         return self
 
-    def observations(self, now: float, since: float | None = None, pools=None) -> list:
+    def observations(self, now: float, since: float | None = None) -> list:
         """What the deployment observed of each spot pool and when: launch outcomes, capacity refusals and
         preemptions (:class:`airflow_spot.policy.observations.PoolEvent`) at or before ``now`` (and from
-        ``since``; of ``pools`` only, when given: the log then lists only theirs). The default reads the
-        attached availability log; a live market may add its own observations (e.g. probes) by
-        overriding this."""
+        ``since``). The default reads the attached availability log; a live market may add its own
+        observations (e.g. probes) by overriding this."""
         if self.availability_log is None:
             return []
-        return self.availability_log.read(since=since, until=now, pools=pools)
+        return self.availability_log.read(since=since, until=now)
 
 
 _MARKETS = ("catalog", "ec2")

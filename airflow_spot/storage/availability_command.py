@@ -113,8 +113,11 @@ def _show(log: AvailabilityLog, job_store: ObjectStore | None, now: float, hours
           "states as a decision would read them now")
     print(f"  {'POOL':<32} {'STATE':<8} {'UP SINCE':<24} {'DOWN SINCE':<24} {'OUTAGES':>7} {'MEAN':>7} "
           f"{'EVENTS':>6}  NEWEST")
+    by_pool: dict[str, list] = {}
+    for e in events:
+        by_pool.setdefault(e.pool, []).append(e)
     for pool, v in sorted(views.items()):
-        evs = [e for e in events if e.pool == pool]
+        evs = by_pool[pool]
         newest = evs[-1]
         mean = _ago(statistics.mean(v.outages)) if v.outages else "-"
         print(f"  {pool:<32} {v.state:<8} {_when(v.up_since, now):<24} {_when(v.down_since, now):<24} "

@@ -223,8 +223,9 @@ class CheckpointStore:
         """Every checkpoint directory that has a manifest, oldest first, with its manifest verified
         (checksum and directory cross-check; the payload is checked by :meth:`inspect` and restore)."""
         out = []
-        manifests = [k for k in self.store.list() if k.partition("/")[2] == MANIFEST
-                     and _DIR_RE.match(k.partition("/")[0])]  # not payloads, partial saves, quarantine/...
+        # manifests only: not payloads, partial saves, quarantine/...
+        manifests = [k for k in self.store.list() if k.endswith("/" + MANIFEST) and k.count("/") == 1
+                     and _DIR_RE.match(k.partition("/")[0])]
         # one pruned between the listing and the read is left out
         for key, raw in self.store.get_many(manifests).items():
             directory = key.partition("/")[0]
