@@ -33,6 +33,10 @@ class SpotHook(BaseHook):
         botocore's ``adaptive`` mode (client-side rate limiting when EC2 throttles).
     """
 
+    #: connections of the hook's S3 client: a store's GETs go 8 at once beside a multipart transfer, and the
+    #: UI's list reads 4 jobs' stores at once through one hook (botocore's default is 10; idle ones cost nothing)
+    S3_POOL_CONNECTIONS = 32
+
     conn_name_attr = "aws_conn_id"
     default_conn_name = "aws_default"
     conn_type = "aws"
@@ -60,11 +64,19 @@ class SpotHook(BaseHook):
 
         return S3Hook(aws_conn_id=self.aws_conn_id)
 
+    @cached_property
+    def _s3_client(self):
+        """The S3Hook's client with room for :attr:`S3_POOL_CONNECTIONS`, over the connection's own botocore
+        config (its ``config_kwargs``: retries, proxies, ... are kept)."""
+        from botocore.config import Config
+
+        hook = self._s3_hook
+        return hook.get_client_type(config=hook.config.merge(Config(max_pool_connections=self.S3_POOL_CONNECTIONS)))
+
     def get_store(self, uri: str) -> ObjectStore:
         """Open the store at ``uri``; ``s3://`` goes through the Amazon provider's S3 client."""
         if urlparse(uri).scheme == "s3":
-            client = self._s3_hook.get_conn()
-            return open_store(uri, client=client)
+            return open_store(uri, client=self._s3_client)
         return open_store(uri)
 
     def instance_env(self, uri: str) -> dict[str, str]:

@@ -368,7 +368,10 @@ class JobView:
         )
         cost = totals["cost"] + live_cost
         on_demand = totals["on_demand_cost"] + live_on_demand
-        state = "finished" if summary else ("running" if running else ("waiting" if attempts else "not started"))
+        if summary:
+            state = finished_state(summary)
+        else:
+            state = "running" if running else ("waiting" if attempts else "not started")
         segment_ends = sorted({r.end_step for r in requests})
         estimate = None
         if total_steps and with_estimate:
@@ -432,6 +435,12 @@ class JobView:
         if prior is None:
             return seconds / seen if seen else None
         return estimate_mtbf(prior, seen, seconds)
+
+
+def finished_state(summary: dict[str, Any]) -> str:
+    """A job with a summary: ``finished``, or ``incomplete`` when the finish task found its newest
+    checkpoint short of the last step (the run failed; the UI then shows Airflow's state)."""
+    return "finished" if summary.get("completed", True) else "incomplete"
 
 
 def _checkpoint_marks(checkpoints: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:

@@ -24,7 +24,7 @@ from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from airflow_spot.ui import page, prestart
-from airflow_spot.ui.jobs import JobRef, find_jobs, job_row, open_view
+from airflow_spot.ui.jobs import JobRef, find_jobs, job_rows, open_view
 
 log = logging.getLogger(__name__)
 
@@ -133,11 +133,10 @@ def _detail(session, dag_id: str, run_id: str) -> dict[str, Any]:
 
 
 def _rows(session) -> list[dict[str, Any]]:
-    rows = []
-    for job in find_jobs(session):
-        row = job_row(job)
+    jobs = find_jobs(session)
+    rows = job_rows(jobs)
+    for job, row in zip(jobs, rows):
         row["state"] = _state(job, str(row.get("state")))
-        rows.append(row)
     return rows
 
 

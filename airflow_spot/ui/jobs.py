@@ -11,23 +11,39 @@ The newest XCom of either key per DAG run gives the job's store; everything else
 checkpoints, heartbeats, estimate) comes from the store through
 :class:`~airflow_spot.storage.job_view.JobView`. A DAG run can hold only one spot job this way (the
 newest wins); a DAG with two ``SpotTraining`` groups shows the one that ran last.
+
+The list's row of a finished job (its newest XCom is the summary: no attempt started after it) comes from
+that summary, already read from the DB: a deployment's history costs the list page no store read, and a
+job whose store was deleted keeps its final figures. The other jobs' stores are read a few at once
+(:data:`LIST_CONCURRENCY`), since each is a few LISTs and GETs that mostly wait on the network.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from airflow_spot.links.attempt import LINK_XCOM_KEY
-from airflow_spot.storage.job_view import JobView
+from airflow_spot.storage.job_view import JobView, finished_state
 
 log = logging.getLogger(__name__)
 
 SUMMARY_XCOM_KEY = "summary"
+
+#: the list's columns besides DAG, run and store
+ROW_FIELDS = ("state", "progress", "current_step", "total_steps", "cost", "on_demand_cost", "savings",
+              "savings_fraction", "preemptions")
+#: what a summary must hold to give a row (one written by an older version may lack some: its store is read)
+SUMMARY_FIELDS = ("total_steps", "latest_step", "cost", "on_demand_cost", "preemptions")
+#: job stores the list page reads at once (each job's reads go several at once on S3 as well)
+LIST_CONCURRENCY = 4
+_HOOKS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -40,6 +56,8 @@ class JobRef:
     aws_conn_id: str | None
     run_state: str | None
     backend: str = "local"
+    #: the finish task's summary XCom, when it is the run's newest: the list's row comes from it
+    summary: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
 
 def _value(row: Any) -> Any:
@@ -76,28 +94,69 @@ def find_jobs(session: Session, dag_id: str | None = None, run_id: str | None = 
         state = row.state.value if hasattr(row.state, "value") else row.state
         jobs[(row.dag_id, row.run_id)] = JobRef(
             row.dag_id, row.run_id, str(value["job_uri"]), value.get("aws_conn_id"), state,
-            str(value.get("backend") or "local"),
+            str(value.get("backend") or "local"), value if row.key == SUMMARY_XCOM_KEY else None,
         )
         if len(jobs) >= limit:
             break
     return list(jobs.values())
 
 
-def open_view(job: JobRef) -> JobView:
-    """The job's store, opened as a task would (``s3://`` through the Amazon provider's hook)."""
+def open_view(job: JobRef, hooks: dict[tuple[str, str | None], Any] | None = None) -> JobView:
+    """The job's store, opened as a task would (``s3://`` through the Amazon provider's hook).
+
+    :param hooks: hooks to reuse, by backend and connection (one S3 client for a list of jobs, not one each).
+    """
     from airflow_spot.hooks.spot import SpotHook
 
-    return JobView(SpotHook(backend=job.backend, aws_conn_id=job.aws_conn_id).get_store(job.job_uri))
+    if hooks is None:
+        return JobView(SpotHook(backend=job.backend, aws_conn_id=job.aws_conn_id).get_store(job.job_uri))
+    with _HOOKS_LOCK:  # the list's threads share one hook, and so one S3 client, per connection
+        key = (job.backend, job.aws_conn_id)
+        if key not in hooks:
+            hooks[key] = SpotHook(backend=job.backend, aws_conn_id=job.aws_conn_id)
+        return JobView(hooks[key].get_store(job.job_uri))  # opening is cheap once the client is made
 
 
-def job_row(job: JobRef, now: float | None = None) -> dict[str, Any]:
+def summary_row(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """A finished job's columns from its summary, rounded as :meth:`JobView.snapshot` rounds them (None
+    when the summary lacks a figure)."""
+    if not all(k in summary for k in SUMMARY_FIELDS):
+        return None
+    total, step = summary["total_steps"], summary["latest_step"]
+    cost, on_demand = (round(float(summary[k]), 6) for k in ("cost", "on_demand_cost"))
+    return {
+        "state": finished_state(summary),
+        "progress": round(min(1.0, step / total), 4) if total and step is not None else None,
+        "current_step": step,
+        "total_steps": total,
+        "cost": cost,
+        "on_demand_cost": on_demand,
+        "savings": round(on_demand - cost, 6),
+        "savings_fraction": round((on_demand - cost) / on_demand, 4) if on_demand > 0 else 0.0,
+        "preemptions": int(summary["preemptions"]),
+    }
+
+
+def job_row(job: JobRef, now: float | None = None, hooks: dict | None = None) -> dict[str, Any]:
     """The list's row of one job: DAG, run, state, progress, cost, savings (an ``error`` when unreadable)."""
     row: dict[str, Any] = {"dag_id": job.dag_id, "run_id": job.run_id, "job_uri": job.job_uri,
                            "run_state": job.run_state}
+    final = summary_row(job.summary) if job.summary is not None else None
+    if final is not None:
+        return {**row, **final}
     try:
-        snap = open_view(job).snapshot(time.time() if now is None else now, with_estimate=False)
+        snap = open_view(job, hooks).snapshot(time.time() if now is None else now, with_estimate=False)
     except Exception as exc:  # noqa: BLE001 - one unreadable store must not hide the other jobs
         log.warning("job %s/%s: store %s not readable: %s", job.dag_id, job.run_id, job.job_uri, exc)
         return {**row, "state": job.run_state, "error": f"store not readable: {exc}"}
-    return {**row, **{k: snap[k] for k in ("state", "progress", "current_step", "total_steps", "cost",
-                                            "on_demand_cost", "savings", "savings_fraction", "preemptions")}}
+    return {**row, **{k: snap[k] for k in ROW_FIELDS}}
+
+
+def job_rows(jobs: list[JobRef], now: float | None = None) -> list[dict[str, Any]]:
+    """The rows of ``jobs``, in their order; the stores that must be read, :data:`LIST_CONCURRENCY` at once."""
+    now = time.time() if now is None else now
+    hooks: dict = {}
+    if len(jobs) < 2:
+        return [job_row(job, now, hooks) for job in jobs]
+    with ThreadPoolExecutor(min(LIST_CONCURRENCY, len(jobs)), thread_name_prefix="spot-ui-list") as ex:
+        return list(ex.map(lambda job: job_row(job, now, hooks), jobs))

@@ -18,7 +18,8 @@ def aws_conn():
             "conn_type": "aws",
             "login": "testing",
             "password": "testing",
-            "extra": {"region_name": "us-east-1", "endpoint_url": endpoint},
+            "extra": {"region_name": "us-east-1", "endpoint_url": endpoint,
+                      "config_kwargs": {"retries": {"mode": "standard", "total_max_attempts": 7}}},
         }
         mp = pytest.MonkeyPatch()
         mp.setenv("AIRFLOW_CONN_SPOT_TEST", json.dumps(conn))
@@ -38,6 +39,15 @@ def test_s3_store_uses_the_connection(aws_conn):
     assert store.list("control/") == ["control/x.json"]
     # the instance's agent gets the endpoint (no secrets) to reach the same store
     assert hook.instance_env("s3://ckpt/dag/run1") == {"AWS_ENDPOINT_URL_S3": aws_conn}
+
+
+def test_the_s3_client_has_room_for_concurrent_reads_and_keeps_the_connections_config(aws_conn):
+    hook = SpotHook(aws_conn_id="spot_test")
+    config = hook.get_store("s3://ckpt/a").client.meta.config
+    assert config.max_pool_connections == SpotHook.S3_POOL_CONNECTIONS > 10  # botocore's default is 10
+    assert config.retries == {"mode": "standard", "total_max_attempts": 7}
+    # one client for every store the hook opens (the UI's list opens many)
+    assert hook.get_store("s3://ckpt/b").client is hook.get_store("s3://ckpt/a").client
 
 
 def test_missing_bucket_is_a_clear_error(aws_conn):

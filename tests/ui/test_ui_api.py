@@ -291,3 +291,71 @@ def test_a_bad_step_profile_fails_when_the_dag_is_parsed(tmp_path, profile, mess
     with pytest.raises(SpotTrainingConfigError, match=message):
         build_dag("bad_profile", tmp_path, command=["python", "train.py"], total_steps=10, steps_per_segment=5,
                   segment_options={"step_profile": profile})
+
+
+# ------------------------------------------------------------------ a finished job: its row from the summary XCom
+FINISHED_DAG = "ui_api_finished"
+
+
+def test_a_finished_jobs_row_comes_from_its_summary_xcom_even_with_its_store_gone(client, tmp_path):
+    """A DAG run whose segment pushed its link and whose finish task then pushed the summary (as
+    ``SpotTrainingFinishOperator`` does): ``find_jobs`` carries that summary, the list's row equals the
+    row the store gives, and it stays when the store is deleted. A run whose newest XCom is a link (an
+    attempt started after the summary: the run was cleared and goes on) is read from its store."""
+    import shutil
+    from dataclasses import replace
+
+    from airflow.sdk import DAG, task
+    from test_job_rows import finished_job
+
+    from airflow_spot.ui.jobs import ROW_FIELDS, find_jobs, job_row
+
+    uri, summary = finished_job(tmp_path / "job")
+    with DAG(FINISHED_DAG, schedule=None, start_date=datetime(2024, 1, 1)) as dag:
+        @task(task_id="train.segment_001")
+        def segment(**context):
+            from airflow_spot.links.attempt import SpotAttemptLink
+
+            SpotAttemptLink.persist(context, uri, "train.segment_001.try1", None)
+
+        @task(task_id="train.finish")
+        def finish(**context):
+            context["ti"].xcom_push(key="summary", value=summary)
+
+        segment() >> finish()
+    run = run_dag(dag)
+    assert str(getattr(run.state, "value", run.state)) == "success"
+
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        ref = next(j for j in find_jobs(session, dag_id=FINISHED_DAG))
+    assert ref.summary is not None and ref.summary["total_steps"] == 200
+    from_store = {k: job_row(replace(ref, summary=None))[k] for k in ROW_FIELDS}
+
+    auth = {"Authorization": f"Bearer {client.token}"}
+    jobs = client.get("/spot/api/jobs", headers=auth).json()
+    row = next(j for j in jobs if j["dag_id"] == FINISHED_DAG)
+    assert {k: row[k] for k in ROW_FIELDS} == from_store and row["state"] == "finished"
+    shutil.rmtree(tmp_path / "job")
+    again = next(j for j in client.get("/spot/api/jobs", headers=auth).json() if j["dag_id"] == FINISHED_DAG)
+    assert again == row and "error" not in again
+    assert "ui_api_finished" in client.get("/spot/", headers=auth).text
+
+    # the run cleared and going on: a new attempt's link is newer than the summary, so the store is read
+    with DAG(FINISHED_DAG + "_again", schedule=None, start_date=datetime(2024, 1, 1)) as dag2:
+        @task(task_id="train.finish")
+        def old_finish(**context):
+            context["ti"].xcom_push(key="summary", value=summary)
+
+        @task(task_id="train.segment_002")
+        def later(**context):
+            from airflow_spot.links.attempt import SpotAttemptLink
+
+            SpotAttemptLink.persist(context, uri, "train.segment_002.try1", None)
+
+        old_finish() >> later()
+    run_dag(dag2)
+    with create_session() as session:
+        ref2 = next(j for j in find_jobs(session, dag_id=FINISHED_DAG + "_again"))
+    assert ref2.summary is None

@@ -1,0 +1,154 @@
+"""What the Spot Training list page (``/spot/``, ``/spot/api/jobs``) pays to show a deployment's jobs.
+
+A deployment that retrains on a schedule piles up finished jobs: the list shows the newest 200 DAG runs.
+Before, each row was the job's snapshot read from its store (job record, summary, segment requests,
+checkpoint manifests, launches, statuses, heartbeats, ledger rows: a few LISTs and one GET per object),
+one job after another, each through a new S3 client. Now a finished job's row comes from its summary
+XCom, which the page has already read from Airflow's DB, and the running jobs' stores are read
+``LIST_CONCURRENCY`` at once through one client per connection (``airflow_spot.ui.jobs.job_rows``).
+
+Side by side, in one run, on moto's S3 server on 127.0.0.1, the same jobs in the same stores:
+
+* ``before``: every row a snapshot, one job after another, a new client per job;
+* ``now``: ``job_rows`` as the page calls it, the finished jobs carrying their summary as ``find_jobs``
+  gives it.
+
+Airflow's DB query is the same for both and not timed. The store is opened with a plain boto3 client
+instead of the Amazon provider's hook (no Airflow connection here); the page's own path through the hook
+is what ``tests/ui`` and the end-to-end tests run. moto shares this machine's cores; each run is repeated
+with a fixed delay added before every S3 request (``--latency-ms``, a botocore ``before-send`` hook): a
+stand-in for the network, stated as such, not a measurement of S3.
+
+    python benchmarks/bench_ui_list.py [--finished 100] [--running 8] [--attempts 20] [--latency-ms 0,20]
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import boto3
+from botocore.config import Config
+
+from airflow_spot.hooks.spot import SpotHook
+from airflow_spot.operators import accounting
+from airflow_spot.operators.attempt_record import AttemptLaunch
+from airflow_spot.policy.ledger import LedgerRow
+from airflow_spot.operators.segment import newest_usable_step
+from airflow_spot.storage.job_view import JobView
+from airflow_spot.storage.ledger_store import LedgerStore
+from airflow_spot.storage.object_store import S3Store
+from airflow_spot.storage.protocol import Heartbeat, JobLayout, SegmentRequest
+from airflow_spot.testing.moto_s3 import FAKE_CREDENTIALS, create_bucket, moto_server_process
+from airflow_spot.ui import jobs as ui_jobs
+
+BUCKET = "bench-ui-list"
+STEPS_PER_ATTEMPT = 100
+OFFER = {"instance_type": "g5.xlarge", "region": "us-east-1", "zone": "us-east-1a", "market": "spot",
+         "price_per_hour": 0.45, "on_demand_price_per_hour": 1.006, "gpu_name": "A10G", "gpu_count": 1,
+         "gpu_memory_gib": 24.0, "relative_throughput": 1.0, "preemption_rate_per_hour": 0.1}
+
+
+def fill(store: S3Store, attempts: int, finished: bool) -> dict | None:
+    """A job of ``attempts`` attempts, one segment each, every other one preempted; the last still running
+    unless ``finished`` (then its summary, as the finish task writes and pushes it, is returned)."""
+    layout, ledger, t0 = JobLayout(store), LedgerStore(store), 1.8e9
+    total = attempts * STEPS_PER_ATTEMPT
+    store.put_bytes(JobLayout.JOB_KEY, json.dumps({"started_at": t0, "total_steps": total, "backend": "ec2"}).encode())
+    for i in range(attempts):
+        aid, start = f"train.segment_{i:03d}.try1", t0 + i * 3600
+        instance = f"i-{i:08x}"
+        layout.write_request(instance, SegmentRequest(aid, store.uri, i, i * STEPS_PER_ATTEMPT,
+                                                      (i + 1) * STEPS_PER_ATTEMPT, ["python", "train.py"],
+                                                      created_at=start, total_steps=total))
+        AttemptLaunch(aid, i, i * STEPS_PER_ATTEMPT, (i + 1) * STEPS_PER_ATTEMPT, instance, OFFER, start, start,
+                      False, 1, aid.rsplit(".", 1)[0], resume_step=i * STEPS_PER_ATTEMPT).write(store)
+        layout.write_heartbeat(Heartbeat(attempt_id=aid, step=(i + 1) * STEPS_PER_ATTEMPT, time=start + 3000,
+                                         step_time_ewma=30.0, last_committed_step=(i + 1) * STEPS_PER_ATTEMPT))
+        if i < attempts - 1 or finished:
+            ledger.write(LedgerRow(aid, instance, "g5.xlarge", "us-east-1a", "spot", 0.45, 1.006, start,
+                                   start + 3000, STEPS_PER_ATTEMPT, "preempted" if i % 2 else "completed",
+                                   segment_index=i, steps_lost=3 if i % 2 else 0, step_seconds=30.0))
+    cps = layout.checkpoint_store(writer="bench")
+    for step in (total - 2 * STEPS_PER_ATTEMPT, total - STEPS_PER_ATTEMPT, total):
+        cps.save(step, lambda f: f.write(io.BytesIO(b"x" * 4096).getvalue()))
+    if not finished:
+        return None
+    summary = accounting.summarize(store, now=t0 + attempts * 3600)
+    summary.update(job_uri=store.uri, total_steps=total, latest_step=newest_usable_step(store),
+                   completed=True)
+    store.put_bytes(JobLayout.SUMMARY_KEY, json.dumps(summary).encode())
+    return summary
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--finished", type=int, default=100)
+    ap.add_argument("--running", type=int, default=8)
+    ap.add_argument("--attempts", type=int, default=20)
+    ap.add_argument("--latency-ms", default="0,20", help="delays added before every S3 request, comma-separated")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    for k, v in FAKE_CREDENTIALS.items():  # moto's
+        os.environ.setdefault(k, v)
+    print(f"# python benchmarks/bench_ui_list.py --finished {args.finished} --running {args.running} "
+          f"--attempts {args.attempts} --latency-ms {args.latency_ms} --repeats {args.repeats}  "
+          f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs)")
+    with moto_server_process() as endpoint:
+        create_bucket(endpoint, BUCKET)
+        kinds = [True] * args.finished + [False] * args.running
+
+        def one(i: int) -> ui_jobs.JobRef:
+            store = S3Store(BUCKET, f"dag/run-{i:04d}", endpoint_url=endpoint)
+            summary = fill(store, args.attempts, kinds[i])
+            return ui_jobs.JobRef("dag", f"run-{i:04d}", store.uri, None, "success" if kinds[i] else "running",
+                                  "ec2", summary)
+
+        with ThreadPoolExecutor(8) as ex:
+            refs = list(ex.map(one, range(len(kinds))))
+        print(f"{len(refs)} jobs ({args.finished} finished, {args.running} running), {args.attempts} attempts each")
+        print(f"{'added ms':>8} {'before s':>9} {'now s':>7} {'x faster':>9}")
+        for ms in (float(m) for m in args.latency_ms.split(",")):
+            def client():  # sized as SpotHook sizes the page's client
+                c = boto3.client("s3", endpoint_url=endpoint,
+                                 config=Config(max_pool_connections=SpotHook.S3_POOL_CONNECTIONS))
+                if ms:
+                    c.meta.events.register("before-send.s3", lambda **_: time.sleep(ms / 1000))
+                return c
+
+            def open_view(job, hooks=None):  # the page's opener, a boto3 client in place of the hook's
+                key = (job.backend, job.aws_conn_id)
+                if hooks is None or key not in hooks:
+                    c = client()
+                    if hooks is not None:
+                        hooks[key] = c
+                else:
+                    c = hooks[key]
+                return JobView(S3Store(BUCKET, job.job_uri.split("/", 3)[3], client=c))
+
+            ui_jobs.open_view = open_view
+            bare = [ui_jobs.JobRef(r.dag_id, r.run_id, r.job_uri, None, r.run_state, r.backend) for r in refs]
+            now = 1.8e9 + args.attempts * 3600
+            times: list[list[float]] = [[], []]
+            for rep in range(args.repeats):
+                for i in ((0, 1) if rep % 2 == 0 else (1, 0)):  # who goes first alternates
+                    t = time.perf_counter()
+                    rows = [ui_jobs.job_row(j, now) for j in bare] if i == 0 else ui_jobs.job_rows(refs, now)
+                    times[i].append(time.perf_counter() - t)
+                    assert not any("error" in r for r in rows), [r for r in rows if "error" in r][:1]
+                    if i == 0:
+                        before_rows = rows
+                    else:
+                        now_rows = rows
+            # the rows are the same, whichever way they were read
+            assert before_rows == now_rows, next((a, b) for a, b in zip(before_rows, now_rows) if a != b)
+            before, after = (statistics.median(t) for t in times)
+            print(f"{ms:>8g} {before:>9.3f} {after:>7.3f} {before / after:>9.1f}")
+
+
+if __name__ == "__main__":
+    main()
