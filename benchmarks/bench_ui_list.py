@@ -1,25 +1,31 @@
-"""What the Spot Training list page (``/spot/``, ``/spot/api/jobs``) pays to show a deployment's jobs.
+"""What the Spot Training pages pay to read a deployment's jobs: the list (``/spot/``, ``/spot/api/jobs``)
+and a running job's page (``/spot/jobs/{dag}/{run}``, which reloads itself every 5 s).
 
 A deployment that retrains on a schedule piles up finished jobs: the list shows the newest 200 DAG runs.
 Before, each row was the job's snapshot read from its store (job record, summary, segment requests,
 checkpoint manifests, launches, statuses, heartbeats, ledger rows: a few LISTs and one GET per object),
-one job after another, each through a new S3 client. Now a finished job's row comes from its summary
-XCom, which the page has already read from Airflow's DB, and the running jobs' stores are read
-``LIST_CONCURRENCY`` at once through one client per connection (``airflow_spot.ui.jobs.job_rows``).
+one job after another, each through a new S3 client, and a job's page read its whole store on every
+load. Now (``airflow_spot.ui.jobs``) a finished job's row comes from its summary XCom, which the page has
+already read from Airflow's DB; the running jobs' stores are read ``LIST_CONCURRENCY`` at once through
+one client per connection; and every read goes through ``PAGE_READS`` (``storage/read_cache.py``): an
+object listed with the version an earlier load read is not read again.
 
-Side by side, in one run, on moto's S3 server on 127.0.0.1, the same jobs in the same stores:
+On moto's S3 server on 127.0.0.1, the same jobs in the same stores, one after another in one run
+(median of ``--repeats``):
 
-* ``before``: every row a snapshot, one job after another, a new client per job;
-* ``now``: ``job_rows`` as the page calls it, the finished jobs carrying their summary as ``find_jobs``
-  gives it.
+* list ``before``: every row a snapshot, in turn, a new client per job; ``now``: ``job_rows`` as the page
+  calls it, with an empty cache; ``reload``: the same again, the cache as the previous load left it;
+* page ``before``: the running job's snapshot from the store; ``now``: through ``open_view`` with an empty
+  cache; ``reload``: after the running attempt wrote one more heartbeat, as it does every few seconds.
 
-Airflow's DB query is the same for both and not timed. The store is opened with a plain boto3 client
-instead of the Amazon provider's hook (no Airflow connection here); the page's own path through the hook
-is what ``tests/ui`` and the end-to-end tests run. moto shares this machine's cores; each run is repeated
-with a fixed delay added before every S3 request (``--latency-ms``, a botocore ``before-send`` hook): a
+The rows and the page read through the cache are asserted equal to those read from the store. Airflow's
+DB query is the same for all and not timed. The store is opened with a plain boto3 client instead of the
+Amazon provider's hook (no Airflow connection here); the pages' own path through the hook is what
+``tests/ui`` and the end-to-end tests run. moto shares this machine's cores; each run is repeated with a
+fixed delay added before every S3 request (``--latency-ms``, a botocore ``before-send`` hook): a
 stand-in for the network, stated as such, not a measurement of S3.
 
-    python benchmarks/bench_ui_list.py [--finished 100] [--running 8] [--attempts 20] [--latency-ms 0,20]
+    python benchmarks/bench_ui_list.py [--finished 100] [--running 8] [--attempts 20] [--page-attempts 200]
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ from airflow_spot.storage.job_view import JobView
 from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import S3Store
 from airflow_spot.storage.protocol import Heartbeat, JobLayout, SegmentRequest
+from airflow_spot.storage.read_cache import ReadCache
 from airflow_spot.testing.moto_s3 import FAKE_CREDENTIALS, create_bucket, moto_server_process
 from airflow_spot.ui import jobs as ui_jobs
 
@@ -85,19 +92,29 @@ def fill(store: S3Store, attempts: int, finished: bool) -> dict | None:
     return summary
 
 
+def timed(fn, repeats: int) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--finished", type=int, default=100)
     ap.add_argument("--running", type=int, default=8)
     ap.add_argument("--attempts", type=int, default=20)
+    ap.add_argument("--page-attempts", type=int, default=200, help="attempts of the running job whose page is read")
     ap.add_argument("--latency-ms", default="0,20", help="delays added before every S3 request, comma-separated")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     for k, v in FAKE_CREDENTIALS.items():  # moto's
         os.environ.setdefault(k, v)
     print(f"# python benchmarks/bench_ui_list.py --finished {args.finished} --running {args.running} "
-          f"--attempts {args.attempts} --latency-ms {args.latency_ms} --repeats {args.repeats}  "
-          f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs)")
+          f"--attempts {args.attempts} --page-attempts {args.page_attempts} --latency-ms {args.latency_ms} "
+          f"--repeats {args.repeats}  ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs)")
     with moto_server_process() as endpoint:
         create_bucket(endpoint, BUCKET)
         kinds = [True] * args.finished + [False] * args.running
@@ -110,8 +127,13 @@ def main() -> None:
 
         with ThreadPoolExecutor(8) as ex:
             refs = list(ex.map(one, range(len(kinds))))
-        print(f"{len(refs)} jobs ({args.finished} finished, {args.running} running), {args.attempts} attempts each")
-        print(f"{'added ms':>8} {'before s':>9} {'now s':>7} {'x faster':>9}")
+        page_store = S3Store(BUCKET, "dag/page", endpoint_url=endpoint)
+        fill(page_store, args.page_attempts, False)
+        page_ref = ui_jobs.JobRef("dag", "page", page_store.uri, None, "running", "ec2")
+        beat = Heartbeat(attempt_id=f"train.segment_{args.page_attempts - 1:03d}.try1", step=0, time=0.0,
+                         step_time_ewma=30.0)
+        now = 1.8e9 + max(args.attempts, args.page_attempts) * 3600
+        results = []
         for ms in (float(m) for m in args.latency_ms.split(",")):
             def client():  # sized as SpotHook sizes the page's client
                 c = boto3.client("s3", endpoint_url=endpoint,
@@ -120,34 +142,47 @@ def main() -> None:
                     c.meta.events.register("before-send.s3", lambda **_: time.sleep(ms / 1000))
                 return c
 
-            def open_view(job, hooks=None):  # the page's opener, a boto3 client in place of the hook's
-                key = (job.backend, job.aws_conn_id)
-                if hooks is None or key not in hooks:
-                    c = client()
-                    if hooks is not None:
-                        hooks[key] = c
-                else:
-                    c = hooks[key]
-                return JobView(S3Store(BUCKET, job.job_uri.split("/", 3)[3], client=c))
+            def raw_store(job, shared=None):  # the hook's store, a boto3 client in place of the hook's
+                return S3Store(BUCKET, job.job_uri.split("/", 3)[3], client=shared or client())
 
-            ui_jobs.open_view = open_view
-            bare = [ui_jobs.JobRef(r.dag_id, r.run_id, r.job_uri, None, r.run_state, r.backend) for r in refs]
-            now = 1.8e9 + args.attempts * 3600
-            times: list[list[float]] = [[], []]
-            for rep in range(args.repeats):
-                for i in ((0, 1) if rep % 2 == 0 else (1, 0)):  # who goes first alternates
-                    t = time.perf_counter()
-                    rows = [ui_jobs.job_row(j, now) for j in bare] if i == 0 else ui_jobs.job_rows(refs, now)
-                    times[i].append(time.perf_counter() - t)
-                    assert not any("error" in r for r in rows), [r for r in rows if "error" in r][:1]
-                    if i == 0:
-                        before_rows = rows
-                    else:
-                        now_rows = rows
+            def before_rows():  # as the list read every job before: a snapshot each, in turn, a new client each
+                return [{**{"dag_id": j.dag_id, "run_id": j.run_id, "job_uri": j.job_uri, "run_state": j.run_state},
+                         **{k: v for k, v in JobView(raw_store(j)).snapshot(now, with_estimate=False).items()
+                            if k in ui_jobs.ROW_FIELDS}} for j in refs]
+
+            shared = client()
+            ui_jobs._open_store = lambda job, hooks: raw_store(job, shared)
+
+            def now_rows(cold: bool):
+                if cold:
+                    ui_jobs.PAGE_READS = ReadCache()
+                return ui_jobs.job_rows(refs, now)
+
+            t_before, rows_before = timed(before_rows, args.repeats)
+            t_cold, rows_cold = timed(lambda: now_rows(True), args.repeats)
+            t_warm, rows_warm = timed(lambda: now_rows(False), args.repeats)
             # the rows are the same, whichever way they were read
-            assert before_rows == now_rows, next((a, b) for a, b in zip(before_rows, now_rows) if a != b)
-            before, after = (statistics.median(t) for t in times)
-            print(f"{ms:>8g} {before:>9.3f} {after:>7.3f} {before / after:>9.1f}")
+            assert rows_before == rows_cold == rows_warm, next(
+                (a, b) for a, b in zip(rows_before, rows_cold) if a != b)
+
+            def page(cold: bool):
+                if cold:
+                    ui_jobs.PAGE_READS = ReadCache()
+                else:  # the running attempt beat since the last load, as it does every few seconds
+                    page_store.put_bytes(JobLayout.heartbeat_key(beat.attempt_id), beat.to_json())
+                return ui_jobs.open_view(page_ref).snapshot(now)
+
+            p_before, snap_before = timed(lambda: JobView(raw_store(page_ref)).snapshot(now), args.repeats)
+            p_cold, _ = timed(lambda: page(True), args.repeats)
+            p_warm, snap_warm = timed(lambda: page(False), args.repeats)
+            assert snap_warm == JobView(raw_store(page_ref)).snapshot(now)
+            results.append((ms, t_before, t_cold, t_warm, p_before, p_cold, p_warm))
+        print(f"list: {len(refs)} jobs ({args.finished} finished, {args.running} running), {args.attempts} attempts "
+              f"each; page: one running job of {args.page_attempts} attempts")
+        print(f"{'added ms':>8} | {'list before s':>13} {'now s':>7} {'reload s':>8} | "
+              f"{'page before s':>13} {'now s':>7} {'reload s':>8}")
+        for ms, *t in results:
+            print(f"{ms:>8g} | {t[0]:>13.3f} {t[1]:>7.3f} {t[2]:>8.3f} | {t[3]:>13.3f} {t[4]:>7.3f} {t[5]:>8.3f}")
 
 
 if __name__ == "__main__":

@@ -51,6 +51,12 @@ class ObjectStore(ABC):
         temp files left by a killed writer) so retention can delete them; ``start_after``: only keys that
         sort after this one (S3 then lists only those: a time-ordered log is read from a time on)."""
 
+    def list_versions(self, prefix: str = "", *, start_after: str | None = None) -> dict[str, str | None]:
+        """:meth:`list`, each key with a version that changes whenever its object is written again (S3: the
+        ETag; file://: modification time, size and inode), from the same listing; None where a store
+        has none (a reader then cannot tell that an object it read before is unchanged)."""
+        return dict.fromkeys(self.list(prefix, start_after=start_after))
+
     @abstractmethod
     def delete(self, keys: list[str]) -> None: ...
 
@@ -156,20 +162,33 @@ class LocalStore(ObjectStore):
         raise ObjectNotFound(key)
 
     def list(self, prefix: str = "", *, include_temporary: bool = False, start_after: str | None = None) -> list[str]:
+        return sorted(rel for rel, _path in self._walk(prefix, include_temporary, start_after))
+
+    def list_versions(self, prefix: str = "", *, start_after: str | None = None) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for rel, path in sorted(self._walk(prefix, False, start_after)):
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue  # deleted since the walk saw it, as list() would have left it out a moment later
+            # a write is a rename of a new file: a new inode and time, even for the same bytes
+            out[rel] = f"{st.st_mtime_ns}-{st.st_size}-{st.st_ino}"
+        return out
+
+    def _walk(self, prefix: str, include_temporary: bool, start_after: str | None) -> Iterator[tuple[str, str]]:
         if self.root.exists() and not self.root.is_dir():  # not "empty": the store is gone or replaced
             raise NotADirectoryError(f"store root {self.root} exists but is not a directory")
         base = self._path(prefix) if prefix.endswith("/") or not prefix else self._path(prefix).parent
         if not base.is_dir():
-            return []
-        out = []
+            return
         for dirpath, _dirs, files in os.walk(base):
             for name in files:
                 if name.startswith(".tmp-") and not include_temporary:
                     continue
-                rel = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
+                path = os.path.join(dirpath, name)
+                rel = os.path.relpath(path, self.root).replace(os.sep, "/")
                 if rel.startswith(prefix.lstrip("/")) and (start_after is None or rel > start_after):
-                    out.append(rel)
-        return sorted(out)
+                    yield rel, path
 
     def delete(self, keys: list[str]) -> None:
         parents = set()
@@ -371,15 +390,18 @@ class S3Store(ObjectStore):
     def list(self, prefix: str = "", *, include_temporary: bool = False, start_after: str | None = None) -> list[str]:
         # An interrupted S3 upload is never an object; its parts are an incomplete multipart upload,
         # which a bucket lifecycle rule (AbortIncompleteMultipartUpload) cleans up.
+        return sorted(self.list_versions(prefix, start_after=start_after))
+
+    def list_versions(self, prefix: str = "", *, start_after: str | None = None) -> dict[str, str | None]:
         full = self._key(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
         if prefix.endswith("/") and not full.endswith("/"):
             full += "/"
         strip = len(self.prefix) + 1 if self.prefix else 0
-        out = []
+        out: dict[str, str | None] = {}
         extra = {"StartAfter": self._key(start_after)} if start_after else {}
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full, **extra):
-            out.extend(obj["Key"][strip:] for obj in page.get("Contents", ()))
-        return sorted(out)
+            out.update((obj["Key"][strip:], obj.get("ETag")) for obj in page.get("Contents", ()))
+        return dict(sorted(out.items()))
 
     def delete(self, keys: list[str]) -> None:
         for i in range(0, len(keys), 1000):

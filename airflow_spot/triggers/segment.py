@@ -32,6 +32,7 @@ from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from airflow_spot.backends.base import InstanceInfo, InstanceState, TerminationReason
 from airflow_spot.storage.protocol import AttemptStatus, Heartbeat, JobLayout, Outcome
+from airflow_spot.storage.read_cache import CachedReads, ReadCache
 from airflow_spot.triggers.poller import Subscription, subscribe
 
 #: SpotHooks shared by the triggers of this process (see SegmentTrigger._hook)
@@ -44,6 +45,11 @@ _HOOKS: dict[tuple[str, str, str | None], Any] = {}
 #: segments on S3 would otherwise cost a thousand GETs a second).
 INTERIM_READ_MIN_SECONDS = 1.0
 INTERIM_READS_PER_SECOND = 50.0
+
+#: the progress lines' reads of the triggerer's jobs, kept while unchanged: a line reads the job's listings and
+#: what was written since the last one, not every attempt's records again (``storage/read_cache.py``)
+PROGRESS_READS = ReadCache(max_bytes=32 * 1024 * 1024)
+
 #: triggers running in this process (the interim reads' budget is shared among them)
 _RUNNING = 0
 
@@ -433,8 +439,8 @@ class SegmentTrigger(BaseTrigger):
         from airflow_spot.storage.job_view import JobView, progress_line
 
         try:
-            if self._job_view is None:
-                self._job_view = JobView(store)
+            if self._job_view is None:  # the job's objects read for the last line are not read again
+                self._job_view = JobView(CachedReads(store, PROGRESS_READS))
             snap = await asyncio.to_thread(self._job_view.snapshot, time.time())
         except Exception as exc:  # noqa: BLE001 - progress is informational; the store is read again next time
             self.log.debug("attempt %s: no progress line this time: %s", self.attempt_id, exc)

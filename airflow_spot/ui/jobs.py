@@ -15,7 +15,9 @@ newest wins); a DAG with two ``SpotTraining`` groups shows the one that ran last
 The list's row of a finished job (its newest XCom is the summary: no attempt started after it) comes from
 that summary, already read from the DB: a deployment's history costs the list page no store read, and a
 job whose store was deleted keeps its final figures. The other jobs' stores are read a few at once
-(:data:`LIST_CONCURRENCY`), since each is a few LISTs and GETs that mostly wait on the network.
+(:data:`LIST_CONCURRENCY`), since each is a few LISTs and GETs that mostly wait on the network, and every
+read goes through :data:`PAGE_READS`: an object read by an earlier load and not written since is not
+read again.
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ from sqlalchemy.orm import Session
 
 from airflow_spot.links.attempt import LINK_XCOM_KEY
 from airflow_spot.storage.job_view import JobView, finished_state
+from airflow_spot.storage.object_store import ObjectStore
+from airflow_spot.storage.read_cache import CachedReads, ReadCache
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,9 @@ SUMMARY_FIELDS = ("total_steps", "latest_step", "cost", "on_demand_cost", "preem
 #: job stores the list page reads at once (each job's reads go several at once on S3 as well)
 LIST_CONCURRENCY = 4
 _HOOKS_LOCK = threading.Lock()
+#: what the pages have read, kept while unchanged (``storage/read_cache.py``): a reload of a running job
+#: reads its listings and the objects written since, not its whole history again
+PAGE_READS = ReadCache(max_bytes=64 * 1024 * 1024)
 
 
 @dataclass(frozen=True)
@@ -102,19 +109,24 @@ def find_jobs(session: Session, dag_id: str | None = None, run_id: str | None = 
 
 
 def open_view(job: JobRef, hooks: dict[tuple[str, str | None], Any] | None = None) -> JobView:
-    """The job's store, opened as a task would (``s3://`` through the Amazon provider's hook).
+    """The job's store, opened as a task would (``s3://`` through the Amazon provider's hook), its reads
+    kept in :data:`PAGE_READS`.
 
     :param hooks: hooks to reuse, by backend and connection (one S3 client for a list of jobs, not one each).
     """
+    return JobView(CachedReads(_open_store(job, hooks), PAGE_READS))
+
+
+def _open_store(job: JobRef, hooks: dict[tuple[str, str | None], Any] | None) -> ObjectStore:
     from airflow_spot.hooks.spot import SpotHook
 
     if hooks is None:
-        return JobView(SpotHook(backend=job.backend, aws_conn_id=job.aws_conn_id).get_store(job.job_uri))
+        return SpotHook(backend=job.backend, aws_conn_id=job.aws_conn_id).get_store(job.job_uri)
     with _HOOKS_LOCK:  # the list's threads share one hook, and so one S3 client, per connection
         key = (job.backend, job.aws_conn_id)
         if key not in hooks:
             hooks[key] = SpotHook(backend=job.backend, aws_conn_id=job.aws_conn_id)
-        return JobView(hooks[key].get_store(job.job_uri))  # opening is cheap once the client is made
+        return hooks[key].get_store(job.job_uri)  # opening is cheap once the client is made
 
 
 def summary_row(summary: dict[str, Any]) -> dict[str, Any] | None:

@@ -9,7 +9,7 @@ import time
 from airflow_spot.operators.attempt_record import AttemptLaunch
 from airflow_spot.storage.object_store import open_store
 from airflow_spot.storage.protocol import Heartbeat, JobLayout
-from airflow_spot.triggers.segment import SegmentTrigger
+from airflow_spot.triggers.segment import PROGRESS_READS, SegmentTrigger
 
 OFFER = {
     "instance_type": "g4dn.xlarge", "region": "us-east-1", "zone": "us-east-1a", "market": "spot",
@@ -49,3 +49,13 @@ def test_progress_line_at_a_bounded_rate(tmp_path, capsys, caplog):
     assert "step 100 of 400 (25.0 %)" in line and "2.00 steps/s" in line
     assert "ETA " in line and "ETA ?" not in line
     assert "cost so far $0.01" in line  # 100 s at $0.36/h
+
+    # the attempt beats on: the next line reads the new heartbeat (the records read for the last line and
+    # not written since come from the triggerer's cache)
+    JobLayout(store).write_heartbeat(Heartbeat("seg0.try1", step=200, time=time.time() + 1, step_time_ewma=0.5))
+    hits = PROGRESS_READS.hits
+    with caplog.at_level(logging.INFO):
+        trigger._progress_logged_at -= 6.0
+        asyncio.run(trigger._log_progress(store))
+    assert len(lines()) == 2 and "step 200 of 400 (50.0 %)" in lines()[1]
+    assert PROGRESS_READS.hits > hits  # the launch, read for the first line, was not read again
