@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import String, cast, func, select
 from sqlalchemy.orm import Session
 
 from airflow_spot.links.attempt import LINK_XCOM_KEY
@@ -77,35 +77,59 @@ def _value(row: Any) -> Any:
 
 
 def find_jobs(session: Session, dag_id: str | None = None, run_id: str | None = None, limit: int = 200) -> list[JobRef]:
-    """Jobs known to Airflow, newest first (one per DAG run)."""
+    """Jobs known to Airflow, newest first (one per DAG run, the ``limit`` runs with the newest XComs).
+
+    A job pushes one link XCom per segment task (a 48 h job of 15 min segments, about 200), so the runs are
+    picked in SQL (the newest XCom of each run), not from a fixed number of XCom rows, which held only
+    the newest few long jobs."""
     from airflow.models.dagrun import DagRun
     from airflow.models.xcom import XComModel
 
-    q = (
-        select(XComModel.dag_id, XComModel.run_id, XComModel.key, XComModel.value, XComModel.timestamp, DagRun.state)
-        .join(DagRun, (DagRun.dag_id == XComModel.dag_id) & (DagRun.run_id == XComModel.run_id))
-        .where(XComModel.key.in_((LINK_XCOM_KEY, SUMMARY_XCOM_KEY)))
-        .order_by(XComModel.timestamp.desc())
-    )
+    # "summary" is a common key: only values that name a job's store are candidates (the text of the
+    # JSON value, as both SQLite and PostgreSQL cast it)
+    scope = [XComModel.key.in_((LINK_XCOM_KEY, SUMMARY_XCOM_KEY)), cast(XComModel.value, String).like("%job_uri%")]
     if dag_id is not None:
-        q = q.where(XComModel.dag_id == dag_id)
+        scope.append(XComModel.dag_id == dag_id)
     if run_id is not None:
-        q = q.where(XComModel.run_id == run_id)
+        scope.append(XComModel.run_id == run_id)
+    newest = (
+        select(XComModel.dag_id, XComModel.run_id, func.max(XComModel.timestamp).label("newest"))
+        .where(*scope)
+        .group_by(XComModel.dag_id, XComModel.run_id)
+        .order_by(func.max(XComModel.timestamp).desc())
+        .limit(limit)
+        .subquery()
+    )
+    rows = select(XComModel.dag_id, XComModel.run_id, XComModel.key, XComModel.value, XComModel.timestamp,
+                  DagRun.state).join(DagRun, (DagRun.dag_id == XComModel.dag_id) & (DagRun.run_id == XComModel.run_id))
+    runs = [(r.dag_id, r.run_id) for r in session.execute(select(newest.c.dag_id, newest.c.run_id)
+                                                             .order_by(newest.c.newest.desc()))]
     jobs: dict[tuple[str, str], JobRef] = {}
-    for row in session.execute(q.limit(limit * 20)):
+    # each run's newest XCom (one row, or a few with the same time)
+    on_newest = (newest.c.dag_id == XComModel.dag_id) & (newest.c.run_id == XComModel.run_id) & (
+        newest.c.newest == XComModel.timestamp)
+    _take(jobs, session.execute(rows.join(newest, on_newest).where(*scope).order_by(XComModel.timestamp.desc())))
+    for dag, run in runs:
+        if (dag, run) not in jobs:  # its newest is not a job (another operator's "summary"): its older ones
+            _take(jobs, session.execute(rows.where(*scope, XComModel.dag_id == dag, XComModel.run_id == run)
+                                        .order_by(XComModel.timestamp.desc())))
+    return [jobs[r] for r in runs if r in jobs]
+
+
+def _take(jobs: dict[tuple[str, str], JobRef], rows) -> None:
+    """Add each run's first row (newest first) that is a job: a "summary" XCom of some other operator, or a
+    link from before ``job_uri`` was kept, is not one."""
+    for row in rows:
         if (row.dag_id, row.run_id) in jobs:
             continue
         value = _value(row)
         if not isinstance(value, dict) or not value.get("job_uri"):
-            continue  # a "summary" XCom of some other operator, or a link from before job_uri was kept
+            continue
         state = row.state.value if hasattr(row.state, "value") else row.state
         jobs[(row.dag_id, row.run_id)] = JobRef(
             row.dag_id, row.run_id, str(value["job_uri"]), value.get("aws_conn_id"), state,
             str(value.get("backend") or "local"), value if row.key == SUMMARY_XCOM_KEY else None,
         )
-        if len(jobs) >= limit:
-            break
-    return list(jobs.values())
 
 
 def open_view(job: JobRef, hooks: dict[tuple[str, str | None], Any] | None = None) -> JobView:

@@ -359,3 +359,38 @@ def test_a_finished_jobs_row_comes_from_its_summary_xcom_even_with_its_store_gon
     with create_session() as session:
         ref2 = next(j for j in find_jobs(session, dag_id=FINISHED_DAG + "_again"))
     assert ref2.summary is None
+
+
+# ------------------------------------------------------------------ many segments per run
+MANY_DAG = "ui_api_many_segments"
+
+
+def test_runs_of_long_jobs_are_all_found_and_other_summaries_are_not_jobs(client, tmp_path):
+    """Each segment task pushes its own link XCom (a 48 h job of 15 min segments has about 200), and a
+    task of another operator may push a "summary" of its own after them: every run is still found, up to
+    ``limit`` runs, each with its job's newest link."""
+    from airflow.sdk import DAG, task
+    from airflow.utils.session import create_session
+
+    from airflow_spot.ui.jobs import find_jobs
+
+    segments = 45  # more XComs per run than the 20 rows per run the list used to read
+    with DAG(MANY_DAG, schedule=None, start_date=datetime(2024, 1, 1)) as dag:
+        @task(task_id="train.segment")
+        def segment(i: int, **context):
+            from airflow_spot.links.attempt import SpotAttemptLink
+
+            SpotAttemptLink.persist(context, f"file://{tmp_path}/{context['run_id']}", f"seg{i:03d}.try1", None)
+
+        @task(task_id="evaluate")
+        def evaluate(**context):  # another operator's "summary": not a job
+            context["ti"].xcom_push(key="summary", value={"accuracy": 0.9})
+
+        segment.expand(i=list(range(segments))) >> evaluate()
+    run_ids = [run_dag(dag).run_id for _ in range(3)]
+    with create_session() as session:
+        found = find_jobs(session, dag_id=MANY_DAG, limit=3)
+        assert [j.run_id for j in found] == run_ids[::-1]  # newest first
+        assert all(j.job_uri == f"file://{tmp_path}/{j.run_id}" and j.summary is None for j in found)
+        assert [j.run_id for j in find_jobs(session, dag_id=MANY_DAG, limit=2)] == run_ids[:0:-1]
+        assert [j.run_id for j in find_jobs(session, dag_id=MANY_DAG, run_id=run_ids[0])] == run_ids[:1]
