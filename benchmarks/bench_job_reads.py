@@ -1,8 +1,8 @@
 """What a segment start pays to read the job's own records from S3, one GET after another or several at once.
 
-Every segment start reads the job's ledger (one object per attempt) and its attempts' heartbeats (the
-measured step time); the UI reads those and the statuses for every job it shows. A job of A attempts is
-2A small GETs. Side by side, in one run, on moto's S3 server on 127.0.0.1: ``ObjectStore.get_many`` as
+Every segment start reads the job's ledger (one object per attempt) and the heartbeats of its recent
+attempts (the measured step time: ``planning.RECENT_HEARTBEATS`` accounted ones and any running; before
+2026-11-26, every attempt's). A job of A attempts is A + 8 small GETs. Side by side, in one run, on moto's S3 server on 127.0.0.1: ``ObjectStore.get_many`` as
 every store had it (one after another) against ``S3Store.get_many`` (``GET_CONCURRENCY`` at once).
 moto answers on loopback, sharing this machine's cores with the client; S3's latency is not there, so
 each run is repeated with a fixed delay added before every request (``--latency-ms``, a botocore
@@ -49,7 +49,8 @@ def fill(store: S3Store, attempts: int) -> None:
 
 def segment_start_reads(store: S3Store) -> tuple[int, float | None]:
     """What a segment start reads of the job's own records: its ledger and the newest step time."""
-    return len(accounting.read_rows(store)), planning.measured_step_seconds(JobLayout(store))
+    rows = accounting.read_rows(store)
+    return len(rows), planning.measured_step_seconds(JobLayout(store), rows)
 
 
 def main() -> None:

@@ -135,12 +135,40 @@ def plan(
     )
 
 
-def measured_step_seconds(layout: Any) -> float | None:
-    """Seconds per step of the job's most recent heartbeat (any attempt), or None before the first."""
+#: accounted attempts, newest first by their ledger row's end, whose heartbeats a segment start reads
+RECENT_HEARTBEATS = 8
+
+
+def measured_step_seconds(layout: Any, rows: list | None = None) -> float | None:
+    """Seconds per step of the job's most recent heartbeat (any attempt), or None before the first.
+
+    :param rows: the job's ledger rows, when the caller has them: then only the heartbeats of the attempts
+        without a row (running, or not yet accounted) and of the :data:`RECENT_HEARTBEATS` accounted ones
+        that ended last are read, not one per attempt of the job's history (a job's attempts run one after
+        another, so an older one's last beat is older); all of them when none of those has a step time.
+    """
+    keys = layout.attempt_keys(layout.store, layout.HEARTBEAT_NAME)
+    if rows:
+        ended = {r.attempt_id: r.ended_at for r in rows}
+        recent = set(sorted(ended, key=ended.get, reverse=True)[:RECENT_HEARTBEATS])
+
+        def attempt(key: str) -> str:  # control/attempts/<attempt id>/heartbeat.json
+            return key[len(layout.ATTEMPTS_PREFIX):].rsplit("/", 1)[0]
+
+        candidates = [k for k in keys if attempt(k) not in ended or attempt(k) in recent]
+        found = _newest_step_time(layout.store.get_many(candidates).values())
+        if found is not None or len(candidates) == len(keys):
+            return found
+        taken = set(candidates)
+        keys = [k for k in keys if k not in taken]
+    return _newest_step_time(layout.store.get_many(keys).values())
+
+
+def _newest_step_time(raws) -> float | None:
     from airflow_spot.storage.protocol import Heartbeat, SchemaError
 
     newest = None
-    for raw in layout.store.get_many(layout.attempt_keys(layout.store, layout.HEARTBEAT_NAME)).values():
+    for raw in raws:
         try:
             hb = Heartbeat.from_json(raw)
         except (KeyError, SchemaError):

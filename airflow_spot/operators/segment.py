@@ -395,7 +395,7 @@ class SpotSegmentOperator(BaseOperator):
         alive = self._warm_instances(context)
         recorder = self._availability(store)
         market = self.hook.get_market().with_availability_log(recorder.deployment_log)
-        step_seconds = planning.measured_step_seconds(JobLayout(store))
+        step_seconds = planning.measured_step_seconds(JobLayout(store), rows)
         home, transfer = self._checkpoint_transfer(store, newest, step_seconds)
         plan_inputs = dict(
             done_steps=latest or 0,

@@ -457,3 +457,49 @@ def test_the_ledger_row_carries_the_restore_and_the_saves_back_by_the_hour(tmp_p
                                     {"ended_at": 1100.0}, steps_after=10, now=1100.0)
     # $0.5 of restore and 1000 s at $3.6 an hour of saves back
     assert row["transfer_dollars"] == pytest.approx(1.5)
+
+
+# ------------------------------------------------------------------ the step time a segment start measures
+def _beats(tmp_path, attempts: int, ewma=lambda i: 0.5):
+    """A job of ``attempts`` one-after-another attempts, each with a heartbeat and a ledger row; a store
+    that counts the heartbeats read."""
+    from airflow_spot.storage.object_store import LocalStore
+    from airflow_spot.storage.protocol import Heartbeat, JobLayout
+
+    store = LocalStore(tmp_path)
+    layout, rows = JobLayout(store), []
+    for i in range(attempts):
+        aid = f"train.segment_{i:03d}.try1"
+        layout.write_heartbeat(Heartbeat(attempt_id=aid, step=i, time=T0 + 100 * i + 90, step_time_ewma=ewma(i)))
+        rows.append(LedgerRow(aid, f"i-{i}", "g4dn.xlarge", "us-east-1a", "spot", 0.2, 0.5, T0 + 100 * i,
+                              T0 + 100 * i + 95, 1, "completed"))
+    read: list[str] = []
+    get_many = store.get_many
+    store.get_many = lambda keys: (read.extend(keys), get_many(keys))[1]
+    return layout, rows, read
+
+
+def test_the_step_time_is_the_newest_heartbeats_read_from_the_recent_attempts_only(tmp_path):
+    from airflow_spot.operators.planning import RECENT_HEARTBEATS, measured_step_seconds
+    from airflow_spot.storage.protocol import Heartbeat
+
+    layout, rows, read = _beats(tmp_path, 40, ewma=lambda i: 0.5 + i / 100)
+    assert measured_step_seconds(layout) == pytest.approx(0.89)  # every heartbeat read
+    assert len(read) == 40
+    read.clear()
+    assert measured_step_seconds(layout, rows) == pytest.approx(0.89)
+    assert len(read) == RECENT_HEARTBEATS
+    # a running attempt (no ledger row yet) beats later: it is read, and it is the newest
+    layout.write_heartbeat(Heartbeat(attempt_id="train.segment_040.try1", step=1, time=T0 + 5000, step_time_ewma=0.25))
+    read.clear()
+    assert measured_step_seconds(layout, rows) == 0.25 and len(read) == RECENT_HEARTBEATS + 1
+
+
+def test_without_a_step_time_in_the_recent_attempts_every_heartbeat_is_read(tmp_path):
+    from airflow_spot.operators.planning import measured_step_seconds
+
+    # the last 10 attempts died before their first step: only an older one measured the step time
+    layout, rows, read = _beats(tmp_path, 30, ewma=lambda i: 0.7 if i == 12 else (0.6 if i < 20 and i != 12 else None))
+    assert measured_step_seconds(layout, rows) == measured_step_seconds(layout) == 0.6
+    layout2, rows2, _ = _beats(tmp_path / "b", 30, ewma=lambda i: 0.7 if i == 19 else (0.6 if i < 19 else None))
+    assert measured_step_seconds(layout2, rows2) == 0.7
