@@ -30,6 +30,7 @@ stand-in for the network, stated as such, not a measurement of S3.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -133,7 +134,7 @@ def main() -> None:
         beat = Heartbeat(attempt_id=f"train.segment_{args.page_attempts - 1:03d}.try1", step=0, time=0.0,
                          step_time_ewma=30.0)
         now = 1.8e9 + max(args.attempts, args.page_attempts) * 3600
-        results = []
+        results, beats = [], []
         for ms in (float(m) for m in args.latency_ms.split(",")):
             def client():  # sized as SpotHook sizes the page's client
                 c = boto3.client("s3", endpoint_url=endpoint,
@@ -169,7 +170,9 @@ def main() -> None:
                 if cold:
                     ui_jobs.PAGE_READS = ReadCache()
                 else:  # the running attempt beat since the last load, as it does every few seconds
-                    page_store.put_bytes(JobLayout.heartbeat_key(beat.attempt_id), beat.to_json())
+                    beats.append(len(beats))
+                    hb = dataclasses.replace(beat, step=len(beats), time=now - 60 + len(beats))
+                    page_store.put_bytes(JobLayout.heartbeat_key(hb.attempt_id), hb.to_json())
                 return ui_jobs.open_view(page_ref).snapshot(now)
 
             p_before, snap_before = timed(lambda: JobView(raw_store(page_ref)).snapshot(now), args.repeats)

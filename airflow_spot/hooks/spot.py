@@ -66,12 +66,13 @@ class SpotHook(BaseHook):
 
     @cached_property
     def _s3_client(self):
-        """The S3Hook's client with room for :attr:`S3_POOL_CONNECTIONS`, over the connection's own botocore
-        config (its ``config_kwargs``: retries, proxies, ... are kept)."""
+        """The S3Hook's client with room for at least :attr:`S3_POOL_CONNECTIONS`, over the connection's own
+        botocore config (its ``config_kwargs``: retries, proxies, a larger pool ... are kept)."""
         from botocore.config import Config
 
         hook = self._s3_hook
-        return hook.get_client_type(config=hook.config.merge(Config(max_pool_connections=self.S3_POOL_CONNECTIONS)))
+        pool = max(self.S3_POOL_CONNECTIONS, hook.config.max_pool_connections or 0)
+        return hook.get_client_type(config=hook.config.merge(Config(max_pool_connections=pool)))
 
     def get_store(self, uri: str) -> ObjectStore:
         """Open the store at ``uri``; ``s3://`` goes through the Amazon provider's S3 client."""

@@ -368,6 +368,8 @@ class JobView:
         )
         cost = totals["cost"] + live_cost
         on_demand = totals["on_demand_cost"] + live_on_demand
+        # a finished job's headline is the finish task's final account, as the list shows it
+        final = (final_figures(summary) if summary else None) or {}
         if summary:
             state = finished_state(summary)
         else:
@@ -402,12 +404,10 @@ class JobView:
             "committed_step": committed,
             "current_step": current,
             "progress": round(min(1.0, current / total_steps), 4) if total_steps else None,
-            "cost": round(cost, 6),
-            "on_demand_cost": round(on_demand, 6),
-            "savings": round(on_demand - cost, 6),
+            **money_figures(cost, on_demand),
             "transfer_dollars": totals["transfer_dollars"],
-            "savings_fraction": round((on_demand - cost) / on_demand, 4) if on_demand > 0 else 0.0,
             "preemptions": sum(a.is_preemption for a in attempts),
+            **final,
             "steps_lost": totals["steps_lost"],
             "attempts": [a.to_dict() for a in attempts],
             "checkpoints": checkpoints,
@@ -435,6 +435,39 @@ class JobView:
         if prior is None:
             return seconds / seen if seen else None
         return estimate_mtbf(prior, seen, seconds)
+
+
+def money_figures(cost: float, on_demand: float) -> dict[str, float]:
+    """Cost, on-demand cost, savings and their fraction, rounded as the UI shows them."""
+    cost, on_demand = round(cost, 6), round(on_demand, 6)
+    return {"cost": cost, "on_demand_cost": on_demand, "savings": round(on_demand - cost, 6),
+            "savings_fraction": round((on_demand - cost) / on_demand, 4) if on_demand > 0 else 0.0}
+
+
+#: what a job summary must hold for its headline (one of an older version may lack some)
+FINAL_FIELDS = ("total_steps", "latest_step", "cost", "on_demand_cost", "preemptions")
+
+
+def final_figures(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """A finished job's headline from the finish task's summary: the figures its log printed (the ledger's
+    totals; progress at the newest *usable* checkpoint). None when the summary lacks one or holds one of
+    the wrong type (the caller then reads the job from its store)."""
+    if not all(k in summary for k in FINAL_FIELDS):
+        return None
+    total, step, preemptions = summary["total_steps"], summary["latest_step"], summary["preemptions"]
+    numbers = (summary["cost"], summary["on_demand_cost"])
+    if (any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in numbers)
+            or any(v is not None and (isinstance(v, bool) or not isinstance(v, int)) for v in (total, step))
+            or isinstance(preemptions, bool) or not isinstance(preemptions, int)):
+        return None
+    return {
+        "state": finished_state(summary),
+        "current_step": step,
+        "total_steps": total,
+        "progress": round(min(1.0, step / total), 4) if total and step is not None else None,
+        **money_figures(float(numbers[0]), float(numbers[1])),
+        "preemptions": preemptions,
+    }
 
 
 def finished_state(summary: dict[str, Any]) -> str:

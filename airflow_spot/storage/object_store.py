@@ -18,6 +18,7 @@ import fcntl
 import os
 import tempfile
 import threading
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -56,6 +57,11 @@ class ObjectStore(ABC):
         ETag; file://: modification time, size and inode), from the same listing; None where a store
         has none (a reader then cannot tell that an object it read before is unchanged)."""
         return dict.fromkeys(self.list(prefix, start_after=start_after))
+
+    def get_many_versioned(self, keys: list[str]) -> dict[str, tuple[bytes, str | None]]:
+        """:meth:`get_many`, each object with the version of the bytes read (as :meth:`list_versions` gives
+        it; None where a store cannot tell)."""
+        return {k: (raw, None) for k, raw in self.get_many(keys).items()}
 
     @abstractmethod
     def delete(self, keys: list[str]) -> None: ...
@@ -164,15 +170,38 @@ class LocalStore(ObjectStore):
     def list(self, prefix: str = "", *, include_temporary: bool = False, start_after: str | None = None) -> list[str]:
         return sorted(rel for rel, _path in self._walk(prefix, include_temporary, start_after))
 
+    #: a file modified less than this before it is listed has no version: a file system's clock ticks
+    #: (1 s on some) could give a rewrite within the same tick the same time, size and a reused inode
+    #: (git's "racy clean" rule)
+    RACY_SECONDS = 2.0
+
     def list_versions(self, prefix: str = "", *, start_after: str | None = None) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
+        now = time.time()
         for rel, path in sorted(self._walk(prefix, False, start_after)):
             try:
                 st = os.stat(path)
             except FileNotFoundError:
                 continue  # deleted since the walk saw it, as list() would have left it out a moment later
-            # a write is a rename of a new file: a new inode and time, even for the same bytes
-            out[rel] = f"{st.st_mtime_ns}-{st.st_size}-{st.st_ino}"
+            out[rel] = self._version(st, now)
+        return out
+
+    @classmethod
+    def _version(cls, st: os.stat_result, now: float) -> str | None:
+        # a write renames a new file into place: its time moves on by at least RACY_SECONDS once settled
+        if now - st.st_mtime < cls.RACY_SECONDS:
+            return None
+        return f"{st.st_mtime_ns}-{st.st_size}-{st.st_ino}"
+
+    def get_many_versioned(self, keys: list[str]) -> dict[str, tuple[bytes, str | None]]:
+        out = {}
+        now = time.time()
+        for key in keys:
+            try:
+                with open(self._path(key), "rb") as f:  # the version of the very file read, not of a later one
+                    out[key] = (f.read(), self._version(os.fstat(f.fileno()), now))
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                continue
         return out
 
     def _walk(self, prefix: str, include_temporary: bool, start_after: str | None) -> Iterator[tuple[str, str]]:
@@ -369,13 +398,18 @@ class S3Store(ObjectStore):
         # at every segment start, where one after another paid each request's latency in turn
         if len(keys) < 2:
             return super().get_many(keys)
+        return {k: raw for k, (raw, _etag) in self.get_many_versioned(keys).items()}
 
-        def one(key: str) -> tuple[str, bytes | None]:
+    def get_many_versioned(self, keys: list[str]) -> dict[str, tuple[bytes, str | None]]:
+        def one(key: str) -> tuple[str, tuple[bytes, str | None] | None]:
             try:
-                return key, self.get_bytes(key)
-            except ObjectNotFound:
+                got = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            except self.client.exceptions.NoSuchKey:
                 return key, None
+            return key, (got["Body"].read(), got.get("ETag"))  # the ETag of the bytes read
 
+        if not keys:
+            return {}
         with ThreadPoolExecutor(min(self.GET_CONCURRENCY, len(keys)), thread_name_prefix="s3-get") as ex:
             return {k: v for k, v in ex.map(one, keys) if v is not None}
 

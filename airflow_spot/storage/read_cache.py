@@ -4,11 +4,12 @@ same job over and over (the Spot Training page reloads a running job every 5 s).
 A job's records are many small objects, nearly all final once written (ledger rows, statuses, launches,
 requests, checkpoint manifests, the heartbeats of ended attempts); reading them all on every load made a
 200-attempt job's page cost about a thousand GETs. :class:`CachedReads` wraps a store: its listings
-come with each object's version (:meth:`ObjectStore.list_versions`: S3's ETag, a file's time, size and
-inode), and a listed object whose version it has read before is served from a :class:`ReadCache`
-shared by every reader of the process. Nothing is assumed final: an object written again has a new
-version and is read again, and an object read without being listed (a fixed key such as
-``control/job.json``) is always read. The cost of a load is then its LISTs and the objects that changed.
+come with each object's version (:meth:`ObjectStore.list_versions`: S3's ETag; a file's time, size and
+inode, none while the file is younger than ``LocalStore.RACY_SECONDS``), and a listed object whose
+version it has read before is served from a :class:`ReadCache` shared by every reader of the process.
+Nothing is assumed final: an object written again has a new version and is read again, and an object
+read without being listed (a fixed key such as ``control/job.json``) is always read. The cost of a load
+is then its LISTs, its fixed keys and the objects that changed.
 """
 from __future__ import annotations
 
@@ -20,8 +21,13 @@ from collections.abc import Iterator
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
 
 
+#: what one kept object costs besides its bytes (the entry, its key's strings), charged to ``max_bytes``
+ENTRY_OVERHEAD = 400
+
+
 class ReadCache:
-    """Objects by (store URI, key, version), least recently used dropped past ``max_bytes``; thread-safe."""
+    """Objects by (store URI, key, version), least recently used dropped past ``max_bytes`` (the objects'
+    bytes and :data:`ENTRY_OVERHEAD` each); thread-safe."""
 
     def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
         self.max_bytes = max_bytes
@@ -45,11 +51,17 @@ class ReadCache:
             return
         with self._lock:
             old = self._items.pop(key, None)
-            self._bytes += len(raw) - (len(old) if old is not None else 0)
+            if old is not None:
+                self._bytes -= self._cost(key, old)
             self._items[key] = raw
+            self._bytes += self._cost(key, raw)
             while self._bytes > self.max_bytes:
-                _, dropped = self._items.popitem(last=False)
-                self._bytes -= len(dropped)
+                dropped_key, dropped = self._items.popitem(last=False)
+                self._bytes -= self._cost(dropped_key, dropped)
+
+    @staticmethod
+    def _cost(key: tuple[str, str, str], raw: bytes) -> int:
+        return len(raw) + sum(map(len, key)) + ENTRY_OVERHEAD
 
     def __len__(self) -> int:
         return len(self._items)
@@ -58,10 +70,11 @@ class ReadCache:
 class CachedReads(ObjectStore):
     """``inner`` with its reads of listed objects served from ``cache`` while their version is the listed one.
 
-    Writes, deletes and transfers go to ``inner`` unchanged. One instance belongs to one reader at a time
-    (it remembers the versions of what it listed); the cache may be shared. An object written again
-    between its listing and its read is kept under the listed version; the next listing shows the new
-    one, which is read again.
+    Writes, deletes and transfers go to ``inner`` unchanged. One instance serves one load (it remembers the
+    versions its listings showed: open a new one for the next load, so an object read without a listing
+    is never answered from an older one); the cache is shared. Bytes are kept under the version of the
+    bytes read (:meth:`ObjectStore.get_many_versioned`), so an object written again between its listing
+    and its read is served only when a listing shows that newer version.
     """
 
     def __init__(self, inner: ObjectStore, cache: ReadCache) -> None:
@@ -82,35 +95,32 @@ class CachedReads(ObjectStore):
         return sorted(self.list_versions(prefix, start_after=start_after))
 
     # ------------------------------------------------------------------ reads
-    def _cache_key(self, key: str) -> tuple[str, str, str] | None:
-        version = self._versions.get(key)
-        return None if version is None else (self.uri, key, version)
-
     def get_bytes(self, key: str) -> bytes:
-        ck = self._cache_key(key)
-        raw = self.cache.get(ck) if ck else None
-        if raw is None:
-            raw = self.inner.get_bytes(key)
-            if ck:
-                self.cache.put(ck, raw)
-        return raw
+        got = self.get_many([key])
+        if key not in got:
+            raise ObjectNotFound(key)
+        return got[key]
 
     def get_many(self, keys: list[str]) -> dict[str, bytes]:
         found: dict[str, bytes] = {}
         missing = []
         for key in keys:
-            ck = self._cache_key(key)
-            raw = self.cache.get(ck) if ck else None
+            version = self._versions.get(key)
+            raw = self.cache.get((self.uri, key, version)) if version is not None else None
             if raw is None:
                 missing.append(key)
             else:
                 found[key] = raw
-        for key, raw in self.inner.get_many(missing).items():
+        for key, (raw, version) in self.inner.get_many_versioned(missing).items():
             found[key] = raw
-            ck = self._cache_key(key)
-            if ck:
-                self.cache.put(ck, raw)
+            # kept under the version of the bytes read, which a listing may show again (a key read without
+            # a listing, such as the job record, is read every time: not kept)
+            if version is not None and key in self._versions:
+                self.cache.put((self.uri, key, version), raw)
         return {k: found[k] for k in keys if k in found}
+
+    def get_many_versioned(self, keys: list[str]) -> dict[str, tuple[bytes, str | None]]:
+        return self.inner.get_many_versioned(keys)
 
     # ------------------------------------------------------------------ everything else is the inner store's
     def put_bytes(self, key: str, data: bytes) -> None:

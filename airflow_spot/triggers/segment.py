@@ -197,8 +197,6 @@ class SegmentTrigger(BaseTrigger):
         self._notice_logged = False
         #: the poller's last round for this instance (an ended attempt seen between rounds reuses it)
         self._last_seen = None
-        #: the job view the progress line reads (kept: it holds the deployment's overhead history read once)
-        self._job_view = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -438,10 +436,8 @@ class SegmentTrigger(BaseTrigger):
             return  # the first line one interval after the wait starts
         from airflow_spot.storage.job_view import JobView, progress_line
 
-        try:
-            if self._job_view is None:  # the job's objects read for the last line are not read again
-                self._job_view = JobView(CachedReads(store, PROGRESS_READS))
-            snap = await asyncio.to_thread(self._job_view.snapshot, time.time())
+        try:  # the job's objects read for an earlier line and unchanged since are not read again
+            snap = await asyncio.to_thread(JobView(CachedReads(store, PROGRESS_READS)).snapshot, time.time())
         except Exception as exc:  # noqa: BLE001 - progress is informational; the store is read again next time
             self.log.debug("attempt %s: no progress line this time: %s", self.attempt_id, exc)
             return

@@ -28,11 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import String, cast, func, select
+from sqlalchemy import String, case, cast, func, select
 from sqlalchemy.orm import Session
 
 from airflow_spot.links.attempt import LINK_XCOM_KEY
-from airflow_spot.storage.job_view import JobView, finished_state
+from airflow_spot.storage.job_view import JobView, final_figures
 from airflow_spot.storage.object_store import ObjectStore
 from airflow_spot.storage.read_cache import CachedReads, ReadCache
 
@@ -43,8 +43,6 @@ SUMMARY_XCOM_KEY = "summary"
 #: the list's columns besides DAG, run and store
 ROW_FIELDS = ("state", "progress", "current_step", "total_steps", "cost", "on_demand_cost", "savings",
               "savings_fraction", "preemptions")
-#: what a summary must hold to give a row (one written by an older version may lack some: its store is read)
-SUMMARY_FIELDS = ("total_steps", "latest_step", "cost", "on_demand_cost", "preemptions")
 #: job stores the list page reads at once (each job's reads go several at once on S3 as well)
 LIST_CONCURRENCY = 4
 _HOOKS_LOCK = threading.Lock()
@@ -108,11 +106,13 @@ def find_jobs(session: Session, dag_id: str | None = None, run_id: str | None = 
     # each run's newest XCom (one row, or a few with the same time)
     on_newest = (newest.c.dag_id == XComModel.dag_id) & (newest.c.run_id == XComModel.run_id) & (
         newest.c.newest == XComModel.timestamp)
-    _take(jobs, session.execute(rows.join(newest, on_newest).where(*scope).order_by(XComModel.timestamp.desc())))
+    # at equal times a link goes first: a run it leaves in doubt is read from its store, not from a summary
+    newest_first = (XComModel.timestamp.desc(), case((XComModel.key == LINK_XCOM_KEY, 0), else_=1))
+    _take(jobs, session.execute(rows.join(newest, on_newest).where(*scope).order_by(*newest_first)))
     for dag, run in runs:
         if (dag, run) not in jobs:  # its newest is not a job (another operator's "summary"): its older ones
             _take(jobs, session.execute(rows.where(*scope, XComModel.dag_id == dag, XComModel.run_id == run)
-                                        .order_by(XComModel.timestamp.desc())))
+                                        .order_by(*newest_first)))
     return [jobs[r] for r in runs if r in jobs]
 
 
@@ -153,31 +153,11 @@ def _open_store(job: JobRef, hooks: dict[tuple[str, str | None], Any] | None) ->
         return hooks[key].get_store(job.job_uri)  # opening is cheap once the client is made
 
 
-def summary_row(summary: dict[str, Any]) -> dict[str, Any] | None:
-    """A finished job's columns from its summary, rounded as :meth:`JobView.snapshot` rounds them (None
-    when the summary lacks a figure)."""
-    if not all(k in summary for k in SUMMARY_FIELDS):
-        return None
-    total, step = summary["total_steps"], summary["latest_step"]
-    cost, on_demand = (round(float(summary[k]), 6) for k in ("cost", "on_demand_cost"))
-    return {
-        "state": finished_state(summary),
-        "progress": round(min(1.0, step / total), 4) if total and step is not None else None,
-        "current_step": step,
-        "total_steps": total,
-        "cost": cost,
-        "on_demand_cost": on_demand,
-        "savings": round(on_demand - cost, 6),
-        "savings_fraction": round((on_demand - cost) / on_demand, 4) if on_demand > 0 else 0.0,
-        "preemptions": int(summary["preemptions"]),
-    }
-
-
 def job_row(job: JobRef, now: float | None = None, hooks: dict | None = None) -> dict[str, Any]:
     """The list's row of one job: DAG, run, state, progress, cost, savings (an ``error`` when unreadable)."""
     row: dict[str, Any] = {"dag_id": job.dag_id, "run_id": job.run_id, "job_uri": job.job_uri,
                            "run_state": job.run_state}
-    final = summary_row(job.summary) if job.summary is not None else None
+    final = final_figures(job.summary) if job.summary is not None else None
     if final is not None:
         return {**row, **final}
     try:

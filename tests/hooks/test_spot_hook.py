@@ -50,6 +50,15 @@ def test_the_s3_client_has_room_for_concurrent_reads_and_keeps_the_connections_c
     assert hook.get_store("s3://ckpt/b").client is hook.get_store("s3://ckpt/a").client
 
 
+def test_a_connection_that_asks_for_a_larger_pool_keeps_it(aws_conn, monkeypatch):
+    conn = {"conn_type": "aws", "login": "testing", "password": "testing",
+            "extra": {"region_name": "us-east-1", "endpoint_url": aws_conn,
+                      "config_kwargs": {"max_pool_connections": 100}}}
+    monkeypatch.setenv("AIRFLOW_CONN_SPOT_BIG_POOL", json.dumps(conn))
+    store = SpotHook(aws_conn_id="spot_big_pool").get_store("s3://ckpt/a")
+    assert store.client.meta.config.max_pool_connections == 100
+
+
 def test_missing_bucket_is_a_clear_error(aws_conn):
     store = SpotHook(aws_conn_id="spot_test").get_store("s3://no-such-bucket/x")
     with pytest.raises(StoreConfigError, match="'s3://no-such-bucket/x' is not writable.*NoSuchBucket"):

@@ -18,7 +18,10 @@ OFFER = {
 }
 
 
-def test_progress_line_at_a_bounded_rate(tmp_path, capsys, caplog):
+def test_progress_line_at_a_bounded_rate(tmp_path, capsys, caplog, monkeypatch):
+    from airflow_spot.storage.object_store import LocalStore
+
+    monkeypatch.setattr(LocalStore, "RACY_SECONDS", 0.0)  # files written just now count as settled
     store = open_store(f"file://{tmp_path}")
     store.put_bytes(JobLayout.JOB_KEY, json.dumps({"started_at": time.time() - 100, "total_steps": 400}).encode())
     AttemptLaunch("seg0.try1", 0, 0, 400, "i-1", OFFER, time.time() - 100, time.time() - 100, False, 1, "seg0",

@@ -18,6 +18,7 @@ from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import open_store
 from airflow_spot.storage.protocol import JobLayout
 from airflow_spot.ui import jobs as ui_jobs
+from airflow_spot.storage.job_view import final_figures
 from airflow_spot.ui.jobs import ROW_FIELDS, JobRef, job_row, job_rows
 
 T0 = 1_800_000_000.0
@@ -94,8 +95,45 @@ def test_a_job_that_stopped_short_is_incomplete_not_finished(tmp_path):
 def test_a_summary_of_an_older_version_without_the_figures_reads_the_store(tmp_path):
     uri, summary = finished_job(tmp_path / "job")
     old = {k: v for k, v in summary.items() if k != "latest_step"}
-    assert ui_jobs.summary_row(old) is None
+    assert final_figures(old) is None
     assert job_row(ref(uri, old), now=T0 + 3000) == job_row(ref(uri, summary), now=T0 + 3000)
+
+
+@pytest.mark.parametrize("bad", [{"cost": None}, {"preemptions": None}, {"total_steps": "200"},
+                                 {"latest_step": "200"}, {"on_demand_cost": "1.0"}, {"preemptions": True}])
+def test_a_malformed_summary_costs_only_the_store_read_it_was_to_save(tmp_path, bad):
+    uri, summary = finished_job(tmp_path / "job")
+    rows = job_rows([ref(uri, {**summary, **bad}, run_id="bad"), ref(uri, summary, run_id="good")], now=T0 + 3000)
+    assert "error" not in rows[0] and rows[0]["state"] == "finished" and rows[0]["progress"] == 1.0
+    assert {k: rows[0][k] for k in ROW_FIELDS} == {k: rows[1][k] for k in ROW_FIELDS}
+
+
+def test_the_list_and_the_jobs_page_agree_when_the_store_holds_less_than_a_clean_finish(tmp_path):
+    """The finish task's summary counts progress to the newest *usable* checkpoint and the ledger's rows;
+    the store may also hold a newest checkpoint whose payload is gone and an attempt that only launched
+    (its task was marked failed; finish terminated its instance). The page's headline is the summary's,
+    as the list's row is: it does not bill the launched attempt on and on as if it still ran."""
+    from airflow_spot.storage.job_view import JobView
+
+    root = tmp_path / "job"
+    uri, _ = finished_job(root, last_step=200)
+    store = open_store(uri)
+    payload = next(k for k in store.list("checkpoints/") if k.startswith("checkpoints/000000000200")
+                   and not k.endswith("MANIFEST.json"))
+    store.delete([payload])
+    AttemptLaunch("train.segment_002.try1", 2, 200, 300, "i-late", OFFER, T0 + 1300, T0 + 1300, False, 1,
+                  "train.segment_002", resume_step=200).write(store)
+    latest = newest_usable_step(store)
+    summary = {**accounting.summarize(store, now=T0 + 2000), "total_steps": 200, "latest_step": latest,
+               "completed": False}
+    store.put_bytes(JobLayout.SUMMARY_KEY, json.dumps(summary).encode())
+    assert latest == 100
+    for now in (T0 + 3000, T0 + 90_000):
+        page = JobView(store).snapshot(now)
+        row = job_row(ref(uri, summary, run_state="failed"), now=now)
+        assert {k: page[k] for k in ROW_FIELDS} == {k: row[k] for k in ROW_FIELDS}
+        assert row["current_step"] == 100 and row["progress"] == 0.5 and row["state"] == "incomplete"
+        assert row["cost"] == pytest.approx(1180 / 3600 * 0.2, abs=1e-6)
 
 
 def test_rows_come_in_the_jobs_order_and_an_unreadable_store_costs_only_its_row(tmp_path, monkeypatch):
