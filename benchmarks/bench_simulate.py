@@ -52,22 +52,22 @@ DEFAULT_TRACES = str(default_traces_dir() / PREEMPTION_TRACES_SUBDIR)
 
 
 def _dist(args):
-    spec, (traces_dir, prices), name, offs, base, *history = args
+    spec, (traces_dir, prices, mean_prices), name, offs, base, *history = args
     traces = _traces(traces_dir)
-    pools, od = _pools(traces, spec.nodes, prices)
+    pools, od = _pools(traces, spec.nodes, prices, mean_prices)
     if name == HINDSIGHT:
         return hindsight_distribution(spec, pools, od, offs, base)
     return distribution(spec, pools, od, name, offs, base, history_hours=history[0] if history else 0.0)
 
 
-def _pools(traces, nodes: int, prices: str | None = None):
+def _pools(traces, nodes: int, prices: str | None = None, mean_prices: bool = False):
     """The issue 4 job's prices (V100: $0.9731/h spot, $3.06/h on-demand), unless a prices file
-    (``--prices``, CSV zone,spot,on_demand) or the trace files (the SkyPilot simulator's ``price_info``)
-    give each zone's."""
+    (``--prices``, CSV zone,spot,on_demand) or the trace files (the SkyPilot simulator's ``price_info``, a
+    per-tick series tick by tick unless ``mean_prices``) give each zone's."""
     if prices:
         return build_pools(traces, spot_price=None, on_demand_price=None, nodes=nodes, prices=read_prices(prices))
     if all(t.spot_price is not None and t.on_demand_price is not None for t in traces):
-        return build_pools(traces, spot_price=None, on_demand_price=None, nodes=nodes)
+        return build_pools(traces, spot_price=None, on_demand_price=None, nodes=nodes, tick_prices=not mean_prices)
     return build_pools(traces, spot_price=0.9731, on_demand_price=3.06, nodes=nodes)
 
 
@@ -83,7 +83,7 @@ def _ours_variants(args, hs, offs, base, headline, spec, field: str, values: dic
     / hindsight; ``headline`` ((label, distribution) at ``spec`` itself), when given, joins the row."""
     if not values:
         return {}
-    jobs = [(replace(spec, **{field: v}), (args.traces, args.prices), "ours", offs, base) for v in values.values()]
+    jobs = [(replace(spec, **{field: v}), (args.traces, args.prices, args.mean_prices), "ours", offs, base) for v in values.values()]
     with ProcessPoolExecutor(max_workers=max(1, min(args.workers, 2))) as ex:
         dists = dict(zip(values, ex.map(_dist, jobs)))
     if headline is not None:
@@ -115,6 +115,8 @@ def main() -> None:
                          "counts at least N (availability/16-node, preemption/4-node)")
     ap.add_argument("--prices", default=None,
                     help="CSV of per-zone prices, lines zone,spot,on_demand ($/h), as `simulate --prices`")
+    ap.add_argument("--mean-prices", action="store_true",
+                    help="replay the traces' per-tick spot prices at their mean, as `simulate --mean-prices`")
     ap.add_argument("--transfer-seconds", type=float, default=0.0,
                     help="restart time added when an instance starts in another region than the checkpoint")
     ap.add_argument("--transfer-dollars", type=float, default=0.0,
@@ -144,7 +146,7 @@ def main() -> None:
     except TraceError as exc:
         ap.error(str(exc))
     names = [n for n in args.policies.split(",") if n]
-    for note in read_notes(traces):
+    for note in read_notes(traces, tick_prices=not args.mean_prices):
         print(f"note: {note}")
     out: dict = {}
     t0 = time.time()
@@ -157,7 +159,7 @@ def main() -> None:
     for label, tr in (("one zone us-west-2b", one), (every, traces)):
         if not tr:
             continue
-        pools, od = _pools(tr, args.nodes, args.prices)
+        pools, od = _pools(tr, args.nodes, args.prices, args.mean_prices)
         spec = _spec(args, 52)
         base = run_policies(spec, pools, od, ["on-demand"])[0].cost
         best = run_one(spec, pools, od, HINDSIGHT).cost
@@ -169,16 +171,16 @@ def main() -> None:
         out[key][HINDSIGHT] = {"cost": best, "ratio": best / base}
         if label == every:
             plot(results, png, spec, f"48 GPU h, 52 h deadline, {every}")
-    pools, od = _pools(traces, args.nodes, args.prices)
+    pools, od = _pools(traces, args.nodes, args.prices, args.mean_prices)
     targets = {}
     for deadline in [int(x) for x in args.deadlines.split(",") if x]:
         spec = _spec(args, deadline)
         offs = offsets_for(spec, traces)
         base = run_policies(spec, pools, od, ["on-demand"])[0].cost
-        jobs = [(spec, (args.traces, args.prices), n, offs, base) for n in names + [HINDSIGHT]]
+        jobs = [(spec, (args.traces, args.prices, args.mean_prices), n, offs, base) for n in names + [HINDSIGHT]]
         with_history = "ours" in names and args.history_hours > 0
         if with_history:  # after the hindsight, so dists[-1] below stays the hindsight
-            jobs.append((spec, (args.traces, args.prices), "ours", offs, base, args.history_hours))
+            jobs.append((spec, (args.traces, args.prices, args.mean_prices), "ours", offs, base, args.history_hours))
         if args.workers > 1:
             with ProcessPoolExecutor(max_workers=min(args.workers, 2)) as ex:
                 dists = list(ex.map(_dist, jobs))

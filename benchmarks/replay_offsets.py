@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--json", default=str(HERE / "results_simulate.json"), help="the bench_simulate.py output")
     ap.add_argument("--prices", default=None)
     ap.add_argument("--nodes", type=int, default=1)
+    ap.add_argument("--mean-prices", action="store_true", help="per-tick spot prices at their mean")
     ap.add_argument("--transfer-seconds", type=float, default=0.0)
     ap.add_argument("--transfer-dollars", type=float, default=0.0)
     ap.add_argument("--store-region", default=None)
@@ -62,7 +63,7 @@ def main() -> None:
         traces = _traces(args.traces)
     except (TraceError, OSError) as exc:
         raise SystemExit(f"error: {exc}") from None
-    pools, od = _pools(traces, args.nodes, args.prices)
+    pools, od = _pools(traces, args.nodes, args.prices, args.mean_prices)
     spec = _spec(args, args.deadline)
     offs = offsets_for(spec, traces)
     every = "four zones" if len(traces) == 4 else f"{len(traces)} zones"

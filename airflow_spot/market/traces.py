@@ -17,7 +17,8 @@ holding ``full.json`` (the whole trace) and numbered windows of it (``0.json``, 
 the *preempted* convention, ``1`` = preempted or unavailable, the opposite of spot-traces; a file of that
 layout, or one whose metadata has ``price_info`` (which that simulator requires), is read that way and
 flipped. Its ``price_info`` (``price``, ``on_demand_price``, $/h) prices the pool; where a per-tick
-``prices`` series varies, the replay uses its mean (:attr:`SpotTrace.spot_price_range` says so).
+``prices`` series varies, the replay offers and bills the price in effect at each tick
+(:attr:`SpotTrace.prices`; :attr:`SpotTrace.spot_price` is then its mean).
 """
 from __future__ import annotations
 
@@ -71,8 +72,10 @@ class SpotTrace:
     #: $/h of the pool, when the file prices it (the SkyPilot simulator's ``metadata.price_info``)
     spot_price: float | None = None
     on_demand_price: float | None = None
-    #: (lowest, highest) of a per-tick spot price series that varies, replayed at its mean; else None
+    #: (lowest, highest) of a per-tick spot price series that varies; else None
     spot_price_range: tuple[float, float] | None = None
+    #: the spot $/h at each tick, when the file's series varies (``spot_price`` is then its mean); else None
+    prices: tuple[float, ...] | None = None
     #: values were stored 1 = preempted (the SkyPilot simulator) and flipped on load
     flipped: bool = False
 
@@ -179,16 +182,16 @@ def _price(meta: dict, key: str, name: str) -> float | None:
     return float(v)
 
 
-def _tick_prices(raw: dict, n: int, name: str) -> tuple[float, tuple[float, float] | None] | None:
-    """The mean of a per-tick spot price series, and its range when it varies (None: no series)."""
+def _tick_prices(raw: dict, n: int, name: str) -> tuple[float, tuple[float, ...] | None] | None:
+    """The mean of a per-tick spot price series, and the series when it varies (None: no series)."""
     series = raw.get("prices")
     if series is None:
         return None
     if (not isinstance(series, list) or len(series) != n
             or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in series)):
         raise TraceError(f"{name}: 'prices' must be one positive $/h per value of 'data' ({n})")
-    lo, hi = min(series), max(series)
-    return sum(series) / n, ((float(lo), float(hi)) if hi > lo else None)
+    varies = min(series) < max(series)
+    return sum(series) / n, (tuple(float(v) for v in series) if varies else None)
 
 
 def parse_trace(raw: object, name: str = "<trace>", zone: str | None = None,
@@ -242,14 +245,15 @@ def parse_trace(raw: object, name: str = "<trace>", zone: str | None = None,
         )
     zone_region(z)
     spot, od = _price(meta, "price", name), _price(meta, "on_demand_price", name)
-    varies = None
+    series = None
     if preempted:
         tick = _tick_prices(raw, len(data), name)
         if tick is not None:
-            spot, varies = tick
+            spot, series = tick
     values = tuple((1 - int(v)) if preempted else int(v) for v in data)
     return SpotTrace(name=stem, zone=z, gap_seconds=float(gap), values=values, gpu=gpu, gpu_count=count,
-                     spot_price=spot, on_demand_price=od, spot_price_range=varies, flipped=bool(preempted))
+                     spot_price=spot, on_demand_price=od, flipped=bool(preempted), prices=series,
+                     spot_price_range=(min(series), max(series)) if series else None)
 
 
 def load_trace(path: str | Path, zone: str | None = None) -> SpotTrace:
@@ -308,9 +312,10 @@ def _one_pool_per_zone_message(traces: list[SpotTrace], files: list[Path]) -> st
             f"kind{hint}")
 
 
-def read_notes(traces: list[SpotTrace]) -> list[str]:
+def read_notes(traces: list[SpotTrace], tick_prices: bool = True) -> list[str]:
     """What a user should know about how the traces were read: flipped values, their own prices, prices
-    averaged over time (printed by ``simulate`` and the benchmark)."""
+    that vary over time and how they are replayed (``tick_prices`` False: at their mean; printed by
+    ``simulate`` and the benchmark)."""
     notes = []
     flipped = [t.zone for t in traces if t.flipped]
     if flipped:
@@ -323,8 +328,9 @@ def read_notes(traces: list[SpotTrace]) -> list[str]:
     for t in traces:
         if t.spot_price_range is not None:
             lo, hi = t.spot_price_range
-            notes.append(f"{t.zone}: the spot price varies over the trace (${lo:.4g}-${hi:.4g}/h); the replay "
-                         f"charges its mean, ${t.spot_price:.4g}/h")
+            how = "offers and charges the price of each tick" if tick_prices else "charges its mean"
+            notes.append(f"{t.zone}: the spot price varies over the trace (${lo:.4g}-${hi:.4g}/h, mean "
+                         f"${t.spot_price:.4g}/h); the replay {how}")
     return notes
 
 

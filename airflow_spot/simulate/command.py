@@ -5,7 +5,9 @@ Example (the issue's reference job, all four measured zones)::
     airflow-spot simulate --work-hours 48 --deadline-hours 52 --restart-overhead-hours 0.2 \\
         --spot-price 0.9731 --on-demand-price 3.06 --offsets --png sim.png
 
-Multi-region: ``--prices FILE`` (CSV ``zone,spot,on_demand``) prices each zone; ``--transfer-seconds`` and
+Traces that carry a per-tick spot price (the SkyPilot simulator's ``prices``) are replayed at the price of
+each tick (``--mean-prices``: at its mean). Multi-region: ``--prices FILE`` (CSV ``zone,spot,on_demand``)
+prices each zone; ``--transfer-seconds`` and
 ``--transfer-dollars`` charge moving the checkpoint to another region (or, with ``--store-region``, every
 instance outside the one store's region, as the operators price it); ``--checkpoint-gib`` with
 ``--transfer-dollars-per-gib`` / ``--transfer-seconds-per-gib`` derive them from the checkpoint's size as the
@@ -52,6 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated, from: {', '.join(policy_names())}")
     p.add_argument("--prices", default=None,
                    help="CSV file of per-zone prices, lines zone,spot,on_demand ($/h; overrides --spot-price)")
+    p.add_argument("--mean-prices", action="store_true",
+                   help="replay a trace's per-tick spot price series at its mean (default: the price of each tick)")
     p.add_argument("--transfer-seconds", type=float, default=0.0,
                    help="extra restart time to move the checkpoint to another region")
     p.add_argument("--probe-miss", type=float, default=0.0,
@@ -145,7 +149,8 @@ def _replay_notes(args: argparse.Namespace, traces: list, results: list) -> list
         notes.append(f"no zone of the traces is in the store's region {args.store_region}: every instance pays "
                      "the transfer")
     end = min(len(t.values) for t in traces) * traces[0].gap_seconds / 3600
-    late = [r.policy for r in results if r.policy != "on-demand"  # the one policy that reads no trace
+    # on-demand reads no trace; the hindsight optimum has no completion time and is kept inside the window
+    late = [r.policy for r in results if r.policy not in ("on-demand", HINDSIGHT)
             and (r.completion_hours is None or args.start_hour + r.completion_hours > end)]
     if late:
         notes.append(f"{', '.join(late)} ran past the end of the traces (hour {end:.1f}; this job started at hour "
@@ -193,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
 
             market = get_market("local")
         pools, on_demand = build_pools(traces, spot_price=args.spot_price, on_demand_price=args.on_demand_price,
-                                       market=market, prices=prices, nodes=args.nodes)
+                                       market=market, prices=prices, nodes=args.nodes, tick_prices=not args.mean_prices)
         start = int(args.start_hour * 3600 // traces[0].gap_seconds)
         _check_window(args, traces, start)
     except (TraceError, ValueError, KeyError) as exc:
@@ -207,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         best = next((r.cost for r in results if r.policy == HINDSIGHT), None)
         if best is None:
             best = run_one(spec, pools, on_demand, HINDSIGHT, start).cost
-    for note in read_notes(traces) + _replay_notes(args, traces, results):
+    for note in read_notes(traces, tick_prices=not args.mean_prices) + _replay_notes(args, traces, results):
         print(f"note: {note}")
     print(f"job: {spec.work_hours:g} GPU h x {spec.nodes} node(s), deadline {spec.deadline_hours} h, restart "
           f"{spec.restart_overhead_hours:g} h, segments {spec.segment_seconds / 60:g} min, zones {', '.join(t.zone for t in traces)}, "

@@ -6,7 +6,9 @@ Model (one tick = the traces' ``gap_seconds``):
   spot instance running in it is preempted at the first tick its trace reads 0.
 * Every new instance pays ``restart_overhead`` (boot, restore, warm-up) before it makes progress; an
   on-demand instance is never preempted. Money is billed per attempt by :mod:`airflow_spot.policy.ledger`
-  (per second, 60 s minimum), so the simulator's costs are the ledger's.
+  (per second, 60 s minimum), so the simulator's costs are the ledger's. A pool whose trace carries a
+  per-tick spot price (:attr:`SimPool.prices`) is offered at the tick's price, and a spot instance is
+  billed the price in effect over its run (its ledger row's price is their mean over the run).
 * A periodic checkpoint stalls training for ``save_cost``. On a preemption, a controller with emergency
   saves keeps all progress if ``save_cost`` fits in the notice window; otherwise the job falls back to
   its last periodic checkpoint. Leaving an instance on purpose checkpoints first (nothing is lost).
@@ -26,7 +28,7 @@ approximates it with spot placement scores and the preemptions other jobs see.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from airflow_spot.market.traces import SpotTrace
@@ -105,10 +107,21 @@ class SimPool:
 
     trace: SpotTrace
     offer: Offer  # the spot offer (price, on-demand price, throughput)
+    #: the spot $/h at each tick of the trace, when it varies over time (the gang's; ``offer`` holds their
+    #: mean): the replay then offers, and bills a running instance, the price in effect at each tick, as
+    #: the cloud does; past the series' end its last price holds
+    prices: tuple[float, ...] | None = None
 
     @property
     def name(self) -> str:
         return self.offer.pool
+
+    def at_tick(self, idx: int) -> SimPool:
+        """This pool as offered at tick ``idx``: its price then (itself when the price does not vary)."""
+        if self.prices is None:
+            return self
+        price = self.prices[min(max(idx, 0), len(self.prices) - 1)]
+        return self if price == self.offer.price_per_hour else replace(self, offer=replace(self.offer, price_per_hour=price))
 
 
 @dataclass
@@ -184,9 +197,16 @@ class _Attempt:
         self.where, self.offer, self.start, self.committed_at_start = where, offer, start, committed
         self.transfer_dollars = 0.0  # the restore of a checkpoint in another region
         self.remote_dollars_per_hour = 0.0  # saves written back to a store in another region
+        self.dollars = 0.0  # the instance's price integrated over its run so far (per-tick prices)
 
     def transfers(self, now: float) -> float:
         return self.transfer_dollars + (now - self.start) / HOUR * self.remote_dollars_per_hour
+
+    def price_per_hour(self, now: float, varying: bool) -> float:
+        """What its run cost an hour: the offer's price, or with per-tick prices their mean over the run."""
+        if not varying or now <= self.start:
+            return self.offer.price_per_hour
+        return self.dollars / ((now - self.start) / HOUR)
 
 
 def simulate(
@@ -277,13 +297,16 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
     done_at: float | None = None
     checkpoint_region: str | None = spec.store_region
 
+    varying = any(p.prices is not None for p in pools)
+    tick_pools = pools
+
     def close(now: float, outcome: str, kept: float, lost: float) -> None:
         nonlocal attempt, cost_so_far
         assert attempt is not None
         o = attempt.offer
         rows.append(LedgerRow(
             attempt_id=f"{controller.name}-{len(rows)}", instance_id=f"sim-{len(rows)}", instance_type=o.instance_type,
-            zone=o.zone, region=o.region, market=o.market, price_per_hour=o.price_per_hour,
+            zone=o.zone, region=o.region, market=o.market, price_per_hour=attempt.price_per_hour(now, varying),
             on_demand_price_per_hour=o.on_demand_price_per_hour, started_at=attempt.start, ended_at=now,
             steps_done=int(round(max(0.0, kept - attempt.committed_at_start))), steps_lost=int(round(lost)),
             outcome=outcome, step_seconds=1.0 / o.relative_throughput, transfer_dollars=attempt.transfers(now),
@@ -307,9 +330,11 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
             ours_count[pools[attempt.where[1]].name] = ours_count.get(pools[attempt.where[1]].name, 0) + 1
             close(now, "preempted", committed, lost)
             since_ckpt = pending = 0.0
+        if varying:
+            tick_pools = [p.at_tick(idx) for p in pools]
         at, tick_end = now, now + gap
         while True:  # decisions at the tick's start and wherever the controller asks for one inside it
-            view = View(at, spec, pools, on_demand, up, last_loss, up_since, ours, ours_count, progress,
+            view = View(at, spec, tick_pools, on_demand, up, last_loss, up_since, ours, ours_count, progress,
                         attempt.where if attempt is not None else None, offset_ticks * gap, pending,
                         checkpoint_region)
             yield at  # other jobs replayed together decide first if they are due earlier
@@ -322,7 +347,7 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
                     committed = progress
                     close(at, "completed", committed, 0.0)
                 if target is not None:
-                    offer = on_demand if target[0] == "on-demand" else pools[target[1]].offer
+                    offer = on_demand if target[0] == "on-demand" else tick_pools[target[1]].offer
                     attempt = _Attempt(target, offer, at, committed)
                     pending, since_ckpt = r, 0.0
                     if checkpoint_region is not None and offer.region != checkpoint_region:
@@ -338,6 +363,8 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
             span = until - at
             if attempt is not None:
                 thr = attempt.offer.relative_throughput
+                # the price in effect now (a spot price changes under a running instance, as the cloud bills)
+                rate = tick_pools[attempt.where[1]].offer.price_per_hour if attempt.where[0] == "spot" else attempt.offer.price_per_hour
                 use = min(pending, span)
                 pending -= use
                 if span > use:
@@ -347,10 +374,12 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
                 work = (span - use) * thr
                 if progress + work >= total:
                     done_at = at + use + (total - progress) / thr
+                    attempt.dollars += (done_at - at) / HOUR * rate
                     progress = committed = total
                     close(done_at, "completed", total, 0.0)
                     timeline.append((done_at / HOUR, 1.0, cost_so_far))
                     break
+                attempt.dollars += span / HOUR * rate
                 progress += work
                 since_ckpt += span - use
                 if since_ckpt >= controller.checkpoint_interval(view):
@@ -362,7 +391,7 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
         if done_at is not None:
             break
         if t % timeline_every == 0:
-            running_cost = cost_so_far + ((now + gap - attempt.start) / HOUR * attempt.offer.price_per_hour
+            running_cost = cost_so_far + ((now + gap - attempt.start) / HOUR * attempt.price_per_hour(now + gap, varying)
                                           + attempt.transfers(now + gap) if attempt else 0)
             timeline.append(((now + gap) / HOUR, progress / total, running_cost))
     else:

@@ -8,7 +8,8 @@ on-demand or on a pool up for the whole step, paying the restart and, for a chec
 its transfer (time and money) as the replay does; the checkpoint is in the new region once the new
 instance makes progress (an instance given up during the move leaves it where it was), or with
 ``JobSpec.store_region`` always in the store's, where an instance in another region also pays
-``remote_dollars_per_hour`` for each step it runs (its saves written back). Approximations, all named: a
+``remote_dollars_per_hour`` for each step it runs (its saves written back). A spot price that varies per
+tick (:attr:`SimPool.prices`) is charged per step, at its mean over the step. Approximations, all named: a
 pool counts as up in a step only when it is up for all of it (a little pessimistic), the restart is
 rounded to whole steps, and neither save stalls nor the 60 s billing minimum are modelled (a little
 optimistic). Progress survives a preemption (emergency save).
@@ -32,6 +33,23 @@ def _up_by_step(pools: list[SimPool], offset_ticks: int, steps: int, step_second
             a = offset_ticks + int(s * step_seconds // gap)
             b = offset_ticks + int(math.ceil((s + 1) * step_seconds / gap))
             out[i, s] = b <= len(v) and all(v[a:b])
+    return out
+
+
+def _price_by_step(pools: list[SimPool], offset_ticks: int, steps: int, step_seconds: float) -> np.ndarray:
+    """[step, pool]: each pool's spot $/h over each step, the mean of its ticks there (per-tick prices,
+    :attr:`SimPool.prices`), else its offer's."""
+    gap = pools[0].trace.gap_seconds
+    out = np.empty((steps, len(pools)))
+    for i, p in enumerate(pools):
+        out[:, i] = p.offer.price_per_hour
+        if p.prices is None:
+            continue
+        series = np.asarray(p.prices)
+        for s in range(steps):
+            a = min(offset_ticks + int(s * step_seconds // gap), len(series) - 1)
+            b = min(max(a + 1, offset_ticks + int(math.ceil((s + 1) * step_seconds / gap))), len(series))
+            out[s, i] = series[a:b].mean()
     return out
 
 
@@ -60,22 +78,25 @@ def hindsight_cost(
     # progress writes the checkpoint where the job runs, or to the one store
     store = 1 + regions.index(spec.store_region) if regions and spec.store_region else None
     writes = home if store is None else [store] * len(home)
-    price = [0.0, on_demand.price_per_hour] + [p.offer.price_per_hour for p in pools]
+    # [step, place]: what a step at each place costs (spot prices may vary per step)
+    price = np.zeros((horizon, len(pools) + 2))
+    price[:, 1] = on_demand.price_per_hour
+    if pools:
+        price[:, 2:] = _price_by_step(pools, offset_ticks, horizon, step_seconds)
     if spec.store_region is not None:  # an instance in another region writes its saves back across regions
-        price[1:] = [x + (spec.remote_dollars_per_hour if r != spec.store_region else 0.0)
-                     for x, r in zip(price[1:], run_regions, strict=True)]
-    price = [x * step_seconds / HOUR for x in price]
-    places = len(price)
+        price[:, 1:] += [spec.remote_dollars_per_hour if r != spec.store_region else 0.0 for r in run_regions]
+    price *= step_seconds / HOUR
+    places = price.shape[1]
     inf = math.inf
     cost = np.full((spare + 1, places, depth + 1, len(regions) + 1), inf)  # [slack used, place, restart left, ckpt]
     cost[0, 0, 0, store or 0] = 0.0
-    price_of = np.array(price)[None, :, None]
     # a start at a place with the checkpoint nowhere yet or in its region needs no transfer
     free = np.array([[ck in (0, home[q]) for ck in range(len(regions) + 1)] for q in range(places)])
     extra = np.where(free, 0.0, spec.transfer_dollars)
     arange, writes = np.arange(places), np.array(writes)
     best = inf
     for t in range(horizon):
+        price_of = price[t][None, :, None]
         nxt = np.full_like(cost, inf)
         at = cost.min(axis=2)  # [slack used, place, ckpt]
         # the job anywhere but at q: the best place, or for q itself the second best

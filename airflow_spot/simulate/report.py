@@ -58,9 +58,12 @@ def build_pools(
     instance_type: str = "p3.2xlarge",
     prices: dict[str, tuple[float, float]] | None = None,
     nodes: int = 1,
+    tick_prices: bool = True,
 ) -> tuple[list[SimPool], Offer]:
     """Pools for the traces, priced per zone by ``prices`` (zone -> spot, on-demand), else by the given
-    prices, else by the trace's own (the SkyPilot simulator's ``price_info``), else by the market (catalog):
+    prices, else by the trace's own (the SkyPilot simulator's ``price_info``, or its per-tick ``prices``
+    series where that varies, replayed tick by tick unless ``tick_prices`` is False: then at its mean),
+    else by the market (catalog):
     a trace zone gets the median spot price of its instance type in its region (trace zone names do not
     map to the catalog's zone ids). A gang of ``nodes`` instances
     pays ``nodes`` times the price. The on-demand offer is the cheapest zone's on-demand price, in its
@@ -76,6 +79,7 @@ def build_pools(
         price, od = spot_price, on_demand_price
         if prices is not None:
             price, od = prices[t.zone]
+        series = t.prices if price is None and tick_prices else None
         price = t.spot_price if price is None else price
         od = t.on_demand_price if od is None else od
         if price is None or od is None:
@@ -96,7 +100,8 @@ def build_pools(
         # the prior every pool starts from, not the trace's own MTBF (that would look into the future)
         rate = 1.0 / DEFAULT_MTBF_HOURS
         pools.append(SimPool(t, Offer(itype, t.region, t.zone, Market.SPOT, price * nodes, od * nodes, REFERENCE_GPU,
-                                      nodes, 16.0, relative_throughput=1.0, preemption_rate_per_hour=rate)))
+                                      nodes, 16.0, relative_throughput=1.0, preemption_rate_per_hour=rate),
+                             prices=tuple(x * nodes for x in series) if series else None))
     if not od_by_region:
         if on_demand_price is None:
             raise ValueError("no on-demand price: pass --on-demand-price")

@@ -141,12 +141,15 @@ def test_the_skypilot_simulators_layout_is_read_flipped_and_priced(tmp_path):
     assert (a.zone, a.region, a.values, a.flipped) == ("us-central1-a", "us-central1", (0, 1, 1, 0), True)
     assert (a.spot_price, a.on_demand_price, a.spot_price_range) == (18.98, 82.53, None)
     assert (b.zone, b.instance_type, b.values) == ("us-east-1f", "p3.2xlarge", (1, 0, 0, 1))
-    # a per-tick series that varies is replayed at its mean, and said so
+    # a per-tick series that varies is kept for the replay, its mean as the pool's price, and said so
     assert b.spot_price == pytest.approx(1.2) and b.spot_price_range == (1.0, 1.6)
+    assert b.prices == (1.0, 1.0, 1.2, 1.6) and a.prices is None
     window = load_trace(tmp_path / "us-central1-a_h100_16" / "0.json")
     assert window.values == (1, 1) and window.name == "us-central1-a_h100_16"
     notes = " | ".join(read_notes([a, b]))
     assert "1 = preempted" in notes and "us-central1-a 18.98 / 82.53" in notes and "$1-$1.6/h" in notes
+    assert "the price of each tick" in notes
+    assert "charges its mean" in " | ".join(read_notes([a, b], tick_prices=False))
 
 
 def test_a_flat_file_with_price_info_is_the_simulators_convention_too(tmp_path):
