@@ -330,8 +330,9 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
             ours_count[pools[attempt.where[1]].name] = ours_count.get(pools[attempt.where[1]].name, 0) + 1
             close(now, "preempted", committed, lost)
             since_ckpt = pending = 0.0
-        if varying:
-            tick_pools = [p.at_tick(idx) for p in pools]
+        if varying and (t == 0 or any(p.prices is not None and p.prices[min(idx, len(p.prices) - 1)]
+                                          != p.prices[min(idx - 1, len(p.prices) - 1)] for p in pools)):
+            tick_pools = [p.at_tick(idx) for p in pools]  # only when a price changed: they change rarely
         at, tick_end = now, now + gap
         while True:  # decisions at the tick's start and wherever the controller asks for one inside it
             view = View(at, spec, tick_pools, on_demand, up, last_loss, up_since, ours, ours_count, progress,

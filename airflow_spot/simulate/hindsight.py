@@ -41,15 +41,18 @@ def _price_by_step(pools: list[SimPool], offset_ticks: int, steps: int, step_sec
     :attr:`SimPool.prices`), else its offer's."""
     gap = pools[0].trace.gap_seconds
     out = np.empty((steps, len(pools)))
+    s = np.arange(steps)
+    first = offset_ticks + (s * step_seconds // gap).astype(int)
+    end = offset_ticks + np.ceil((s + 1) * step_seconds / gap).astype(int)
     for i, p in enumerate(pools):
         out[:, i] = p.offer.price_per_hour
         if p.prices is None:
             continue
-        series = np.asarray(p.prices)
-        for s in range(steps):
-            a = min(offset_ticks + int(s * step_seconds // gap), len(series) - 1)
-            b = min(max(a + 1, offset_ticks + int(math.ceil((s + 1) * step_seconds / gap))), len(series))
-            out[s, i] = series[a:b].mean()
+        n = len(p.prices)
+        total = np.concatenate(([0.0], np.cumsum(p.prices)))
+        a = np.minimum(first, n - 1)  # past the series' end its last price holds
+        b = np.minimum(np.maximum(a + 1, end), n)
+        out[:, i] = (total[b] - total[a]) / (b - a)
     return out
 
 
