@@ -83,7 +83,8 @@ def _ours_variants(args, hs, offs, base, headline, spec, field: str, values: dic
     / hindsight; ``headline`` ((label, distribution) at ``spec`` itself), when given, joins the row."""
     if not values:
         return {}
-    jobs = [(replace(spec, **{field: v}), (args.traces, args.prices, args.mean_prices), "ours", offs, base) for v in values.values()]
+    source = (args.traces, args.prices, args.mean_prices)
+    jobs = [(replace(spec, **{field: v}), source, "ours", offs, base) for v in values.values()]
     with ProcessPoolExecutor(max_workers=max(1, min(args.workers, 2))) as ex:
         dists = dict(zip(values, ex.map(_dist, jobs)))
     if headline is not None:

@@ -121,7 +121,9 @@ class SimPool:
         if self.prices is None:
             return self
         price = self.prices[min(max(idx, 0), len(self.prices) - 1)]
-        return self if price == self.offer.price_per_hour else replace(self, offer=replace(self.offer, price_per_hour=price))
+        if price == self.offer.price_per_hour:
+            return self
+        return replace(self, offer=replace(self.offer, price_per_hour=price))
 
 
 @dataclass
@@ -365,7 +367,8 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
             if attempt is not None:
                 thr = attempt.offer.relative_throughput
                 # the price in effect now (a spot price changes under a running instance, as the cloud bills)
-                rate = tick_pools[attempt.where[1]].offer.price_per_hour if attempt.where[0] == "spot" else attempt.offer.price_per_hour
+                running = tick_pools[attempt.where[1]] if attempt.where[0] == "spot" else None
+                rate = (running.offer if running else attempt.offer).price_per_hour
                 use = min(pending, span)
                 pending -= use
                 if span > use:
@@ -392,7 +395,8 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
         if done_at is not None:
             break
         if t % timeline_every == 0:
-            running_cost = cost_so_far + ((now + gap - attempt.start) / HOUR * attempt.price_per_hour(now + gap, varying)
+            running_cost = cost_so_far + ((now + gap - attempt.start) / HOUR
+                                          * attempt.price_per_hour(now + gap, varying)
                                           + attempt.transfers(now + gap) if attempt else 0)
             timeline.append(((now + gap) / HOUR, progress / total, running_cost))
     else:
