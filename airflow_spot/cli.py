@@ -17,7 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "offers": ("airflow_spot.commands.offers", "rank the offers a GPU request gets now ($/h, $/step, risk)"),
     "checkpoints": ("airflow_spot.storage.checkpoints_command", "list, verify or restore a job's checkpoints"),
     "availability": ("airflow_spot.storage.availability_command",
-                     "show or prune what a deployment's jobs observed of the spot pools"),
+                     "show, compact or prune what a deployment's jobs observed of the spot pools"),
 }
 
 

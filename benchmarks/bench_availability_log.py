@@ -16,7 +16,13 @@ Events: ``--events`` spread evenly over ``--days`` across 8 pools of which the j
 by 20 jobs. moto answers on loopback in about a millisecond; S3 adds its own latency to every request, so
 the GET-per-event reader loses more there.
 
+Then the log of a deployment whose ``--probing-jobs`` jobs each probe the four bundled spot-trace pools
+every 15 minutes for ``--probing-hours`` (what the pool's trace says at that moment: ``probe-up`` or
+``probe-down``), read before and after :meth:`AvailabilityLog.compact`; the pools' states a decision
+concludes from it are checked equal.
+
     python benchmarks/bench_availability_log.py [--events 1000,5000] [--days 30] [--repeats 3]
+        [--probing-jobs 5] [--probing-hours 48]
 """
 from __future__ import annotations
 
@@ -29,8 +35,9 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from airflow_spot.policy.observations import PoolEvent
-from airflow_spot.storage.availability import AvailabilityLog
+from airflow_spot.market.traces import PREEMPTION_TRACES_SUBDIR, default_traces_dir, load_traces
+from airflow_spot.policy.observations import PoolEvent, pool_views
+from airflow_spot.storage.availability import COMPACT_AFTER_HOURS, AvailabilityLog
 from airflow_spot.storage.object_store import S3Store
 from airflow_spot.storage.protocol import safe_id
 from airflow_spot.testing.moto_s3 import FAKE_CREDENTIALS, create_bucket, moto_server_process
@@ -74,11 +81,14 @@ def main() -> None:
     ap.add_argument("--events", default="1000,5000", help="log sizes, comma-separated")
     ap.add_argument("--days", type=float, default=30.0, help="the events spread over this many days before now")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--probing-jobs", type=int, default=5, help="jobs probing every pool every 15 min (0: skip)")
+    ap.add_argument("--probing-hours", type=float, default=48.0)
     args = ap.parse_args()
     for k, v in FAKE_CREDENTIALS.items():  # moto's
         os.environ.setdefault(k, v)
     print(f"# python benchmarks/bench_availability_log.py --events {args.events} --days {args.days:g} "
-          f"--repeats {args.repeats}  ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs)")
+          f"--repeats {args.repeats} --probing-jobs {args.probing_jobs} --probing-hours {args.probing_hours:g}"
+          f"  ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs)")
     print(f"{'events':>7} {'reader':<26} {'seconds':>8} {'read':>6} {'x faster':>9}")
     with moto_server_process() as endpoint:
         create_bucket(endpoint, "bench-availability")
@@ -98,6 +108,44 @@ def main() -> None:
             print(f"{n:>7} {'names, offered pools':<26} {t:>8.3f} {got:>6} {base / t:>9.1f}")
             t, got = timed(lambda: AvailabilityLog(new).read(since=NOW - 86400, until=NOW, pools=OFFERED), args.repeats)
             print(f"{n:>7} {'names, last 24 h':<26} {t:>8.3f} {got:>6} {base / t:>9.1f}")
+        if args.probing_jobs > 0:
+            compaction(endpoint, args.probing_jobs, args.probing_hours, args.repeats)
+
+
+def probing_events(jobs: int, hours: float) -> list[PoolEvent]:
+    """Each job probes every pool of the bundled traces every 15 minutes (its own phase), from hour 60 of
+    the traces on; the probe reads what the trace says then."""
+    traces = load_traces(default_traces_dir() / PREEMPTION_TRACES_SUBDIR)
+    start, rnd, out = NOW - hours * 3600, random.Random(jobs), []
+    for j in range(jobs):
+        phase = rnd.uniform(0, 900)
+        for k in range(int(hours * 4)):
+            at = start + phase + k * 900
+            for t in traces:
+                up = t.up_at(60 * 3600 + at - start)
+                out.append(PoolEvent(f"p3.2xlarge@{t.zone}", "probe-up" if up else "probe-down", at, f"dag.run-{j}"))
+    return out
+
+
+def compaction(endpoint: str, jobs: int, hours: float, repeats: int) -> None:
+    events = probing_events(jobs, hours)
+    store = S3Store("bench-availability", f"probing-{jobs}", endpoint_url=endpoint)
+    write(store, events, first_layout=False)
+    log = AvailabilityLog(store)
+    pools = sorted({e.pool for e in events})
+    before, n_before = timed(lambda: log.read(until=NOW), repeats)
+    views = pool_views(log.read(until=NOW), NOW, pools)
+    t = time.perf_counter()
+    dropped = log.compact(before=NOW - COMPACT_AFTER_HOURS * 3600)
+    took = time.perf_counter() - t
+    after, n_after = timed(lambda: log.read(until=NOW), repeats)
+    assert pool_views(log.read(until=NOW), NOW, pools) == views, "compaction changed what a decision reads"
+    print(f"\n{jobs} jobs probing {len(pools)} pools every 15 min for {hours:g} h; the last "
+          f"{COMPACT_AFTER_HOURS:g} h kept whole; the pools' states read after compaction equal those before")
+    print(f"{'':>7} {'read':<26} {'seconds':>8} {'events':>6} {'x faster':>9}")
+    print(f"{'':>7} {'whole log':<26} {before:>8.3f} {n_before:>6} {1.0:>9.1f}")
+    print(f"{'':>7} {'compacted':<26} {after:>8.3f} {n_after:>6} {before / after:>9.1f}")
+    print(f"compacting it took {took:.3f} s and deleted {dropped} events")
 
 
 if __name__ == "__main__":

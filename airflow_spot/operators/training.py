@@ -59,6 +59,8 @@ class SpotJobSummaryOperator(BaseOperator):
     :param checkpoint_uri: the job's root in the store; templated.
     :param job_name: the job whose instances (tags) and ledger to sum.
     :param total_steps: the job is complete when a checkpoint at this step is committed.
+    :param availability_uri: the deployment's availability log, as the segments' (default: theirs, see
+        :func:`~airflow_spot.storage.availability.deployment_availability_uri`); the task compacts it.
     """
 
     template_fields = ("checkpoint_uri",)
@@ -74,10 +76,12 @@ class SpotJobSummaryOperator(BaseOperator):
         backend: str = "local",
         backend_options: dict[str, Any] | None = None,
         aws_conn_id: str | None = "aws_default",
+        availability_uri: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("trigger_rule", TriggerRule.ALL_DONE)
         super().__init__(**kwargs)
+        self.availability_uri = availability_uri
         self.checkpoint_uri = checkpoint_uri
         self.job_name = job_name
         self.total_steps = int(total_steps)
@@ -118,6 +122,7 @@ class SpotJobSummaryOperator(BaseOperator):
         except StoreConfigError as exc:  # the segments failed on it already; the summary still goes to XCom
             self.log.warning("job summary not written to the store: %s", exc)
         self._record_overheads(store)
+        self._compact_availability(hook, store)
         self.log.info("job summary:\n%s", format_summary(summary))
         context["ti"].xcom_push(key="summary", value=summary)
         if not summary["completed"]:
@@ -126,6 +131,22 @@ class SpotJobSummaryOperator(BaseOperator):
                 "(see the failed segment's log)"
             )
         return summary
+
+    def _compact_availability(self, hook: SpotHook, store) -> None:
+        """Delete the deployment log's events no decision reads (``AvailabilityLog.compact``), so that the
+        read every decision makes stays small. Best effort: a log left as it is only costs reading."""
+        from airflow_spot.storage.availability import (
+            COMPACT_AFTER_HOURS, AvailabilityLog, deployment_availability_uri,
+        )
+
+        uri = deployment_availability_uri(store.uri, self.availability_uri)
+        try:
+            n = AvailabilityLog(hook.get_store(uri)).compact(before=time.time() - COMPACT_AFTER_HOURS * 3600)
+        except Exception as exc:  # noqa: BLE001 - the summary does not depend on it
+            self.log.warning("availability log %s not compacted (%s: %s)", uri, type(exc).__name__, exc)
+            return
+        if n:
+            self.log.info("availability log %s: deleted %d events no decision reads", uri, n)
 
     def _record_overheads(self, store) -> None:
         """What this job's overheads were, for the estimates of the deployment's later jobs (the next runs of
@@ -351,6 +372,7 @@ def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup
             backend=backend,
             backend_options=backend_options,
             aws_conn_id=aws_conn_id,
+            availability_uri=options.get("availability_uri"),
             **task_kwargs,
         )
         previous >> finish

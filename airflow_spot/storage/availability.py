@@ -23,8 +23,10 @@ reads one body per pool, to learn its exact name, not one per event: a job reads
 decision, and one GET per event made a decision's read grow with the whole history
 (``benchmarks/bench_availability_log.py``). A reader of given pools lists only their folders, from a
 time on if asked. The body repeats the event for anyone reading objects one by one. Entries of the first layout, ``<pool>/<time>-<job>-<nonce>.json``, are still read, one GET
-each. Old events can be dropped with :meth:`AvailabilityLog.prune` (`airflow-spot availability prune`), or on
-S3 by a lifecycle rule expiring the log's prefix (README).
+each. The events no decision reads (repeats inside a run of one pool's events) are deleted by
+:meth:`AvailabilityLog.compact` (each job's finish task; ``airflow-spot availability compact``); old events
+can be dropped with :meth:`AvailabilityLog.prune` (`airflow-spot availability prune`), or on S3 by a
+lifecycle rule expiring the log's prefix (README).
 """
 from __future__ import annotations
 
@@ -36,11 +38,15 @@ import re
 import uuid
 from collections.abc import Iterable
 
-from airflow_spot.policy.observations import EVENT_KINDS, PoolEvent
+from airflow_spot.policy.observations import EVENT_KINDS, UP_KINDS, PoolEvent
 from airflow_spot.storage.object_store import ObjectStore, open_store
 from airflow_spot.storage.protocol import safe_id
 
 ENV_URI = "AIRFLOW_SPOT_AVAILABILITY_URI"
+#: :meth:`AvailabilityLog.compact` leaves the events of the last hours alone: an event can be written late
+#: (a preemption is logged when its attempt is accounted), and one landing inside a compacted run would
+#: split it where the dropped events stood
+COMPACT_AFTER_HOURS = 6.0
 DEFAULT_DIR = "_availability"
 SCHEMA = 1
 #: ``<time>-<job>-<nonce>`` of an entry's name (``.<pool tag>.<kind>.json`` follows in the current layout)
@@ -176,6 +182,43 @@ class AvailabilityLog:
             return PoolEvent(str(d["pool"]), str(d["kind"]), float(d["at"]), str(d.get("job", "")))
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
+
+    def compact(self, before: float, dry_run: bool = False) -> int:
+        """Delete the events no decision reads; returns how many (``dry_run``: only count them).
+
+        Of a run of one pool's events that all say the same (up, or down), a decision reads only the
+        first and the newest (:func:`~airflow_spot.policy.observations.pool_views`: when the pool was
+        first seen up or down, and the newest sighting); the events between them go, if older than
+        ``before``. A job on on-demand probes every pool every 15 minutes, so most of a busy log is such
+        repeats. The replay's jobs keep their events the same way (``ObservedController._record``), so
+        a compacted log is what the simulator's figures assume. Newer events are kept because an event can
+        be written late (a preemption is logged when its attempt ends): one that lands inside a run splits
+        it where the dropped events stood.
+        """
+        runs: dict[tuple[str, str], list[tuple[float, bool, str]]] = {}
+        first_layout = []
+        for key in self.store.list(""):
+            name = self._parse_name(key)
+            if name is not None:
+                folder, tag, at, kind, _job = name
+                runs.setdefault((folder, tag), []).append((at, kind in UP_KINDS, key))
+            elif key.endswith(".json"):
+                first_layout.append(key)
+        # the first layout's names do not say the kind: its bodies do (one GET each, as a read does)
+        for key, raw in self.store.get_many(first_layout).items():
+            event = self._from_body(raw)
+            if event is not None:
+                runs.setdefault((safe_id(event.pool), _pool_tag(event.pool)), []).append((event.at, event.up, key))
+        drop = []
+        for entries in runs.values():
+            entries.sort(key=lambda e: (e[0], e[1]))  # pool_views' order: a down-event first at equal times
+            for i in range(1, len(entries) - 1):
+                at, up, key = entries[i]
+                if entries[i - 1][1] == up == entries[i + 1][1] and at < before:
+                    drop.append(key)
+        if drop and not dry_run:
+            self.store.delete(drop)
+        return len(drop)
 
     def prune(self, before: float, dry_run: bool = False) -> int:
         """Delete the entries older than ``before`` (by the time their names carry); returns how many

@@ -1,4 +1,4 @@
-"""``airflow-spot availability show|prune``: what a deployment's jobs observed of the spot pools.
+"""``airflow-spot availability show|compact|prune``: what a deployment's jobs observed of the spot pools.
 
 ``URI`` is an availability log (:mod:`airflow_spot.storage.availability`): the deployment's
 (``_availability`` beside the job roots, ``AIRFLOW_SPOT_AVAILABILITY_URI``, or the operator's
@@ -10,6 +10,9 @@
 * ``show URI``: per pool, what the decision would conclude now (up / down / unknown, seen up or down
   since when), the outages measured and their mean, the events and the newest, from the log's last
   ``--hours`` (24; 0: all of it).
+* ``compact URI``: delete the events no decision reads (the repeats inside a run of one pool's events
+  that all say up, or all say down; :meth:`AvailabilityLog.compact`) older than ``--older-than-hours``
+  (6); what a decision concludes from the log does not change. Each job's finish task does this too.
 * ``prune URI --older-than-days D``: delete the events older than ``D`` days (``--dry-run``: count them).
   A decision reads every event of the log, so a log nobody prunes costs more to read as it
   grows; on S3 a lifecycle rule on the prefix does the same without anyone running this.
@@ -24,7 +27,7 @@ import time
 
 from airflow_spot.policy.decision import DecisionParams
 from airflow_spot.policy.observations import ledger_events, pool_views
-from airflow_spot.storage.availability import AvailabilityLog
+from airflow_spot.storage.availability import COMPACT_AFTER_HOURS, AvailabilityLog
 from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import ObjectStore, StoreConfigError, open_existing_store, store_errors
 from airflow_spot.storage.protocol import JobLayout
@@ -36,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     for name, help_text in (
         ("show", "per pool: believed state now, observed up-time, outages and events"),
+        ("compact", "delete the events no decision reads (repeats inside a pool's run of up or down)"),
         ("prune", "delete events older than --older-than-days"),
     ):
         p = actions.add_parser(name, help=help_text, description=help_text)
@@ -44,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--endpoint-url", default=None, help="S3 endpoint (default: AWS_ENDPOINT_URL_S3 / boto3's)")
         if name == "show":
             p.add_argument("--hours", type=float, default=24.0, help="read the events of the last H hours (0: all)")
+        elif name == "compact":
+            p.add_argument("--older-than-hours", type=float, default=COMPACT_AFTER_HOURS, metavar="H",
+                           help=f"leave the events of the last H hours alone (default {COMPACT_AFTER_HOURS:g}: "
+                                "an event can be written late)")
+            p.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
         else:
             p.add_argument("--older-than-days", type=float, required=True, metavar="D")
             p.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
@@ -67,6 +76,14 @@ def run(args: argparse.Namespace, now: float | None = None) -> int:
             if not args.hours >= 0:
                 raise StoreConfigError(f"--hours must be >= 0, got {args.hours}")
             return _show(*open_log(args.uri, args.endpoint_url), now, args.hours)
+        if args.action == "compact":
+            if not args.older_than_hours >= 0:
+                raise StoreConfigError(f"--older-than-hours must be >= 0, got {args.older_than_hours}")
+            log = open_log(args.uri, args.endpoint_url)[0]
+            n = log.compact(before=now - args.older_than_hours * 3600, dry_run=args.dry_run)
+            print(f"{'would delete' if args.dry_run else 'deleted'} {n} events no decision reads (older than "
+                  f"{args.older_than_hours:g} h) under {log.store.uri}")
+            return EXIT_OK
         if not args.older_than_days > 0:
             raise StoreConfigError(f"--older-than-days must be > 0, got {args.older_than_days} "
                                    "(a decision reads the recent events: keep a week or more)")
