@@ -147,7 +147,7 @@ def main() -> None:
     except TraceError as exc:
         ap.error(str(exc))
     names = [n for n in args.policies.split(",") if n]
-    for note in read_notes(traces, tick_prices=not args.mean_prices):
+    for note in read_notes(traces, tick_prices=not args.mean_prices, own_prices=args.prices is None):
         print(f"note: {note}")
     out: dict = {}
     t0 = time.time()

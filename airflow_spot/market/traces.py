@@ -312,15 +312,18 @@ def _one_pool_per_zone_message(traces: list[SpotTrace], files: list[Path]) -> st
             f"kind{hint}")
 
 
-def read_notes(traces: list[SpotTrace], tick_prices: bool = True) -> list[str]:
+def read_notes(traces: list[SpotTrace], tick_prices: bool = True, own_prices: bool = True) -> list[str]:
     """What a user should know about how the traces were read: flipped values, their own prices, prices
     that vary over time and how they are replayed (``tick_prices`` False: at their mean; printed by
-    ``simulate`` and the benchmark)."""
+    ``simulate`` and the benchmark). ``own_prices`` False: the prices were given instead of the files',
+    so nothing is said of the files' own."""
     notes = []
     flipped = [t.zone for t in traces if t.flipped]
     if flipped:
         notes.append(f"traces of {', '.join(flipped)} are in the SkyPilot simulator's convention (1 = preempted) "
                      "and were read flipped")
+    if not own_prices:
+        return notes
     priced = [t for t in traces if t.spot_price is not None and t.on_demand_price is not None]
     if priced:
         notes.append("prices from the trace files ($/h spot / on-demand): "

@@ -122,9 +122,9 @@ class SpotJobSummaryOperator(BaseOperator):
         except StoreConfigError as exc:  # the segments failed on it already; the summary still goes to XCom
             self.log.warning("job summary not written to the store: %s", exc)
         self._record_overheads(store)
-        self._compact_availability(hook, store)
         self.log.info("job summary:\n%s", format_summary(summary))
         context["ti"].xcom_push(key="summary", value=summary)
+        self._compact_availability(hook, store)  # after the summary is out: the UI finds the job by it
         if not summary["completed"]:
             raise AirflowFailException(
                 f"job {self.job_name} did not finish: newest checkpoint at step {latest} of {self.total_steps} "

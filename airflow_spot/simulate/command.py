@@ -212,7 +212,9 @@ def run(args: argparse.Namespace) -> int:
         best = next((r.cost for r in results if r.policy == HINDSIGHT), None)
         if best is None:
             best = run_one(spec, pools, on_demand, HINDSIGHT, start).cost
-    for note in read_notes(traces, tick_prices=not args.mean_prices) + _replay_notes(args, traces, results):
+    given = args.prices is not None or args.spot_price is not None or args.on_demand_price is not None
+    for note in (read_notes(traces, tick_prices=not args.mean_prices, own_prices=not given)
+                 + _replay_notes(args, traces, results)):
         print(f"note: {note}")
     print(f"job: {spec.work_hours:g} GPU h x {spec.nodes} node(s), deadline {spec.deadline_hours} h, restart "
           f"{spec.restart_overhead_hours:g} h, segments {spec.segment_seconds / 60:g} min, zones {', '.join(t.zone for t in traces)}, "

@@ -116,11 +116,15 @@ class SimPool:
     def name(self) -> str:
         return self.offer.pool
 
+    def price_at(self, idx: int) -> float:
+        """The spot $/h at tick ``idx``."""
+        if self.prices is None:
+            return self.offer.price_per_hour
+        return self.prices[min(max(idx, 0), len(self.prices) - 1)]
+
     def at_tick(self, idx: int) -> SimPool:
         """This pool as offered at tick ``idx``: its price then (itself when the price does not vary)."""
-        if self.prices is None:
-            return self
-        price = self.prices[min(max(idx, 0), len(self.prices) - 1)]
+        price = self.price_at(idx)
         if price == self.offer.price_per_hour:
             return self
         return replace(self, offer=replace(self.offer, price_per_hour=price))
@@ -332,8 +336,7 @@ def _replay(spec: JobSpec, pools: list[SimPool], on_demand: Offer, controller: C
             ours_count[pools[attempt.where[1]].name] = ours_count.get(pools[attempt.where[1]].name, 0) + 1
             close(now, "preempted", committed, lost)
             since_ckpt = pending = 0.0
-        if varying and (t == 0 or any(p.prices is not None and p.prices[min(idx, len(p.prices) - 1)]
-                                          != p.prices[min(idx - 1, len(p.prices) - 1)] for p in pools)):
+        if varying and (t == 0 or any(p.price_at(idx) != p.price_at(idx - 1) for p in pools)):
             tick_pools = [p.at_tick(idx) for p in pools]  # only when a price changed: they change rarely
         at, tick_end = now, now + gap
         while True:  # decisions at the tick's start and wherever the controller asks for one inside it

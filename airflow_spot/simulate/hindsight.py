@@ -9,7 +9,7 @@ its transfer (time and money) as the replay does; the checkpoint is in the new r
 instance makes progress (an instance given up during the move leaves it where it was), or with
 ``JobSpec.store_region`` always in the store's, where an instance in another region also pays
 ``remote_dollars_per_hour`` for each step it runs (its saves written back). A spot price that varies per
-tick (:attr:`SimPool.prices`) is charged per step, at its mean over the step. Approximations, all named: a
+tick (:attr:`SimPool.prices`) is charged per step, at its time-weighted mean over the step. Approximations, all named: a
 pool counts as up in a step only when it is up for all of it (a little pessimistic), the restart is
 rounded to whole steps, and neither save stalls nor the 60 s billing minimum are modelled (a little
 optimistic). Progress survives a preemption (emergency save).
@@ -37,22 +37,22 @@ def _up_by_step(pools: list[SimPool], offset_ticks: int, steps: int, step_second
 
 
 def _price_by_step(pools: list[SimPool], offset_ticks: int, steps: int, step_seconds: float) -> np.ndarray:
-    """[step, pool]: each pool's spot $/h over each step, the mean of its ticks there (per-tick prices,
-    :attr:`SimPool.prices`), else its offer's."""
+    """[step, pool]: each pool's spot $/h over each step, its per-tick prices (:attr:`SimPool.prices`)
+    weighted by the time each holds in the step (past the series' end its last price holds), else its
+    offer's."""
     gap = pools[0].trace.gap_seconds
     out = np.empty((steps, len(pools)))
-    s = np.arange(steps)
-    first = offset_ticks + (s * step_seconds // gap).astype(int)
-    end = offset_ticks + np.ceil((s + 1) * step_seconds / gap).astype(int)
+    edges = offset_ticks * gap + np.arange(steps + 1) * step_seconds  # seconds into the traces
     for i, p in enumerate(pools):
         out[:, i] = p.offer.price_per_hour
         if p.prices is None:
             continue
-        n = len(p.prices)
-        total = np.concatenate(([0.0], np.cumsum(p.prices)))
-        a = np.minimum(first, n - 1)  # past the series' end its last price holds
-        b = np.minimum(np.maximum(a + 1, end), n)
-        out[:, i] = (total[b] - total[a]) / (b - a)
+        prices = np.asarray(p.prices)
+        n = len(prices)
+        spent = np.concatenate(([0.0], np.cumsum(prices) * gap))  # $·s/h paid by the start of each tick
+        tick = np.minimum((edges // gap).astype(int), n - 1)
+        paid = spent[tick] + (edges - tick * gap) * prices[tick]  # up to each edge
+        out[:, i] = np.diff(paid) / step_seconds
     return out
 
 

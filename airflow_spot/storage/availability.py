@@ -47,6 +47,9 @@ ENV_URI = "AIRFLOW_SPOT_AVAILABILITY_URI"
 #: (a preemption is logged when its attempt is accounted), and one landing inside a compacted run would
 #: split it where the dropped events stood
 COMPACT_AFTER_HOURS = 6.0
+#: compaction keeps one event every this many hours of a run, so that expiry shortens a pool's observed
+#: up-time (or outage) by at most this much
+COMPACT_KEEP_EVERY_HOURS = 6.0
 DEFAULT_DIR = "_availability"
 SCHEMA = 1
 #: ``<time>-<job>-<nonce>`` of an entry's name (``.<pool tag>.<kind>.json`` follows in the current layout)
@@ -76,6 +79,14 @@ def beside_job_root(job_uri: str, name: str) -> str:
     if not last or parent.endswith(":/") or parent.endswith(":") or not parent:
         return f"{root}/{name}"
     return f"{parent}/{name}"
+
+
+def _entry_time(key: str) -> float | None:
+    """The time an entry's name starts with (both layouts), or None for a key that is no entry."""
+    try:
+        return float(key.rsplit("/", 1)[-1].split("-", 1)[0]) if key.endswith(".json") else None
+    except ValueError:
+        return None
 
 
 class AvailabilityLog:
@@ -186,14 +197,22 @@ class AvailabilityLog:
     def compact(self, before: float, dry_run: bool = False) -> int:
         """Delete the events no decision reads; returns how many (``dry_run``: only count them).
 
-        Of a run of one pool's events that all say the same (up, or down), a decision reads only the
-        first and the newest (:func:`~airflow_spot.policy.observations.pool_views`: when the pool was
-        first seen up or down, and the newest sighting); the events between them go, if older than
-        ``before``. A job on on-demand probes every pool every 15 minutes, so most of a busy log is such
-        repeats. The replay's jobs keep their events the same way (``ObservedController._record``), so
-        a compacted log is what the simulator's figures assume. Newer events are kept because an event can
-        be written late (a preemption is logged when its attempt ends): one that lands inside a run splits
-        it where the dropped events stood.
+        Of a run of one pool's events that all say it held capacity (launches, probes that got it), a
+        decision reads only the first and the newest (:func:`~airflow_spot.policy.observations.pool_views`:
+        since when the pool is up, and the newest sighting); the events between them go when they and the
+        next one are older than ``before``. A job on on-demand probes every pool every 15 minutes, so most
+        of a busy log is such repeats. The replay's jobs keep their events the same way
+        (``ObservedController._record``). Kept besides: one event every :data:`COMPACT_KEEP_EVERY_HOURS` of
+        a run, so that when expiry (:meth:`prune`, an S3 lifecycle rule) takes a run's first event, the pool
+        looks up at most that much shorter than it was, not since its newest repeats.
+
+        Runs of down-events (refusals) are kept whole: a job merges the log with its own ledger, whose
+        up-events (its instance still running at an attempt's end) are not in the log, and one of them
+        inside a run of refusals splits it where dropped events would have stood. An up-event inside a run
+        of up-events changes nothing, so what a decision reading the log at or after ``before`` concludes
+        does not change, as long as the down-events it merges are in the log too (the operators write
+        each refusal and preemption there) and none is written later than ``before`` (hence the hours of
+        margin: a preemption is logged when its attempt is accounted).
         """
         runs: dict[tuple[str, str], list[tuple[float, bool, str]]] = {}
         first_layout = []
@@ -202,20 +221,24 @@ class AvailabilityLog:
             if name is not None:
                 folder, tag, at, kind, _job = name
                 runs.setdefault((folder, tag), []).append((at, kind in UP_KINDS, key))
-            elif key.endswith(".json"):
+            elif _entry_time(key) is not None:
                 first_layout.append(key)
         # the first layout's names do not say the kind: its bodies do (one GET each, as a read does)
         for key, raw in self.store.get_many(first_layout).items():
             event = self._from_body(raw)
             if event is not None:
                 runs.setdefault((safe_id(event.pool), _pool_tag(event.pool)), []).append((event.at, event.up, key))
+        keep_every = COMPACT_KEEP_EVERY_HOURS * 3600
         drop = []
         for entries in runs.values():
             entries.sort(key=lambda e: (e[0], e[1]))  # pool_views' order: a down-event first at equal times
-            for i in range(1, len(entries) - 1):
-                at, up, key = entries[i]
-                if entries[i - 1][1] == up == entries[i + 1][1] and at < before:
+            kept_at = -math.inf
+            for i, (at, up, key) in enumerate(entries):
+                inside = up and 0 < i < len(entries) - 1 and entries[i - 1][1] and entries[i + 1][1]
+                if inside and entries[i + 1][0] < before and at - kept_at < keep_every:
                     drop.append(key)
+                else:
+                    kept_at = at
         if drop and not dry_run:
             self.store.delete(drop)
         return len(drop)
@@ -225,11 +248,9 @@ class AvailabilityLog:
         (``dry_run``: only count them)."""
         old = []
         for key in self.store.list(""):
-            try:
-                if float(key.rsplit("/", 1)[-1].split("-", 1)[0]) < before:
-                    old.append(key)
-            except ValueError:
-                continue
+            at = _entry_time(key)
+            if at is not None and at < before:
+                old.append(key)
         if old and not dry_run:
             self.store.delete(old)
         return len(old)

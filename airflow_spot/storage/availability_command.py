@@ -7,9 +7,9 @@
 ``file://``, plain paths and ``s3://`` work (S3 through boto3: ``AWS_ENDPOINT_URL_S3`` or
 ``--endpoint-url`` for MinIO or moto).
 
-* ``show URI``: per pool, what the decision would conclude now (up / down / unknown, seen up or down
-  since when), the outages measured and their mean, the events and the newest, from the log's last
-  ``--hours`` (24; 0: all of it).
+* ``show URI``: per pool, what the decision would conclude now from the whole log (up / down / unknown,
+  seen up or down since when, the outages measured and their mean), and the events of the log's last
+  ``--hours`` (24; 0: all of it), their count and the newest, for the pools that have any.
 * ``compact URI``: delete the events no decision reads (the repeats inside a run of one pool's events
   that all say up, or all say down; :meth:`AvailabilityLog.compact`) older than ``--older-than-hours``
   (6); what a decision concludes from the log does not change. Each job's finish task does this too.
@@ -111,20 +111,24 @@ def _ago(seconds: float) -> str:
 
 
 def _show(log: AvailabilityLog, job_store: ObjectStore | None, now: float, hours: float) -> int:
+    # the states come from the whole log, as a decision reads it (a pool up for days, its repeats compacted,
+    # is up since days); ``hours`` limits only the events listed and counted
     since = now - hours * 3600 if hours else None
-    events = log.read(since=since, until=now)
+    history = log.read(until=now)
     where = log.store.uri
     if job_store is not None:
-        events += [e for e in ledger_events(LedgerStore(job_store).rows())
-                   if (since is None or e.at >= since) and e.at <= now]
-        events.sort(key=lambda e: (e.at, e.pool, e.kind))
+        history += [e for e in ledger_events(LedgerStore(job_store).rows()) if e.at <= now]
+        history.sort(key=lambda e: (e.at, e.pool, e.kind))
         where = f"{where} and the job's ledger"
+    events = [e for e in history if since is None or e.at >= since]
     span = f"the last {hours:g} h" if hours else "all of it"
     if not events:
         print(f"no events under {where} in {span}")
         return EXIT_OK
     params = DecisionParams()
-    views = pool_views(events, now, recheck_seconds=params.recheck_seconds, watch_seconds=params.watch_seconds)
+    shown = {e.pool for e in events}
+    views = {pool: v for pool, v in pool_views(history, now, recheck_seconds=params.recheck_seconds,
+                                                 watch_seconds=params.watch_seconds).items() if pool in shown}
     jobs = {e.job for e in events}
     print(f"{len(events)} events of {len(views)} pools from {len(jobs)} job(s) under {where} ({span}); "
           "states as a decision would read them now")

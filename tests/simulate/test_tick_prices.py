@@ -99,10 +99,13 @@ def test_the_hindsight_optimum_follows_the_price():
     spec = JobSpec(work_hours=20 / 60, deadline_hours=22 / 60, save_cost_seconds=0.0, restart_overhead_hours=1 / 60)
     assert hindsight_cost(spec, [a, b], ON_DEMAND, step_seconds=60.0) == pytest.approx(22 * 1.0 / 60)
     assert hindsight_cost(spec, [flat(a), flat(b)], ON_DEMAND, step_seconds=60.0) == pytest.approx(21 * 1.5 / 60)
-    # a step of several ticks is charged the mean of their prices (from a later start too)
+    # a step is charged its prices weighted by the time each holds in it (from a later start too, and past
+    # the series' end at its last price)
     steps = _price_by_step([a, b], 0, 4, 180.0)
     assert steps[:, 0].tolist() == [1.0, 1.0, 1.0, 3.0] and steps[:, 1].tolist() == [4.0, 4.0, 4.0, 2.0]
     assert _price_by_step([a], 8, 2, 180.0)[:, 0].tolist() == [2.0, 4.0]
+    assert _price_by_step([a], 9, 1, 90.0)[:, 0].tolist() == pytest.approx([(60 * 1.0 + 30 * 4.0) / 90])
+    assert _price_by_step([a], 59, 2, 120.0)[:, 0].tolist() == [4.0, 4.0]
 
 
 def sim_pool_file(root: Path, pool: str, values: list[int], prices: list[float]) -> None:
@@ -140,6 +143,11 @@ def test_simulate_replays_per_tick_prices_unless_told_to_use_their_mean(tmp_path
     out = capsys.readouterr().out
     assert "charges its mean" in out
     assert _cost(out, "greedy") == pytest.approx(1.05 * 2.5, abs=0.01)
+    # a price given replaces the files': nothing is said of theirs
+    assert main(argv + ["--spot-price", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "varies over the trace" not in out and "prices from the trace files" not in out
+    assert _cost(out, "greedy") == pytest.approx(1.05 * 0.5, abs=0.01)
 
 
 def _cost(out: str, policy: str) -> float:

@@ -49,6 +49,18 @@ def test_show_on_a_job_root_adds_the_jobs_ledger(tmp_path, capsys):
     assert b[1] == "down" and "preempted" in b and "(this" in " ".join(b)
 
 
+def test_show_reads_a_pools_state_from_the_whole_log(tmp_path, capsys):
+    # up for two days, probed every 15 min, its repeats compacted: "up since" is two days ago, though
+    # only the last 24 h of events are listed
+    now = time.time()
+    log = AvailabilityLog(open_store(str(tmp_path)))
+    log.extend([PoolEvent(A, "probe-up", now - 48 * 3600 + k * 900, "j") for k in range(192)])
+    log.compact(before=now - 6 * 3600)
+    assert main(["availability", "show", str(tmp_path)]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith(A))
+    assert "(2.0 d ago)" in row
+
+
 def test_prune_deletes_only_what_is_older(tmp_path, capsys):
     now = time.time()
     log = AvailabilityLog(open_store(str(tmp_path)))
