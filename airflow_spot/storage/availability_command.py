@@ -11,8 +11,9 @@
   seen up or down since when, the outages measured and their mean), and the events of the log's last
   ``--hours`` (24; 0: all of it), their count and the newest, for the pools that have any.
 * ``compact URI``: delete the events no decision reads (the repeats inside a run of one pool's events
-  that all say up, or all say down; :meth:`AvailabilityLog.compact`) older than ``--older-than-hours``
-  (6); what a decision concludes from the log does not change. Each job's finish task does this too.
+  that all say it held capacity, but one every 6 h; :meth:`AvailabilityLog.compact`) older than
+  ``--older-than-hours`` (6). Each job's finish task does this to the deployment's log; given a job's
+  root, this compacts that job's own log.
 * ``prune URI --older-than-days D``: delete the events older than ``D`` days (``--dry-run``: count them).
   A decision reads every event of the log, so a log nobody prunes costs more to read as it
   grows; on S3 a lifecycle rule on the prefix does the same without anyone running this.
@@ -39,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     for name, help_text in (
         ("show", "per pool: believed state now, observed up-time, outages and events"),
-        ("compact", "delete the events no decision reads (repeats inside a pool's run of up or down)"),
+        ("compact", "delete the events no decision reads (repeats inside a pool's run of ups)"),
         ("prune", "delete events older than --older-than-days"),
     ):
         p = actions.add_parser(name, help=help_text, description=help_text)
