@@ -9,10 +9,10 @@ its transfer (time and money) as the replay does; the checkpoint is in the new r
 instance makes progress (an instance given up during the move leaves it where it was), or with
 ``JobSpec.store_region`` always in the store's, where an instance in another region also pays
 ``remote_dollars_per_hour`` for each step it runs (its saves written back). A spot price that varies per
-tick (:attr:`SimPool.prices`) is charged per step, at its time-weighted mean over the step. Approximations, all named: a
-pool counts as up in a step only when it is up for all of it (a little pessimistic), the restart is
-rounded to whole steps, and neither save stalls nor the 60 s billing minimum are modelled (a little
-optimistic). Progress survives a preemption (emergency save).
+tick (:attr:`SimPool.prices`) is charged per step, at its time-weighted mean over the step.
+Approximations, all named: a pool counts as up in a step only when it is up for all of it (a little
+pessimistic), the restart is rounded to whole steps, and neither save stalls nor the 60 s billing minimum
+are modelled (a little optimistic). Progress survives a preemption (emergency save).
 """
 from __future__ import annotations
 

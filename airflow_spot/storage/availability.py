@@ -23,7 +23,7 @@ reads one body per pool, to learn its exact name, not one per event: a job reads
 decision, and one GET per event made a decision's read grow with the whole history
 (``benchmarks/bench_availability_log.py``). A reader of given pools lists only their folders, from a
 time on if asked. The body repeats the event for anyone reading objects one by one. Entries of the first layout, ``<pool>/<time>-<job>-<nonce>.json``, are still read, one GET
-each. The events no decision reads (repeats inside a run of one pool's events) are deleted by
+each. The events no decision reads (repeats inside a run of one pool's up-events) are deleted by
 :meth:`AvailabilityLog.compact` (each job's finish task; ``airflow-spot availability compact``); old events
 can be dropped with :meth:`AvailabilityLog.prune` (`airflow-spot availability prune`), or on S3 by a
 lifecycle rule expiring the log's prefix (README).
@@ -47,8 +47,8 @@ ENV_URI = "AIRFLOW_SPOT_AVAILABILITY_URI"
 #: (a preemption is logged when its attempt is accounted), and one landing inside a compacted run would
 #: split it where the dropped events stood
 COMPACT_AFTER_HOURS = 6.0
-#: compaction keeps one event every this many hours of a run, so that expiry shortens a pool's observed
-#: up-time (or outage) by at most this much
+#: compaction keeps one event every this many hours of a run of ups, so that expiry shortens a pool's
+#: observed up-time by at most this much
 COMPACT_KEEP_EVERY_HOURS = 6.0
 DEFAULT_DIR = "_availability"
 SCHEMA = 1
@@ -200,8 +200,8 @@ class AvailabilityLog:
         Of a run of one pool's events that all say it held capacity (launches, probes that got it), a
         decision reads only the first and the newest (:func:`~airflow_spot.policy.observations.pool_views`:
         since when the pool is up, and the newest sighting); the events between them go when they and the
-        next one are older than ``before``. A job on on-demand probes every pool every 15 minutes, so most
-        of a busy log is such repeats. The replay's jobs keep their events the same way
+        next one are older than ``before``. A job on on-demand probes every pool every 15 minutes, so where
+        pools are mostly up, most of a busy log is such repeats. The replay's jobs keep their events the same way
         (``ObservedController._record``). Kept besides: one event every :data:`COMPACT_KEEP_EVERY_HOURS` of
         a run, so that when expiry (:meth:`prune`, an S3 lifecycle rule) takes a run's first event, the pool
         looks up at most that much shorter than it was, not since its newest repeats.
