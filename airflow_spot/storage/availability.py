@@ -151,11 +151,8 @@ class AvailabilityLog:
                 keys.extend(self.store.list(f"{folder}/", start_after=f"{folder}/{start}" if start else None))
         parsed, bodies = [], []
         for key in keys:
-            if not key.endswith(".json"):
-                continue
-            try:
-                at = float(key.rsplit("/", 1)[-1].split("-", 1)[0])
-            except ValueError:
+            at = _entry_time(key)
+            if at is None:
                 continue
             # the first layout's names round the time to the ms: its bodies decide below
             if (since is not None and at < since - 0.001) or (until is not None and at > until + 0.001):
