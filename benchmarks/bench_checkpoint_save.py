@@ -4,8 +4,8 @@ Measures, side by side in one run on the same state:
   * the synchronous save (stage + serialise + sha256 + fsync + manifest) a training loop would wait for
     without the two-phase design,
   * the stall of a two-phase save (what training waits for: staging into reused host buffers),
-  * the store's save of the staged state with each chunk's sha256 computed while it is written, against
-    hashing then writing,
+  * the store's save of the staged state with a block SHA-256 computed on every core while each chunk is
+    written, against a whole-file sha256 and against hashing then writing; the restore's verify of each,
   * the emergency save of ~1 GB (notice to committed checkpoint) on file:// and s3:// (moto server),
     against the 30 s notice of GCP/Azure and the 120 s of AWS.
 
@@ -75,42 +75,80 @@ def bench_two_phase(mb: int, repeats: int) -> dict:
     }
 
 
-#: how the store's save overlaps its parts: (label, hash chunks while writing them, flush to disk while writing)
-WRITE_MODES = (("overlapped", True, True), ("hash overlapped", True, False), ("sequential (before)", False, False))
+#: how the store's save overlaps its parts: (label, digest block size (0: whole-file sha256), hash chunks
+#: while writing them, flush to disk while writing)
+WRITE_MODES = (
+    ("block sha256, overlapped", checkpoint_module.BLOCK_BYTES, True, True),
+    ("sha256, overlapped", 0, True, True),
+    ("sha256, hash overlapped", 0, True, False),
+    ("sequential (before)", 0, False, False),
+)
+BEFORE = "sequential (before)"
 
 
 def bench_hash_overlap(directory: str, state: dict, repeats: int) -> dict:
     """``CheckpointStore.save`` of ``state`` (host tensors) to file:// in each of :data:`WRITE_MODES`,
-    alternated, median of each: the write as it is (each chunk's sha256 computed while it is written,
-    dirty pages flushed while later ones are written), with the hash overlap alone, and as before
-    (serialise and hash, then the whole fsync at the commit)."""
+    alternated, median of each: the write as it is (a block SHA-256 hashed on every core while each chunk
+    is written, dirty pages flushed while later ones are written), with a whole-file sha256 instead, with
+    the hash overlap alone, and as before (serialise and hash, then the whole fsync at the commit).
+    Then the restore's read and verify of the payload each digest names (warm page cache)."""
     from airflow_spot.storage import object_store
 
     store = CheckpointStore(open_store(f"file://{directory}"), writer="bench")
-    times: dict[str, list[float]] = {label: [] for label, _, _ in WRITE_MODES}
-    defaults = checkpoint_module._HashingWriter.PARALLEL_BYTES, object_store._EarlyWriteback.EVERY_BYTES
+    times: dict[str, list[float]] = {label: [] for label, *_ in WRITE_MODES}
+    verify: dict[str, list[float]] = {"block sha256": [], "sha256": []}
+    writer = checkpoint_module._HashingWriter
+    defaults = writer.PARALLEL_BYTES, writer.BLOCK_BYTES, object_store._EarlyWriteback.EVERY_BYTES
     step = 0
     try:
         for i in range(repeats):
             # each mode leads in turn, and each starts on a quiet disk: the previous save's writeback and
             # the deletion of its files must not be charged to the next one
-            for label, hash_overlap, early_flush in WRITE_MODES[i % 3:] + WRITE_MODES[:i % 3]:
-                checkpoint_module._HashingWriter.PARALLEL_BYTES = defaults[0] if hash_overlap else float("inf")
-                object_store._EarlyWriteback.EVERY_BYTES = defaults[1] if early_flush else float("inf")
+            n = len(WRITE_MODES)
+            for label, block, hash_overlap, early_flush in WRITE_MODES[i % n:] + WRITE_MODES[:i % n]:
+                writer.PARALLEL_BYTES = defaults[0] if hash_overlap else float("inf")
+                writer.BLOCK_BYTES = block
+                object_store._EarlyWriteback.EVERY_BYTES = defaults[2] if early_flush else float("inf")
                 step += 1
                 store.store.delete(store.store.list())  # a large state must not fill the disk
                 os.sync()
                 times[label].append(timed(lambda: store.save(step, lambda f: torch.save(state, f))))
+                if label in ("block sha256, overlapped", "sha256, overlapped"):
+                    manifest = store.committed()[-1]
+                    kind = label.partition(",")[0]
+                    cold = drop_page_cache()
+                    verify[kind].append(timed(lambda: store.fetch_verified(manifest, manifest.files[0], len)))
     finally:
-        checkpoint_module._HashingWriter.PARALLEL_BYTES, object_store._EarlyWriteback.EVERY_BYTES = defaults
-    return {k: statistics.median(v) for k, v in times.items()}
+        writer.PARALLEL_BYTES, writer.BLOCK_BYTES, object_store._EarlyWriteback.EVERY_BYTES = defaults
+    out = {k: statistics.median(v) for k, v in times.items()}
+    out["verify"] = {k: statistics.median(v) for k, v in verify.items()}
+    out["verify_cache"] = "cold" if cold else "warm"
+    return out
+
+
+def drop_page_cache() -> bool:
+    """Empty the page cache where this process may (root on Linux), so a read comes from the disk."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
 
 
 def print_hash_overlap(mb: float, h: dict, repeats: int) -> None:
-    print(f"CheckpointStore.save of {mb:.0f} MB to file:// (serialise + sha256 + write + fsync), median of {repeats}:")
-    before = h["sequential (before)"]
-    for label, _, _ in WRITE_MODES:
-        print(f"  {label:22s} {h[label]:7.3f} s   {h[label] / before:.3f}")
+    from airflow_spot.storage.block_digest import hash_workers
+
+    print(f"CheckpointStore.save of {mb:.0f} MB to file:// (serialise + digest + write + fsync), median of {repeats}; "
+          f"block sha256 on {hash_workers()} threads:")
+    before = h[BEFORE]
+    for label, *_ in WRITE_MODES:
+        print(f"  {label:26s} {h[label]:7.3f} s   {h[label] / before:.3f}")
+    v = h["verify"]
+    print(f"restore's read + verify of that payload ({h['verify_cache']} page cache), median of {repeats}:")
+    for kind in ("block sha256", "sha256"):
+        print(f"  {kind:26s} {v[kind]:7.3f} s   {v[kind] / v['sha256']:.3f}   ({mb / 1000 / v[kind]:.2f} GB/s)")
 
 
 def emergency_after_notice(spot: SpotSession) -> float:

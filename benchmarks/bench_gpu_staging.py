@@ -8,9 +8,10 @@ moments: ``--gb`` is the whole state):
   warm buffers (median of ``--repeats``) and the first save (buffers allocated, pinned ones locked);
 * the synchronous save a loop without the two-phase design would wait for (stage + serialise + sha256 +
   fsync + manifest, file:// on the machine's disk), and the background write after a pinned stage;
-* the emergency save, notice to committed checkpoint.
-* the store's write of the staged state with each chunk's sha256 computed while it is written, against
-  hashing then writing (``bench_checkpoint_save.bench_hash_overlap``).
+* the emergency save, notice to committed checkpoint, with the block SHA-256 and with a whole-file one;
+* the store's write of the staged state with a block SHA-256 hashed on every core while each chunk is
+  written, against a whole-file sha256 and against hashing then writing, and the restore's verify of
+  each (``bench_checkpoint_save.bench_hash_overlap``).
 
 Needs a CUDA GPU. Figures go to stdout and, with ``--json F``, to a file.
 
@@ -27,7 +28,7 @@ import tempfile
 import time
 
 import torch
-from bench_checkpoint_save import bench_hash_overlap, emergency_after_notice, print_hash_overlap
+from bench_checkpoint_save import BEFORE, bench_hash_overlap, emergency_after_notice, print_hash_overlap
 
 from airflow_spot.training.session import SpotSession
 from airflow_spot.training.state import Stager
@@ -91,6 +92,25 @@ def session_saves(directory: str, model: GpuState, repeats: int) -> dict:
             "stall_plus_write": statistics.median(background), "emergency": emergency}
 
 
+def emergency_with_whole_file_sha256(directory: str, model: GpuState) -> float:
+    """The emergency save as before block digests (one core hashes the payload), on the same state."""
+    from airflow_spot.storage import checkpoint
+
+    block = checkpoint._HashingWriter.BLOCK_BYTES
+    checkpoint._HashingWriter.BLOCK_BYTES = 0
+    try:
+        spot = SpotSession(f"file://{directory}", 10**9, notice_sources=[], heartbeat_seconds=3600, keep=2)
+        spot.__enter__()
+        spot.track(model=model)
+        spot.step = 1
+        spot._save("periodic", wait=True)  # warm staging buffers, as the other session's emergency save has
+        spot.step = 2
+        os.sync()
+        return emergency_after_notice(spot)
+    finally:
+        checkpoint._HashingWriter.BLOCK_BYTES = block
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gb", default="2,8", help="comma-separated state sizes in GB")
@@ -126,6 +146,8 @@ def main() -> int:
     model = GpuState(args.session_gb)
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         s = session_saves(d, model, args.repeats)
+    with tempfile.TemporaryDirectory(dir=args.dir) as d:  # a disk without the other session's checkpoints
+        s["emergency_sha256"] = emergency_with_whole_file_sha256(d, model)
     size = model.nbytes / 1e9
     out["session"] = {"GB": size, **s, "stall_over_sync": s["session_stall"] / s["sync"]}
     print(f"SpotSession, {size:.2f} GB on the GPU, file:// in {args.dir} (median of {args.repeats}):")
@@ -135,12 +157,16 @@ def main() -> int:
     print(f"  two-phase: stall + background write              {s['stall_plus_write']:7.3f} s")
     print(f"  emergency save, notice -> committed              {s['emergency']:7.3f} s   "
           f"{s['emergency'] / 30:.1%} of a 30 s notice, {s['emergency'] / 120:.1%} of 120 s")
+    print(f"  the same with a whole-file sha256 (before)       {s['emergency_sha256']:7.3f} s   "
+          f"{s['emergency_sha256'] / 30:.1%} of a 30 s notice; block / whole-file "
+          f"{s['emergency'] / s['emergency_sha256']:.3f}")
     # the write of a staged state (host memory, as the background thread and the emergency save see it)
     staged = Stager().stage(model.state_dict())
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         h = bench_hash_overlap(d, staged, args.repeats)
     print_hash_overlap(model.nbytes / 1e6, h, args.repeats)
-    out["session"]["store_save"] = {**h, "overlapped_over_before": h["overlapped"] / h["sequential (before)"]}
+    out["session"]["store_save"] = {**h, "block_over_before": h["block sha256, overlapped"] / h[BEFORE],
+                                    "block_over_sha256": h["block sha256, overlapped"] / h["sha256, overlapped"]}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

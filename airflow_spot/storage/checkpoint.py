@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from airflow_spot.storage.block_digest import BLOCK_BYTES, BlockSha256
 from airflow_spot.storage.manifest import (  # re-exported: callers import them from here
     MANIFEST_SCHEMA,
     CheckpointError,
@@ -105,17 +106,20 @@ class CheckpointStatus:
 class _HashingWriter:
     """File wrapper that checksums and counts bytes as they are written (no second read).
 
-    A large chunk (a tensor's storage, as ``torch.save`` writes it) is hashed in a helper thread while
-    this one writes it: both release the GIL, so a chunk costs the longer of the two instead of their
-    sum (SHA-256 runs at about the speed a local disk writes, ``benchmarks/results/gpu_staging.txt``).
-    Each chunk's hash is finished before ``write`` returns, so the chunks are hashed in order and the
-    caller may reuse its buffer at once. Use as a context manager (it owns the helper thread)."""
+    The digest is a block SHA-256 (:mod:`~airflow_spot.storage.block_digest`), whose blocks are hashed
+    on every core. A large chunk (a tensor's storage, as ``torch.save`` writes it) is hashed in a helper
+    thread while this one writes it, so a chunk costs the longer of the two instead of their sum. Each
+    chunk is hashed before ``write`` returns, so the caller may reuse its buffer at once. Use as a
+    context manager (it owns the helper thread)."""
 
     PARALLEL_BYTES = 1 << 20
+    #: the digest's block size; 0 writes a whole-file SHA-256 (one core, as before manifest schema 3)
+    BLOCK_BYTES = BLOCK_BYTES
 
     def __init__(self, f: BinaryIO) -> None:
         self._f = f
-        self.sha = hashlib.sha256()
+        self.block_bytes = self.BLOCK_BYTES
+        self.hasher = BlockSha256(self.block_bytes) if self.block_bytes else hashlib.sha256()
         self.size = 0
         self._pool: ThreadPoolExecutor | None = None
 
@@ -132,13 +136,13 @@ class _HashingWriter:
         if view.nbytes >= self.PARALLEL_BYTES:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spot-sha256")
-            hashed = self._pool.submit(self.sha.update, view)
+            hashed = self._pool.submit(self.hasher.update, view)
             try:
                 n = self._f.write(data)
             finally:
                 hashed.result()
         else:
-            self.sha.update(view)
+            self.hasher.update(view)
             n = self._f.write(data)
         self.size += view.nbytes if n is None else n
         return n if n is not None else view.nbytes
@@ -147,12 +151,9 @@ class _HashingWriter:
         self._f.flush()
 
 
-def sha256_file(path: str, chunk: int = 8 * 1024 * 1024) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+def sha256_file(path: str) -> str:
+    """The whole-file SHA-256 of a local file (what manifests before schema 3 name)."""
+    return FileEntry("", 0, "").file_digest(path)
 
 
 class CheckpointStore:
@@ -187,7 +188,7 @@ class CheckpointStore:
             manifest = Manifest(
                 step=step,
                 directory=directory,
-                files=(FileEntry(PAYLOAD, hw.size, hw.sha.hexdigest()),),
+                files=(FileEntry(PAYLOAD, hw.size, hw.hasher.hexdigest(), hw.block_bytes),),
                 writer=self.writer,
                 created_at=time.time(),
                 save_seconds=time.monotonic() - started,
@@ -292,7 +293,7 @@ class CheckpointStore:
             raise CheckpointError(
                 f"checkpoint {manifest.directory}/{entry.name}: size {size} != {entry.size} in manifest"
             )
-        if (digest or sha256_file(path)) != entry.sha256:
+        if (digest or entry.file_digest(path)) != entry.sha256:
             raise CheckpointError(
                 f"checkpoint {manifest.directory}/{entry.name}: sha256 mismatch (corrupt or tampered)"
             )
@@ -300,7 +301,7 @@ class CheckpointStore:
     def fetch_verified(self, manifest: Manifest, entry: FileEntry, use: Callable[[str], Any]) -> Any:
         """Fetch one payload file, verify it and pass its local path to ``use``. A missing or mismatching
         file raises :class:`CheckpointError`; a store that cannot be read raises its own error."""
-        hasher = hashlib.sha256()
+        hasher = entry.new_hasher()
         try:
             with self.store.reading(f"{manifest.directory}/{entry.name}", hasher=hasher) as path:
                 self.verify(manifest, path, entry, digest=hasher.hexdigest())

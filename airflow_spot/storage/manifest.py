@@ -16,8 +16,11 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from airflow_spot.storage.block_digest import MIN_BLOCK_BYTES, BlockSha256, block_sha256_of_file
+
+#: 3: a file's ``sha256`` may be a block SHA-256 (``sha256_block`` names the block size);
 #: 2: the manifest carries ``checksum``; 1: older manifests without it (still read, see the module doc)
-MANIFEST_SCHEMA = 2
+MANIFEST_SCHEMA = 3
 DIR_NAME_RE = re.compile(r"^(\d{12})-(.+)-([0-9a-f]{8})$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _MANIFEST_FIELDS = {"step", "directory", "files", "writer", "created_at", "save_seconds", "meta", "schema", "checksum"}
@@ -34,9 +37,34 @@ class ManifestError(CheckpointError):
 
 @dataclass(frozen=True)
 class FileEntry:
+    """One payload file. ``sha256`` is the SHA-256 of its bytes, or, when ``sha256_block`` is set, their
+    block SHA-256 with blocks of that many bytes (:mod:`airflow_spot.storage.block_digest`), which every
+    core computes at once."""
+
     name: str
     size: int
     sha256: str
+    sha256_block: int = 0
+
+    def new_hasher(self):
+        """A hashlib-like object (``update``, ``hexdigest``) computing this entry's kind of digest."""
+        return BlockSha256(self.sha256_block) if self.sha256_block else hashlib.sha256()
+
+    def file_digest(self, path: str) -> str:
+        """This entry's kind of digest of a local file."""
+        if self.sha256_block:
+            return block_sha256_of_file(path, self.sha256_block)
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(8 * 1024 * 1024):
+                h.update(chunk)
+        return h.hexdigest()
+
+    def as_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        if not self.sha256_block:  # entries of whole-file digests are written as before schema 3
+            d.pop("sha256_block")
+        return d
 
 
 @dataclass(frozen=True)
@@ -53,7 +81,7 @@ class Manifest:
 
     def _body(self) -> dict[str, Any]:
         d = asdict(self)
-        d["files"] = [asdict(f) for f in self.files]
+        d["files"] = [f.as_json() for f in self.files]
         d.pop("checksum")
         return d
 
@@ -119,17 +147,23 @@ class Manifest:
             problems.append("files is not a non-empty list")
             files = []
         entries = []
+        allowed = {"name", "size", "sha256"} | ({"sha256_block"} if d.get("schema", 1) >= 3 else set())
         for f in files:
-            if not isinstance(f, dict) or set(f) != {"name", "size", "sha256"}:
-                problems.append(f"file entry {f!r} does not have exactly name, size, sha256")
+            if not isinstance(f, dict) or not {"name", "size", "sha256"} <= set(f) <= allowed:
+                problems.append(f"file entry {f!r} does not have exactly name, size, sha256"
+                                + (" (and optionally sha256_block)" if "sha256_block" in allowed else ""))
                 continue
+            block = f.get("sha256_block", 0)
+            if "sha256_block" in f and (not is_int(block) or block < MIN_BLOCK_BYTES):
+                problems.append(f"sha256_block {block!r} of {f['name']!r} is not an integer >= {MIN_BLOCK_BYTES}")
+                block = 0
             if not isinstance(f["name"], str) or not f["name"] or "/" in f["name"]:
                 problems.append(f"file name {f['name']!r} is not a plain file name")
             if not is_int(f["size"]) or f["size"] < 0:
                 problems.append(f"size {f['size']!r} of {f['name']!r} is not an integer >= 0")
             if not isinstance(f["sha256"], str) or not _SHA256_RE.match(f["sha256"]):
                 problems.append(f"sha256 {f['sha256']!r} of {f['name']!r} is not 64 lowercase hex digits")
-            entries.append(FileEntry(f["name"], f["size"], f["sha256"]))
+            entries.append(FileEntry(f["name"], f["size"], f["sha256"], block))
         if problems:
             raise ManifestError("manifest is malformed: " + "; ".join(problems))
         return cls(

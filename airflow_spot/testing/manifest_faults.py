@@ -29,6 +29,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
+from airflow_spot.storage.block_digest import MIN_BLOCK_BYTES
 from airflow_spot.storage.checkpoint import (
     MANIFEST,
     CheckpointStore,
@@ -37,13 +38,13 @@ from airflow_spot.storage.checkpoint import (
 )
 
 KINDS = (
-    "bit_flip", "truncate", "step", "size", "sha256", "directory", "writer", "remove_field", "swap",
+    "bit_flip", "truncate", "step", "size", "sha256", "sha256_block", "directory", "writer", "remove_field", "swap",
     "not_an_object", "empty",
 )
 #: verdicts that are right (see the module docstring); "latest_ahead_unhashed" is counted on its own
 OK_VERDICTS = ("correct", "fell_back", "raised_no_intact", "harmless_damage_accepted")
 #: wrong-but-valid JSON edits that a forger (or a buggy tool) could re-checksum; the cross-checks must hold
-RESEALABLE = ("step", "size", "sha256", "directory", "writer", "remove_field")
+RESEALABLE = ("step", "size", "sha256", "sha256_block", "directory", "writer", "remove_field")
 
 
 def payload_for(step: int) -> bytes:
@@ -81,6 +82,13 @@ def corrupt(raw: bytes, others: list[bytes], kind: str, rng: random.Random) -> t
         pos = rng.randrange(64)
         digest = entry["sha256"]
         entry["sha256"] = digest[:pos] + ("0" if digest[pos] != "0" else "1") + digest[pos + 1:]
+    elif kind == "sha256_block":  # another block size, or none (the digest read as a whole-file sha256)
+        block = entry.get("sha256_block", 0)
+        choice = rng.choice([0, block * 2, block // 2 if block >= 2 * MIN_BLOCK_BYTES else block * 4])
+        if choice:
+            entry["sha256_block"] = choice
+        else:
+            entry.pop("sha256_block", None)
     elif kind == "directory":
         d["directory"] = d["directory"][:-1] + ("0" if d["directory"][-1] != "0" else "1")
     elif kind == "writer":

@@ -2,7 +2,7 @@
 
 Run before a release with ``python -m pytest -m chaos -s tests/chaos/test_chaos_manifests.py``. Corruptions
 (see airflow_spot.testing.manifest_faults): bit flips anywhere in a manifest (1 to 8 bits), truncation at a
-random length, wrong-but-valid JSON (changed step, size, sha256, directory or writer, a removed field; half
+random length, wrong-but-valid JSON (changed step, size, sha256, digest block size, directory or writer, a removed field; half
 of them re-checksummed, as a tool rewriting the manifest would), manifests swapped between checkpoints,
 non-object JSON and empty files; in 10% of the cases every manifest of the store is damaged at once.
 Each run prints one summary line per store for the README.

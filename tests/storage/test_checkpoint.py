@@ -144,28 +144,53 @@ def test_hashing_writer_accepts_memoryviews(ckpts):
 
 
 def test_large_chunks_are_hashed_in_order_while_the_caller_may_reuse_its_buffer(ckpts, monkeypatch):
-    # a chunk of 1 MB or more is hashed beside its write: the digest must still be that of the bytes in
-    # the order written, as they were when written (the caller refills its buffer after each write)
+    # a chunk of 1 MB or more is hashed beside its write, its blocks on several threads: the digest must
+    # still be that of the bytes in the order written, as they were when written (the caller refills
+    # its buffer after each write)
     import hashlib
 
     from airflow_spot.storage import checkpoint
+    from airflow_spot.storage.block_digest import MIN_BLOCK_BYTES
 
     monkeypatch.setattr(checkpoint._HashingWriter, "PARALLEL_BYTES", 4096)
-    chunk = bytearray(8192)
-    expected = hashlib.sha256()
+    monkeypatch.setattr(checkpoint._HashingWriter, "BLOCK_BYTES", MIN_BLOCK_BYTES)
+    chunk = bytearray(MIN_BLOCK_BYTES * 3 // 2)
     written = []
 
     def write(f):
         for i in range(40):
             chunk[:] = bytes([i % 251]) * len(chunk)
             f.write(chunk if i % 3 else memoryview(chunk)[: 100 + i])  # large and small, mixed
-            data = bytes(chunk if i % 3 else chunk[: 100 + i])
-            expected.update(data)
-            written.append(data)
+            written.append(bytes(chunk if i % 3 else chunk[: 100 + i]))
 
     m = ckpts.save(3, write)
-    assert m.files[0].sha256 == expected.hexdigest() and m.files[0].size == sum(map(len, written))
-    assert ckpts.restore_latest(_read)[1] == b"".join(written)
+    data = b"".join(written)
+    blocks = b"".join(hashlib.sha256(data[i:i + MIN_BLOCK_BYTES]).digest()
+                      for i in range(0, len(data), MIN_BLOCK_BYTES))
+    assert m.files[0].sha256 == hashlib.sha256(blocks).hexdigest() and m.files[0].size == len(data)
+    assert m.files[0].sha256_block == MIN_BLOCK_BYTES
+    assert ckpts.restore_latest(_read)[1] == data
+
+
+def test_a_checkpoint_whose_manifest_names_a_whole_file_sha256_still_restores_and_is_still_checked(ckpts):
+    # checkpoints saved before block digests (manifest schema 2) stay readable after an upgrade
+    import hashlib
+    import json
+
+    from airflow_spot.storage.manifest import manifest_checksum
+
+    m = ckpts.save(4, _write(b"payload-4"))
+    d = json.loads(ckpts.store.get_bytes(f"{m.directory}/MANIFEST.json"))
+    d.pop("checksum")
+    d["schema"] = 2
+    d["files"] = [{"name": "state.pt", "size": 9, "sha256": hashlib.sha256(b"payload-4").hexdigest()}]
+    d["checksum"] = manifest_checksum(d)
+    ckpts.store.put_bytes(f"{m.directory}/MANIFEST.json", json.dumps(d).encode())
+    got, payload = ckpts.restore_latest(_read)
+    assert (got.step, got.schema, got.files[0].sha256_block, payload) == (4, 2, 0, b"payload-4")
+    assert all(s.ok for s in ckpts.inspect())
+    ckpts.store.put_bytes(f"{m.directory}/state.pt", b"payload-5")  # same size, other bytes
+    assert "sha256 mismatch" in ckpts.inspect()[0].problem
 
 
 def test_a_file_save_flushes_to_disk_while_it_writes_and_a_failed_flush_fails_the_save(ckpts, monkeypatch):

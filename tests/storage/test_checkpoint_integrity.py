@@ -1,6 +1,7 @@
 """A store that cannot lose progress silently: manifest checksums, directory cross-checks, no silent restart."""
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -9,6 +10,7 @@ import pytest
 
 from airflow_spot.storage.checkpoint import (
     MANIFEST,
+    MANIFEST_SCHEMA,
     CheckpointSaveError,
     CheckpointStore,
     Manifest,
@@ -110,7 +112,7 @@ def test_swapped_manifest_is_rejected_and_restore_falls_back(ckpts):
 def test_checksum_cannot_be_dodged_by_downgrading_the_schema_or_dropping_it(ckpts):
     m = ckpts.save(3, lambda f: f.write(b"three"))
     d = json.loads(ckpts.store.get_bytes(f"{m.directory}/{MANIFEST}"))
-    assert d["schema"] == 2 and d["checksum"] == manifest_checksum(d)
+    assert d["schema"] == MANIFEST_SCHEMA and d["checksum"] == manifest_checksum(d)
     downgraded = dict(d, schema=1)
     with pytest.raises(ManifestError, match="checksum"):
         Manifest.from_json(json.dumps(downgraded).encode(), m.directory)
@@ -125,7 +127,8 @@ def test_legacy_manifest_without_checksum_is_read_but_cross_checked(ckpts):
     m = ckpts.save(40, lambda f: f.write(b"forty"))
     key = f"{m.directory}/{MANIFEST}"
     legacy = {k: v for k, v in json.loads(ckpts.store.get_bytes(key)).items() if k != "checksum"}
-    legacy["schema"] = 1
+    legacy["schema"] = 1  # which named the payload's whole-file sha256
+    legacy["files"] = [{"name": "state.pt", "size": 5, "sha256": hashlib.sha256(b"forty").hexdigest()}]
     ckpts.store.put_bytes(key, json.dumps(legacy).encode())
     assert ckpts.restore_latest(_read)[1] == b"forty"
     ckpts.store.put_bytes(key, json.dumps(dict(legacy, step=48)).encode())

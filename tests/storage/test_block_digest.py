@@ -1,0 +1,124 @@
+"""The block SHA-256 a checkpoint's manifest names: its definition, its two ways in, and its manifests."""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+
+import pytest
+
+from airflow_spot.storage.block_digest import MIN_BLOCK_BYTES, BlockSha256, block_sha256_of_file
+from airflow_spot.storage.manifest import FileEntry, Manifest, ManifestError, manifest_checksum
+
+BLOCK = MIN_BLOCK_BYTES
+
+
+def reference(data: bytes, block: int) -> str:
+    """The definition, written out: SHA-256 over the SHA-256 of each block, in order."""
+    digests = b"".join(hashlib.sha256(data[i:i + block]).digest() for i in range(0, len(data), block))
+    return hashlib.sha256(digests).hexdigest()
+
+
+def pieces(data: bytes, rng: random.Random) -> list[bytes]:
+    """``data`` cut at random places: tiny pieces, pieces across block ends, pieces of many blocks."""
+    out, pos = [], 0
+    while pos < len(data):
+        n = rng.choice([1, 7, BLOCK - 3, BLOCK, BLOCK + 5, 3 * BLOCK + 11, 4096])
+        out.append(data[pos:pos + n])
+        pos += n
+    return out
+
+
+@pytest.mark.parametrize("size", [0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 10 * BLOCK + 12345])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_digest_is_the_hash_of_the_blocks_hashes_however_the_bytes_arrive(size, seed):
+    rng = random.Random(seed * 1000 + size)
+    data = rng.randbytes(size)
+    want = reference(data, BLOCK)
+    for way in ("update", "owned", "mixed"):
+        h = BlockSha256(BLOCK)
+        for i, piece in enumerate(pieces(data, rng)):
+            if way == "update" or (way == "mixed" and i % 2):
+                h.update(memoryview(piece))
+            else:
+                h.update_owned(piece)
+        assert h.size == size
+        assert h.hexdigest() == want, way
+
+
+def test_update_leaves_the_callers_buffer_free_when_it_returns():
+    # a serialiser refills one buffer after each write: the digest must be that of the bytes as written
+    rng = random.Random(5)
+    buf = bytearray(3 * BLOCK + 100)
+    written = []
+    h = BlockSha256(BLOCK)
+    for _ in range(12):
+        n = rng.choice([10, BLOCK // 2, len(buf)])
+        buf[:n] = rng.randbytes(n)
+        h.update(memoryview(buf)[:n])
+        written.append(bytes(buf[:n]))
+        buf[:] = b"\xff" * len(buf)  # the caller reuses the buffer at once
+    assert h.hexdigest() == reference(b"".join(written), BLOCK)
+
+
+def test_the_digest_differs_from_a_whole_file_sha256_and_names_the_block_size():
+    data = random.Random(2).randbytes(3 * BLOCK)
+    h = BlockSha256(BLOCK)
+    h.update_owned(data)
+    assert h.hexdigest() != hashlib.sha256(data).hexdigest()
+    h2 = BlockSha256(2 * BLOCK)
+    h2.update_owned(data)
+    assert h2.hexdigest() != h.hexdigest()
+
+
+def test_digest_of_a_file_and_of_nothing(tmp_path):
+    data = random.Random(3).randbytes(5 * BLOCK + 17)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    assert block_sha256_of_file(str(path), BLOCK, read_bytes=BLOCK // 3) == reference(data, BLOCK)
+    assert BlockSha256(BLOCK).hexdigest() == hashlib.sha256(b"").hexdigest()
+
+
+def test_bad_block_sizes_and_mutable_owned_bytes_are_refused():
+    for bad in (0, MIN_BLOCK_BYTES - 1, 1.5, True, "8M"):
+        with pytest.raises(ValueError, match="block size must be an integer"):
+            BlockSha256(bad)
+    with pytest.raises(TypeError, match="immutable"):
+        BlockSha256(BLOCK).update_owned(bytearray(10))
+
+
+# ---- manifests
+
+def _manifest_json(schema: int, entry: dict) -> bytes:
+    d = {"step": 3, "directory": "000000000003-w-0123abcd", "files": [entry], "writer": "w",
+         "created_at": 1.0, "save_seconds": 0.1, "meta": {}, "schema": schema}
+    d["checksum"] = manifest_checksum(d)
+    return json.dumps(d).encode()
+
+
+def test_a_manifest_carries_the_block_size_and_old_manifests_keep_whole_file_digests(tmp_path):
+    block = FileEntry("state.pt", 5, "a" * 64, BLOCK)
+    m = Manifest(3, "000000000003-w-0123abcd", (block,), "w", 1.0, 0.1).sealed()
+    back = Manifest.from_json(m.to_json(), "000000000003-w-0123abcd")
+    assert back.files[0].sha256_block == BLOCK and back.schema == 3
+    # schema 2 (and schema 3 without the field): the digest is the whole file's SHA-256
+    for schema in (2, 3):
+        old = Manifest.from_json(_manifest_json(schema, {"name": "state.pt", "size": 5, "sha256": "b" * 64}))
+        assert old.files[0].sha256_block == 0
+        assert "sha256_block" not in json.loads(old.to_json())["files"][0]
+    path = tmp_path / "p"
+    path.write_bytes(b"hello")
+    assert FileEntry("p", 5, "", 0).file_digest(str(path)) == hashlib.sha256(b"hello").hexdigest()
+    assert FileEntry("p", 5, "", BLOCK).file_digest(str(path)) == reference(b"hello", BLOCK)
+
+
+@pytest.mark.parametrize("schema, block, problem", [
+    (2, BLOCK, "does not have exactly name, size, sha256"),  # a schema-2 writer never wrote it
+    (3, 100, "sha256_block 100 of 'state.pt' is not an integer >= 65536"),
+    (3, "8M", "is not an integer"),
+    (4, BLOCK, "schema 4 is newer than this code understands; upgrade airflow-spot"),
+])
+def test_a_malformed_block_size_makes_the_manifest_untrusted(schema, block, problem):
+    raw = _manifest_json(schema, {"name": "state.pt", "size": 5, "sha256": "b" * 64, "sha256_block": block})
+    with pytest.raises(ManifestError, match=problem):
+        Manifest.from_json(raw)
