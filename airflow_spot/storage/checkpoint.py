@@ -3,7 +3,7 @@
 Layout (relative to the store, usually ``<job>/checkpoints``)::
 
     <step:012d>-<writer>-<nonce>/state.pt        payload, written first
-    <step:012d>-<writer>-<nonce>/MANIFEST.json   written last: step, files, sizes, sha256, save time, checksum
+    <step:012d>-<writer>-<nonce>/MANIFEST.json   written last: step, files, sizes, digests, save time, checksum
     quarantine/<step:012d>-<writer>-<nonce>/...  set aside by ``airflow-spot checkpoints restore`` (never read)
 
 A checkpoint exists only once its manifest does, and the manifest names the files with their checksums,
@@ -13,7 +13,8 @@ into one checkpoint, and nothing committed is ever overwritten.
 
 A manifest is trusted only when (1) its own ``checksum`` (sha256 of its canonical JSON without that
 field) matches, (2) its ``step``, ``writer`` and ``directory`` agree with the directory it was found in,
-and (3) at restore, the payload's size and sha256 match. Manifests written before the checksum existed
+and (3) at restore, the payload's size and digest match (a block SHA-256 since manifest schema 3,
+:mod:`~airflow_spot.storage.block_digest`; a whole-file SHA-256 before). Manifests written before the checksum existed
 (schema 1, no ``checksum``) are still read, because (2) and (3) still catch a changed step or payload;
 a manifest that carries a checksum is always held to it, whatever its ``schema`` says.
 

@@ -6,6 +6,11 @@ given the directory it was found in, that the step, writer and directory agree w
 (``<step:012d>-<writer>-<nonce>``, written before the manifest, so an independent record of the step).
 Schema-1 manifests (before the checksum) are still read: the directory cross-check and the payload hash
 still catch a changed step or payload. A manifest that carries a checksum is always held to it.
+
+From schema 3 a file's ``sha256`` is a block SHA-256 when the entry names ``sha256_block`` (the block size;
+:mod:`airflow_spot.storage.block_digest`), which every core computes at once; without it, and in schemas
+1-2, it is the SHA-256 of the whole file. An older airflow-spot refuses a schema-3 manifest ("newer than
+this code understands; upgrade"), so upgrade every worker of a deployment before its jobs save again.
 """
 from __future__ import annotations
 
