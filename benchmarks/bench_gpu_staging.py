@@ -92,23 +92,52 @@ def session_saves(directory: str, model: GpuState, repeats: int) -> dict:
             "stall_plus_write": statistics.median(background), "emergency": emergency}
 
 
-def emergency_with_whole_file_sha256(directory: str, model: GpuState) -> float:
-    """The emergency save as before block digests (one core hashes the payload), on the same state."""
+def emergency_alone(directory: str, model: GpuState, block_bytes: int, warm: bool = True) -> float:
+    """A fresh session's emergency save of ``model``, its payload digest of ``block_bytes`` blocks (0: the
+    whole-file sha256 of before); ``warm``: after one periodic save (warm staging buffers, as a session's
+    emergency save usually has), else straight after ``track()`` allocated them (a state too large for two
+    checkpoints on the disk)."""
     from airflow_spot.storage import checkpoint
 
-    block = checkpoint._HashingWriter.BLOCK_BYTES
-    checkpoint._HashingWriter.BLOCK_BYTES = 0
+    default = checkpoint._HashingWriter.BLOCK_BYTES
+    checkpoint._HashingWriter.BLOCK_BYTES = block_bytes
     try:
         spot = SpotSession(f"file://{directory}", 10**9, notice_sources=[], heartbeat_seconds=3600, keep=2)
         spot.__enter__()
         spot.track(model=model)
         spot.step = 1
-        spot._save("periodic", wait=True)  # warm staging buffers, as the other session's emergency save has
-        spot.step = 2
+        if warm:
+            spot._save("periodic", wait=True)
+            spot.step = 2
         os.sync()
         return emergency_after_notice(spot)
     finally:
-        checkpoint._HashingWriter.BLOCK_BYTES = block
+        checkpoint._HashingWriter.BLOCK_BYTES = default
+
+
+def large_emergencies(sizes: list[float], directory: str) -> dict:
+    """The emergency save of each size with the block and the whole-file digest, one checkpoint on the disk
+    at a time; which goes first alternates from one size to the next."""
+    from airflow_spot.storage.block_digest import BLOCK_BYTES
+
+    out = {}
+    for i, gb in enumerate(sizes):
+        model = GpuState(gb)
+        size = model.nbytes / 1e9
+        row = {}
+        modes = (("block sha256", BLOCK_BYTES), ("sha256", 0))
+        for label, block in modes[i % 2:] + modes[:i % 2]:
+            with tempfile.TemporaryDirectory(dir=directory) as d:
+                row[label] = emergency_alone(d, model, block, warm=False)
+        out[f"{size:.2f}"] = row
+        print(f"emergency save of {size:.2f} GB, notice -> committed, file:// in {directory} (once each, "
+              f"{next(iter(row))} first):")
+        for label, t in sorted(row.items()):
+            print(f"  {label:14s} {t:7.3f} s   {t / 30:.1%} of a 30 s notice, {t / 120:.1%} of 120 s")
+        print(f"  block / whole-file {row['block sha256'] / row['sha256']:.3f}")
+        del model
+        torch.cuda.empty_cache()
+    return out
 
 
 def main() -> int:
@@ -119,6 +148,9 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--session-gb", type=float, default=2.0,
                     help="state size for the session's synchronous and emergency saves (disk-bound)")
+    ap.add_argument("--emergency-gb", default="",
+                    help="comma-separated sizes whose emergency save alone is measured, block and whole-file digest "
+                         "(needs the state's size free on the disk); with it, nothing else is measured")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_gpu_staging: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
@@ -126,6 +158,12 @@ def main() -> int:
     name = torch.cuda.get_device_name()
     print(f"{name}, torch {torch.__version__}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
     out: dict = {"device": name, "torch": torch.__version__, "sizes": {}}
+    if args.emergency_gb:
+        out["emergency"] = large_emergencies([float(x) for x in args.emergency_gb.split(",") if x], args.dir)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=2)
+        return 0
     for gb in [float(x) for x in args.gb.split(",") if x]:
         model = GpuState(gb)
         size = model.nbytes / 1e9
@@ -147,7 +185,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         s = session_saves(d, model, args.repeats)
     with tempfile.TemporaryDirectory(dir=args.dir) as d:  # a disk without the other session's checkpoints
-        s["emergency_sha256"] = emergency_with_whole_file_sha256(d, model)
+        s["emergency_sha256"] = emergency_alone(d, model, 0)
     size = model.nbytes / 1e9
     out["session"] = {"GB": size, **s, "stall_over_sync": s["session_stall"] / s["sync"]}
     print(f"SpotSession, {size:.2f} GB on the GPU, file:// in {args.dir} (median of {args.repeats}):")
