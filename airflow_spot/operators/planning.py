@@ -206,6 +206,20 @@ def pick_warm(alive: Sequence[InstanceInfo], plan_: Plan) -> InstanceInfo | None
     return min(good, key=lambda i: plan_.cost_of(i.offer), default=None)
 
 
+def priced_now(instance: InstanceInfo, offers: Sequence[Offer]) -> InstanceInfo:
+    """A warm instance as the next attempt bills it: at its pool's price now (what ``offers``, the plan's
+    current ranking, quotes for the same type, zone and market), not the price it was launched at. The
+    cloud bills a running spot instance the price in effect, and a warm instance can serve many segments;
+    an instance whose pool the market no longer offers keeps its own price."""
+    old = instance.offer
+    for now in offers:
+        if now.pool == old.pool and Market(now.market) is Market(old.market):
+            return replace(instance, offer=replace(
+                old, price_per_hour=now.price_per_hour, on_demand_price_per_hour=now.on_demand_price_per_hour,
+                preemption_rate_per_hour=now.preemption_rate_per_hour))
+    return instance
+
+
 class AvailabilityRecorder:
     """Writes the job's pool events to its own log (``control/availability/`` in the job's store) and to
     the deployment's availability log (:mod:`airflow_spot.storage.availability`).

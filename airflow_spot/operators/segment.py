@@ -670,7 +670,7 @@ class SpotSegmentOperator(BaseOperator):
                     return moved, False
                 self.log.info("cheaper pools refused (%s); keeping the warm instance in %s", "; ".join(errors),
                               warm.offer.pool)
-            return warm, True
+            return planning.priced_now(warm, plan.ranked), True
         launched, errors = self._launch_first(context, store, plan.ranked, recorder)
         if launched is not None:
             return launched, False

@@ -503,3 +503,45 @@ def test_without_a_step_time_in_the_recent_attempts_every_heartbeat_is_read(tmp_
     assert measured_step_seconds(layout, rows) == measured_step_seconds(layout) == 0.6
     layout2, rows2, _ = _beats(tmp_path / "b", 30, ewma=lambda i: 0.7 if i == 19 else (0.6 if i < 19 else None))
     assert measured_step_seconds(layout2, rows2) == 0.7
+
+
+def test_a_warm_instance_is_billed_at_its_pools_price_now_not_the_price_it_was_launched_at(tmp_path):
+    """The cloud bills a running spot instance the price in effect; a warm instance reused by the next
+    segment must not carry the price of its launch, hours ago, into that segment's ledger row."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from airflow_spot.operators.planning import AvailabilityRecorder, priced_now
+    from airflow_spot.operators.segment import SpotSegmentOperator
+    from airflow_spot.storage.object_store import open_store
+
+    op = SpotSegmentOperator(
+        task_id="segment_001", command=["python", "train.py"], checkpoint_uri=f"file://{tmp_path}/job",
+        start_step=10, end_step=20, total_steps=1000, gpus=GPUS, backend_options={"state_dir": str(tmp_path / "state")},
+    )
+    store = open_store(f"file://{tmp_path}/job")
+    rec = AvailabilityRecorder(store, None, "dag.train")
+    market = op.hook.get_market()
+    backend = op.hook.get_backend()
+    context = {"ti": SimpleNamespace(try_number=1), "run_id": "manual__1"}
+    best = make_plan(market).ranked[0]
+    try:
+        launched, _ = op._launch_first(context, store, [best], rec)
+        # launched when the pool cost half what it costs now
+        warm = replace(launched, offer=replace(launched.offer, price_per_hour=best.price_per_hour / 2))
+        p = plan(market, GPUS, now=time.time(), done_steps=10, total_steps=1000, job_started_at=T0, deadline=None,
+                 ledger_rows=[], running=Market.SPOT, running_pool=best.pool, job_events=rec.job_events())
+        assert not p.move_to
+        kept, reused = op._get_instance(context, store, p, [warm], recorder=rec)
+        assert reused and kept.instance_id == warm.instance_id
+        assert kept.offer.price_per_hour == best.price_per_hour
+        assert (kept.offer.pool, kept.offer.market) == (warm.offer.pool, warm.offer.market)
+    finally:
+        backend.terminate([i.instance_id for i in backend.list_instances({})
+                           if not InstanceState(i.state).is_terminal()])
+    # a pool the market no longer offers keeps the instance's own price; another market's offer is no match
+    gone = replace(warm, offer=replace(warm.offer, zone="nowhere-1a"))
+    assert priced_now(gone, p.ranked) is gone
+    od = replace(best, market=Market.ON_DEMAND, price_per_hour=99.0)
+    assert priced_now(warm, [od]).offer.price_per_hour == warm.offer.price_per_hour
+    assert priced_now(warm, [od, best]).offer.price_per_hour == best.price_per_hour
