@@ -37,6 +37,22 @@ class Blob(torch.nn.Module):
         self.ps = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(4 * 1024 * 1024)) for _ in range(n))
 
 
+#: tensor sizes of a state like a model's many layers (norms and biases of KBs beside matrices of MBs), cycled
+MIXED_TENSOR_BYTES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
+
+
+def mixed_state(mb: float) -> dict:
+    """``mb`` megabytes of float32 host tensors of :data:`MIXED_TENSOR_BYTES` sizes in turn (each size the
+    same count, so the small ones are many but hold few of the bytes)."""
+    state, total, i = {}, 0, 0
+    while total < mb * 1e6:
+        n = MIXED_TENSOR_BYTES[i % len(MIXED_TENSOR_BYTES)]
+        state[f"t{i}"] = torch.randn(n // 4)
+        total += n
+        i += 1
+    return state
+
+
 def session(uri: str, mb: int) -> tuple[SpotSession, Blob]:
     model = Blob(mb)
     spot = SpotSession(uri, 10**9, notice_sources=[], heartbeat_seconds=3600, keep=2)
@@ -98,20 +114,21 @@ def bench_hash_overlap(directory: str, state: dict, repeats: int) -> dict:
     times: dict[str, list[float]] = {label: [] for label, *_ in WRITE_MODES}
     verify: dict[str, list[float]] = {"block sha256": [], "sha256": []}
     writer = checkpoint_module._HashingWriter
-    defaults = writer.PARALLEL_BYTES, writer.BLOCK_BYTES, object_store._EarlyWriteback.EVERY_BYTES
+    defaults = writer.PARALLEL_BYTES, object_store._EarlyWriteback.EVERY_BYTES
     step = 0
+    cold = False
     try:
         for i in range(repeats):
-            # each mode leads in turn, and each starts on a quiet disk: the previous save's writeback and
-            # the deletion of its files must not be charged to the next one
+            # each mode leads in turn, and each starts on a quiet disk and an empty page cache: the previous
+            # save's writeback and the deletion of its files must not be charged to the next one
             n = len(WRITE_MODES)
             for label, block, hash_overlap, early_flush in WRITE_MODES[i % n:] + WRITE_MODES[:i % n]:
                 writer.PARALLEL_BYTES = defaults[0] if hash_overlap else float("inf")
-                writer.BLOCK_BYTES = block
-                object_store._EarlyWriteback.EVERY_BYTES = defaults[2] if early_flush else float("inf")
+                store.block_bytes = block
+                object_store._EarlyWriteback.EVERY_BYTES = defaults[1] if early_flush else float("inf")
                 step += 1
                 store.store.delete(store.store.list())  # a large state must not fill the disk
-                os.sync()
+                drop_page_cache()
                 times[label].append(timed(lambda: store.save(step, lambda f: torch.save(state, f))))
                 if label in ("block sha256, overlapped", "sha256, overlapped"):
                     manifest = store.committed()[-1]
@@ -119,7 +136,7 @@ def bench_hash_overlap(directory: str, state: dict, repeats: int) -> dict:
                     cold = drop_page_cache()
                     verify[kind].append(timed(lambda: store.fetch_verified(manifest, manifest.files[0], len)))
     finally:
-        writer.PARALLEL_BYTES, writer.BLOCK_BYTES, object_store._EarlyWriteback.EVERY_BYTES = defaults
+        writer.PARALLEL_BYTES, object_store._EarlyWriteback.EVERY_BYTES = defaults
     out = {k: statistics.median(v) for k, v in times.items()}
     out["verify"] = {k: statistics.median(v) for k, v in verify.items()}
     out["verify_cache"] = "cold" if cold else "warm"
@@ -149,6 +166,10 @@ def print_hash_overlap(mb: float, h: dict, repeats: int) -> None:
     print(f"restore's read + verify of that payload ({h['verify_cache']} page cache), median of {repeats}:")
     for kind in ("block sha256", "sha256"):
         print(f"  {kind:26s} {v[kind]:7.3f} s   {v[kind] / v['sha256']:.3f}   ({mb / 1000 / v[kind]:.2f} GB/s)")
+
+
+def _human(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
 def emergency_after_notice(spot: SpotSession) -> float:
@@ -193,6 +214,9 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(dir="/var/tmp") as d:
         state = {k: v.detach().clone() for k, v in Blob(args.mb).state_dict().items()}
+        print_hash_overlap(args.mb, bench_hash_overlap(d, state, args.repeats), args.repeats)
+        state = mixed_state(args.mb)
+        print(f"the same with {len(state)} tensors of {', '.join(_human(b) for b in MIXED_TENSOR_BYTES)} in turn:")
         print_hash_overlap(args.mb, bench_hash_overlap(d, state, args.repeats), args.repeats)
 
     from airflow_spot.testing.moto_s3 import create_bucket, moto_server_process

@@ -28,7 +28,14 @@ import tempfile
 import time
 
 import torch
-from bench_checkpoint_save import BEFORE, bench_hash_overlap, emergency_after_notice, print_hash_overlap
+from bench_checkpoint_save import (
+    BEFORE,
+    bench_hash_overlap,
+    drop_page_cache,
+    emergency_after_notice,
+    mixed_state,
+    print_hash_overlap,
+)
 
 from airflow_spot.training.session import SpotSession
 from airflow_spot.training.state import Stager
@@ -86,33 +93,50 @@ def session_saves(directory: str, model: GpuState, repeats: int) -> dict:
         pinned_stall.append(time.perf_counter() - t)
         spot.writer.wait()
         background.append(time.perf_counter() - t)
-    spot.step += 1
-    emergency = emergency_after_notice(spot)
+    spot.__exit__(None, None, None)
     return {"sync": statistics.median(sync), "session_stall": statistics.median(pinned_stall),
-            "stall_plus_write": statistics.median(background), "emergency": emergency}
+            "stall_plus_write": statistics.median(background)}
 
 
 def emergency_alone(directory: str, model: GpuState, block_bytes: int, warm: bool = True) -> float:
-    """A fresh session's emergency save of ``model``, its payload digest of ``block_bytes`` blocks (0: the
-    whole-file sha256 of before); ``warm``: after one periodic save (warm staging buffers, as a session's
-    emergency save usually has), else straight after ``track()`` allocated them (a state too large for two
-    checkpoints on the disk)."""
-    from airflow_spot.storage import checkpoint
+    """A fresh session's emergency save of ``model``, its payload digest a block SHA-256 or, with
+    ``block_bytes=0``, the whole-file sha256 of before; ``warm``: after one periodic save (warm staging
+    buffers, as a session's emergency save usually has), else straight after ``track()`` allocated them
+    (a state too large for two checkpoints on the disk). Starts on a quiet disk and an empty page cache."""
+    from airflow_spot.storage.checkpoint import DIGEST_ENV
 
-    default = checkpoint._HashingWriter.BLOCK_BYTES
-    checkpoint._HashingWriter.BLOCK_BYTES = block_bytes
+    before = os.environ.get(DIGEST_ENV)
+    os.environ[DIGEST_ENV] = "block" if block_bytes else "sha256"
     try:
         spot = SpotSession(f"file://{directory}", 10**9, notice_sources=[], heartbeat_seconds=3600, keep=2)
         spot.__enter__()
+        assert spot.checkpoints.block_bytes == block_bytes, (spot.checkpoints.block_bytes, block_bytes)
         spot.track(model=model)
         spot.step = 1
         if warm:
             spot._save("periodic", wait=True)
             spot.step = 2
-        os.sync()
+        drop_page_cache()
         return emergency_after_notice(spot)
     finally:
-        checkpoint._HashingWriter.BLOCK_BYTES = default
+        if before is None:
+            os.environ.pop(DIGEST_ENV, None)
+        else:
+            os.environ[DIGEST_ENV] = before
+
+
+def paired_emergencies(directory: str, model: GpuState, repeats: int) -> dict:
+    """The emergency save with each digest, ``repeats`` times, which goes first alternating, each in a
+    fresh store: medians."""
+    from airflow_spot.storage.block_digest import BLOCK_BYTES
+
+    times: dict[str, list[float]] = {"block sha256": [], "sha256": []}
+    modes = (("block sha256", BLOCK_BYTES), ("sha256", 0))
+    for i in range(repeats):
+        for label, block in modes[i % 2:] + modes[:i % 2]:
+            with tempfile.TemporaryDirectory(dir=directory) as d:
+                times[label].append(emergency_alone(d, model, block))
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def large_emergencies(sizes: list[float], directory: str) -> dict:
@@ -148,6 +172,8 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--session-gb", type=float, default=2.0,
                     help="state size for the session's synchronous and emergency saves (disk-bound)")
+    ap.add_argument("--mixed-gb", type=float, default=0.0,
+                    help="also the store's save and verify of a host state this large in tensors of 4 KiB-16 MiB")
     ap.add_argument("--emergency-gb", default="",
                     help="comma-separated sizes whose emergency save alone is measured, block and whole-file digest "
                          "(needs the state's size free on the disk); with it, nothing else is measured")
@@ -184,8 +210,8 @@ def main() -> int:
     model = GpuState(args.session_gb)
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         s = session_saves(d, model, args.repeats)
-    with tempfile.TemporaryDirectory(dir=args.dir) as d:  # a disk without the other session's checkpoints
-        s["emergency_sha256"] = emergency_alone(d, model, 0)
+    e = paired_emergencies(args.dir, model, args.repeats)  # each on a disk without other checkpoints
+    s["emergency"], s["emergency_sha256"] = e["block sha256"], e["sha256"]
     size = model.nbytes / 1e9
     out["session"] = {"GB": size, **s, "stall_over_sync": s["session_stall"] / s["sync"]}
     print(f"SpotSession, {size:.2f} GB on the GPU, file:// in {args.dir} (median of {args.repeats}):")
@@ -193,9 +219,10 @@ def main() -> int:
     print(f"  two-phase: training stall (pinned staging)       {s['session_stall']:7.3f} s   "
           f"{s['session_stall'] / s['sync']:.3f}   target <= 0.10")
     print(f"  two-phase: stall + background write              {s['stall_plus_write']:7.3f} s")
-    print(f"  emergency save, notice -> committed              {s['emergency']:7.3f} s   "
+    print(f"  emergency save, notice -> committed (a fresh store each, order alternated, median of {args.repeats}):")
+    print(f"    block sha256                                   {s['emergency']:7.3f} s   "
           f"{s['emergency'] / 30:.1%} of a 30 s notice, {s['emergency'] / 120:.1%} of 120 s")
-    print(f"  the same with a whole-file sha256 (before)       {s['emergency_sha256']:7.3f} s   "
+    print(f"    whole-file sha256 (before)                     {s['emergency_sha256']:7.3f} s   "
           f"{s['emergency_sha256'] / 30:.1%} of a 30 s notice; block / whole-file "
           f"{s['emergency'] / s['emergency_sha256']:.3f}")
     # the write of a staged state (host memory, as the background thread and the emergency save see it)
@@ -205,6 +232,14 @@ def main() -> int:
     print_hash_overlap(model.nbytes / 1e6, h, args.repeats)
     out["session"]["store_save"] = {**h, "block_over_before": h["block sha256, overlapped"] / h[BEFORE],
                                     "block_over_sha256": h["block sha256, overlapped"] / h["sha256, overlapped"]}
+    if args.mixed_gb:  # a model's many small tensors: the case least favourable to block hashing
+        del staged
+        mixed = mixed_state(args.mixed_gb * 1000)
+        with tempfile.TemporaryDirectory(dir=args.dir) as d:
+            h = bench_hash_overlap(d, mixed, args.repeats)
+        print(f"the same for {len(mixed)} host tensors of 4 KiB to 16 MiB in turn:")
+        print_hash_overlap(args.mixed_gb * 1000, h, args.repeats)
+        out["mixed_store_save"] = h
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

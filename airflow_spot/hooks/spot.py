@@ -11,6 +11,7 @@ equivalent hook.
 from __future__ import annotations
 
 import asyncio
+import os
 from functools import cached_property
 from typing import Any
 from urllib.parse import urlparse
@@ -81,11 +82,15 @@ class SpotHook(BaseHook):
         return open_store(uri)
 
     def instance_env(self, uri: str) -> dict[str, str]:
-        """Environment the instance's agent needs to reach the same store (the endpoint, never secrets)."""
+        """Environment the instance's agent needs to reach the same store (the endpoint, never secrets) and
+        to write checkpoints the deployment can read (the digest setting, when the workers set one)."""
+        from airflow_spot.storage.checkpoint import DIGEST_ENV
+
+        env = {DIGEST_ENV: os.environ[DIGEST_ENV]} if os.environ.get(DIGEST_ENV) else {}
         if urlparse(uri).scheme != "s3":
-            return {}
+            return env
         endpoint = self._s3_hook.conn_config.get_service_endpoint_url("s3")
-        return {"AWS_ENDPOINT_URL_S3": endpoint} if endpoint else {}
+        return {**env, "AWS_ENDPOINT_URL_S3": endpoint} if endpoint else env
 
     # ---------------------------------------------------------------- backend and market
     def ec2_hook(self, region: str):

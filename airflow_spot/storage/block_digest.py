@@ -1,6 +1,6 @@
 """Block SHA-256: a payload digest that every core can compute, for the checkpoint's save and restore.
 
-One SHA-256 stream runs at 1.3-2 GB/s, and a checkpoint's save and its restore's verify both wait for
+One SHA-256 stream runs at 1.2-2 GB/s, and a checkpoint's save and its restore's verify both wait for
 it (``benchmarks/results/gpu_staging.txt``). Here the payload is cut into fixed blocks of
 ``block_bytes`` (the last may be shorter), each block is hashed on its own, on a shared pool of threads
 (hashlib releases the GIL), and the digest is the SHA-256 of the blocks' digests in order — a hash list.
@@ -10,15 +10,19 @@ byte string, exactly as a whole-file SHA-256 does.
 :class:`BlockSha256` has two ways in:
 
 * :meth:`~BlockSha256.update` for a caller that reuses its buffer as soon as the call returns (a
-  serialiser writing a tensor's storage): the blocks it completes are hashed in parallel before it
-  returns, and the unfinished tail of a block is copied (at most one block per call);
+  serialiser writing a tensor's storage). A write smaller than a block is copied (a copy is several
+  times cheaper than hashing) and hashed in the background; the blocks a larger write completes are
+  hashed in parallel before it returns, and its unfinished tail is copied;
 * :meth:`~BlockSha256.update_owned` for bytes nobody will change (a file's or a download's reads): a
-  completed block is hashed in the background and the call returns at once, with a bounded number of
-  blocks in flight, so reading and hashing overlap.
+  completed block is hashed in the background and the call returns at once.
+
+Either way at most ``hash_workers() + 2`` blocks wait in the background, so memory stays bounded.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import math
 import os
 import threading
 from collections import deque
@@ -26,34 +30,72 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 #: what new checkpoints use; 8 MiB makes a 64 MB tensor eight parallel blocks
 BLOCK_BYTES = 8 * 1024 * 1024
+#: the block sizes a manifest may name: below, the digests' overhead grows; above, so does the memory a
+#: block in flight holds (a manifest naming a huge block must not make a restore read a payload into memory)
 MIN_BLOCK_BYTES = 64 * 1024
+MAX_BLOCK_BYTES = 256 * 1024 * 1024
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
+def _forget_pool_after_fork() -> None:
+    # a forked child inherits the pool object but none of its threads (and maybe a held lock)
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
+@functools.lru_cache(maxsize=1)
 def hash_workers() -> int:
-    """Threads of the shared pool: the cores this process may use, at most 16 (beyond that the disk or
-    the network bounds a checkpoint's transfer, not SHA-256)."""
+    """Threads of the shared pool: the cores this process may use (its CPU affinity and a cgroup v2 CPU
+    quota, as a container limit sets it), at most 16; beyond that the disk or the network bounds a
+    checkpoint's transfer, not SHA-256."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
     return max(1, min(16, cores))
 
 
-def _shared_pool() -> ThreadPoolExecutor:
+def check_block_bytes(block_bytes) -> str | None:
+    """What is wrong with a block size (None when nothing is)."""
+    if not isinstance(block_bytes, int) or isinstance(block_bytes, bool) \
+            or not MIN_BLOCK_BYTES <= block_bytes <= MAX_BLOCK_BYTES:
+        return f"is not an integer from {MIN_BLOCK_BYTES} to {MAX_BLOCK_BYTES} (bytes)"
+    return None
+
+
+def _submit(pieces: list) -> Future:
+    """Hash one block's pieces on the shared pool; inline where no pool can run (interpreter shutdown)."""
     global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=hash_workers(), thread_name_prefix="spot-block-sha256")
-        return _pool
+    try:
+        with _pool_lock:
+            if _pool is None:
+                _pool = ThreadPoolExecutor(max_workers=hash_workers(), thread_name_prefix="spot-block-sha256")
+            pool = _pool
+        return pool.submit(_hash_pieces, pieces)
+    except RuntimeError:  # "cannot schedule new futures after (interpreter) shutdown"
+        done: Future = Future()
+        done.set_result(_hash_pieces(pieces))
+        return done
 
 
 def _hash_pieces(pieces: list) -> bytes:
     h = hashlib.sha256()
     for piece in pieces:
         h.update(piece)
+    pieces.clear()  # drop the views into the caller's buffer now, not when the future is collected
     return h.digest()
 
 
@@ -64,10 +106,12 @@ class BlockSha256:
     """
 
     def __init__(self, block_bytes: int = BLOCK_BYTES) -> None:
-        if not isinstance(block_bytes, int) or isinstance(block_bytes, bool) or block_bytes < MIN_BLOCK_BYTES:
-            raise ValueError(f"block size must be an integer >= {MIN_BLOCK_BYTES} bytes, got {block_bytes!r}")
+        problem = check_block_bytes(block_bytes)
+        if problem:
+            raise ValueError(f"block size {block_bytes!r} {problem}")
         self.block_bytes = block_bytes
         self.size = 0
+        self._small = bytearray()  # small writes copied, not yet cut into blocks (they follow _pieces)
         self._pieces: list = []  # the current, unfinished block: immutable pieces, in order
         self._filled = 0
         self._digests: list[bytes | Future] = []  # one per finished block, in order
@@ -77,54 +121,70 @@ class BlockSha256:
     def update(self, data) -> None:
         """Hash ``data``; the caller may change its buffer as soon as this returns."""
         view = memoryview(data).cast("B")
-        mine = []
-        pos = 0
-        while pos < view.nbytes:
-            take = min(self.block_bytes - self._filled, view.nbytes - pos)
-            piece = view[pos:pos + take]
-            pos += take
-            if self._filled + take == self.block_bytes:
-                mine.append(self._finish_block(piece))
-            else:  # the block's tail outlives this call: keep a copy
-                self._pieces.append(bytes(piece))
-                self._filled += take
         self.size += view.nbytes
-        for fut in mine:  # the caller's buffer is free once the blocks that read it are hashed
-            fut.result()
+        if view.nbytes < self.block_bytes:  # copied (one memcpy, cheaper than hashing it), hashed later
+            self._small += view
+            if len(self._small) >= self.block_bytes:
+                self._flush_small()
+            return
+        self._flush_small()
+        mine: list[Future] = []
+        pos = 0
+        try:
+            while pos < view.nbytes:
+                take = min(self.block_bytes - self._filled, view.nbytes - pos)
+                if self._filled + take == self.block_bytes:
+                    mine.append(self._finish_block(view[pos:pos + take]))
+                else:  # the block's tail outlives this call: keep a copy
+                    self._pieces.append(bytes(view[pos:pos + take]))
+                    self._filled += take
+                pos += take
+        finally:
+            for fut in mine:  # the caller's buffer is free once the blocks that read it are hashed
+                fut.result()
+            self.size -= view.nbytes - pos  # what a failure left unfed is not counted
 
     def update_owned(self, data: bytes) -> None:
         """Hash ``data``, an immutable ``bytes`` the caller hands over; returns before it is hashed."""
         if not isinstance(data, bytes):
             raise TypeError(f"update_owned takes bytes (immutable), got {type(data).__name__}; use update()")
-        view = memoryview(data)
+        self._flush_small()
+        self.size += len(data)
+        self._feed_owned(memoryview(data))
+
+    def _flush_small(self) -> None:
+        if self._small:
+            small, self._small = self._small, bytearray()  # handed over: never written to again
+            self._feed_owned(memoryview(small))
+
+    def _feed_owned(self, view: memoryview) -> None:
         pos = 0
         while pos < view.nbytes:
             take = min(self.block_bytes - self._filled, view.nbytes - pos)
-            piece = view[pos:pos + take]
-            pos += take
             if self._filled + take == self.block_bytes:
-                self._in_flight.append(self._finish_block(piece))
-                while len(self._in_flight) > 2 * hash_workers():  # bounded memory: wait for the oldest
+                self._in_flight.append(self._finish_block(view[pos:pos + take]))
+                while len(self._in_flight) > hash_workers() + 2:  # bounded memory: wait for the oldest
                     self._in_flight.popleft().result()
             else:
-                self._pieces.append(piece)
+                self._pieces.append(view[pos:pos + take])
                 self._filled += take
-        self.size += view.nbytes
+            pos += take
 
     def _finish_block(self, last_piece) -> Future:
-        pieces, self._pieces, self._filled = self._pieces + [last_piece], [], 0
-        fut = _shared_pool().submit(_hash_pieces, pieces)
+        fut = _submit(self._pieces + [last_piece])  # state changes only once the block is on its way
         self._digests.append(fut)
+        self._pieces, self._filled = [], 0
         return fut
 
     # ---- the digest
     def digest(self) -> bytes:
         """The digest of everything fed so far (feeding may go on after it)."""
+        self._flush_small()
         blocks = [d.result() if isinstance(d, Future) else d for d in self._digests]
         self._digests = list(blocks)
         self._in_flight.clear()
         if self._pieces:
-            blocks.append(_hash_pieces(self._pieces))
+            blocks.append(_hash_pieces(list(self._pieces)))
         return hashlib.sha256(b"".join(blocks)).digest()
 
     def hexdigest(self) -> str:
@@ -140,4 +200,5 @@ def block_sha256_of_file(path: str, block_bytes: int = BLOCK_BYTES, read_bytes: 
     return h.hexdigest()
 
 
-__all__ = ["BLOCK_BYTES", "MIN_BLOCK_BYTES", "BlockSha256", "block_sha256_of_file", "hash_workers"]
+__all__ = ["BLOCK_BYTES", "MAX_BLOCK_BYTES", "MIN_BLOCK_BYTES", "BlockSha256", "block_sha256_of_file",
+           "check_block_bytes", "hash_workers"]

@@ -104,23 +104,39 @@ class CheckpointStatus:
         return self.manifest is not None and self.problem is None
 
 
+#: ``sha256`` makes saves write whole-file digests (manifest schema 2), which an airflow-spot from before block
+#: digests reads: set it in the Airflow workers' environment (the operators hand it to the training instances)
+#: while a deployment is upgraded or rolled back across that change; ``block`` (the default) is the fast one
+DIGEST_ENV = "AIRFLOW_SPOT_CHECKPOINT_DIGEST"
+
+
+def save_block_bytes() -> int:
+    """The digest block size saves use now (0: a whole-file sha256), from :data:`DIGEST_ENV`.
+
+    :raises ValueError: naming the variable and its valid values when it holds anything else."""
+    choice = os.environ.get(DIGEST_ENV, "block").strip().lower() or "block"
+    if choice not in ("block", "sha256"):
+        raise ValueError(f"{DIGEST_ENV}={os.environ[DIGEST_ENV]!r} is not a checkpoint digest: use 'block' (the "
+                         "default: a block SHA-256 hashed on every core) or 'sha256' (a whole-file digest that "
+                         "airflow-spot versions from before block digests can read)")
+    return BLOCK_BYTES if choice == "block" else 0
+
+
 class _HashingWriter:
     """File wrapper that checksums and counts bytes as they are written (no second read).
 
     The digest is a block SHA-256 (:mod:`~airflow_spot.storage.block_digest`), whose blocks are hashed
-    on every core. A large chunk (a tensor's storage, as ``torch.save`` writes it) is hashed in a helper
-    thread while this one writes it, so a chunk costs the longer of the two instead of their sum. Each
-    chunk is hashed before ``write`` returns, so the caller may reuse its buffer at once. Use as a
-    context manager (it owns the helper thread)."""
+    on every core, or with ``block_bytes=0`` a whole-file SHA-256. A large chunk (a tensor's storage, as
+    ``torch.save`` writes it) is hashed in a helper thread while this one writes it, so a chunk costs the
+    longer of the two instead of their sum. Each chunk is hashed (or copied) before ``write`` returns, so
+    the caller may reuse its buffer at once. Use as a context manager (it owns the helper thread)."""
 
     PARALLEL_BYTES = 1 << 20
-    #: the digest's block size; 0 writes a whole-file SHA-256 (one core, as before manifest schema 3)
-    BLOCK_BYTES = BLOCK_BYTES
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO, block_bytes: int = BLOCK_BYTES) -> None:
         self._f = f
-        self.block_bytes = self.BLOCK_BYTES
-        self.hasher = BlockSha256(self.block_bytes) if self.block_bytes else hashlib.sha256()
+        self.block_bytes = block_bytes
+        self.hasher = BlockSha256(block_bytes) if block_bytes else hashlib.sha256()
         self.size = 0
         self._pool: ThreadPoolExecutor | None = None
 
@@ -167,6 +183,8 @@ class CheckpointStore:
     def __init__(self, store: ObjectStore, writer: str = "local") -> None:
         self.store = store
         self.writer = safe_id(writer)
+        #: the payload digest's block size for saves (0: whole-file sha256), from :data:`DIGEST_ENV`
+        self.block_bytes = save_block_bytes()
 
     # ---- writing
     def save(
@@ -183,7 +201,7 @@ class CheckpointStore:
         directory = f"{step:012d}-{self.writer}-{uuid.uuid4().hex[:8]}"
         payload_key = f"{directory}/{PAYLOAD}"
         try:
-            with self.store.open_write(payload_key) as raw, _HashingWriter(raw) as hw:
+            with self.store.open_write(payload_key) as raw, _HashingWriter(raw, self.block_bytes) as hw:
                 write(hw)
                 raw.flush()
             manifest = Manifest(
@@ -404,7 +422,7 @@ class CheckpointStore:
 
 
 __all__ = [
-    "MANIFEST", "MANIFEST_SCHEMA", "PAYLOAD", "QUARANTINE", "CheckpointError", "CheckpointSaveError",
+    "DIGEST_ENV", "MANIFEST", "MANIFEST_SCHEMA", "PAYLOAD", "QUARANTINE", "CheckpointError", "CheckpointSaveError",
     "CheckpointStatus", "CheckpointStore", "FileEntry", "Manifest", "ManifestError", "NoUsableCheckpointError",
     "manifest_checksum", "sha256_file",
 ]

@@ -21,7 +21,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from airflow_spot.storage.block_digest import MIN_BLOCK_BYTES, BlockSha256, block_sha256_of_file
+from airflow_spot.storage.block_digest import BlockSha256, block_sha256_of_file, check_block_bytes
 
 #: 3: a file's ``sha256`` may be a block SHA-256 (``sha256_block`` names the block size);
 #: 2: the manifest carries ``checksum``; 1: older manifests without it (still read, see the module doc)
@@ -94,8 +94,12 @@ class Manifest:
         return _canonical_sha256(self._body())
 
     def sealed(self) -> Manifest:
-        """This manifest with its checksum filled in (what :meth:`CheckpointStore.save` writes)."""
-        return dataclasses.replace(self, schema=MANIFEST_SCHEMA, checksum=self.compute_checksum())
+        """This manifest with its checksum filled in (what :meth:`CheckpointStore.save` writes). It is stamped
+        with the oldest schema that can hold it, so a manifest of whole-file digests stays readable by an
+        airflow-spot from before block digests (an upgrade can be rolled back)."""
+        schema = MANIFEST_SCHEMA if any(f.sha256_block for f in self.files) else 2
+        stamped = dataclasses.replace(self, schema=schema, checksum="")
+        return dataclasses.replace(stamped, checksum=stamped.compute_checksum())
 
     def to_json(self) -> bytes:
         d = self._body()
@@ -152,15 +156,21 @@ class Manifest:
             problems.append("files is not a non-empty list")
             files = []
         entries = []
-        allowed = {"name", "size", "sha256"} | ({"sha256_block"} if d.get("schema", 1) >= 3 else set())
+        blocks_allowed = d.get("schema", 1) >= 3
         for f in files:
-            if not isinstance(f, dict) or not {"name", "size", "sha256"} <= set(f) <= allowed:
+            if isinstance(f, dict) and "sha256_block" in f and not blocks_allowed:
+                problems.append(f"file entry {f.get('name')!r} names sha256_block, which needs manifest schema 3 or "
+                                f"newer, not {d.get('schema', 1)}")
+                continue
+            if not isinstance(f, dict) or not {"name", "size", "sha256"} <= set(f) <= {
+                    "name", "size", "sha256", "sha256_block"}:
                 problems.append(f"file entry {f!r} does not have exactly name, size, sha256"
-                                + (" (and optionally sha256_block)" if "sha256_block" in allowed else ""))
+                                + (" (and optionally sha256_block)" if blocks_allowed else ""))
                 continue
             block = f.get("sha256_block", 0)
-            if "sha256_block" in f and (not is_int(block) or block < MIN_BLOCK_BYTES):
-                problems.append(f"sha256_block {block!r} of {f['name']!r} is not an integer >= {MIN_BLOCK_BYTES}")
+            problem = check_block_bytes(block) if "sha256_block" in f else None
+            if problem:
+                problems.append(f"sha256_block {block!r} of {f['name']!r} {problem}")
                 block = 0
             if not isinstance(f["name"], str) or not f["name"] or "/" in f["name"]:
                 problems.append(f"file name {f['name']!r} is not a plain file name")

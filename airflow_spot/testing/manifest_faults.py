@@ -47,12 +47,20 @@ OK_VERDICTS = ("correct", "fell_back", "raised_no_intact", "harmless_damage_acce
 RESEALABLE = ("step", "size", "sha256", "sha256_block", "directory", "writer", "remove_field")
 
 
+#: a payload spans three blocks of the smallest digest block size, which :func:`build_store` saves with, so a
+#: manifest naming another block size names another digest
+PAYLOAD_BYTES = 3 * MIN_BLOCK_BYTES + 123
+
+
 def payload_for(step: int) -> bytes:
-    return f"state of step {step}".encode() * 8
+    line = f"state of step {step}\n".encode()
+    return (line * (PAYLOAD_BYTES // len(line) + 1))[:PAYLOAD_BYTES]
 
 
 def build_store(ckpts: CheckpointStore, steps: list[int]) -> list[str]:
-    """Save one checkpoint per step; returns their manifest keys, oldest first."""
+    """Save one checkpoint per step, with digests of the smallest block size (set on ``ckpts``); returns
+    their manifest keys, oldest first."""
+    ckpts.block_bytes = MIN_BLOCK_BYTES
     return [f"{ckpts.save(step, lambda f, s=step: f.write(payload_for(s))).directory}/{MANIFEST}" for step in steps]
 
 

@@ -79,3 +79,15 @@ def test_unwritable_file_store_is_a_clear_error(tmp_path):
     store = SpotHook().get_store(f"file://{blocker}/job")
     with pytest.raises(StoreConfigError, match="is not writable.*pass a checkpoint_uri"):
         store.check_writable()
+
+
+def test_the_workers_checkpoint_digest_setting_reaches_the_instances(tmp_path, monkeypatch):
+    # set on the Airflow workers while a deployment is upgraded across block digests, it must reach the
+    # training processes, which write the checkpoints
+    from airflow_spot.storage.checkpoint import DIGEST_ENV
+
+    hook = SpotHook(aws_conn_id="does_not_exist")
+    monkeypatch.setenv(DIGEST_ENV, "sha256")
+    assert hook.instance_env(f"file://{tmp_path}/job") == {DIGEST_ENV: "sha256"}
+    monkeypatch.delenv(DIGEST_ENV)
+    assert hook.instance_env(f"file://{tmp_path}/job") == {}

@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from airflow_spot.storage.block_digest import MIN_BLOCK_BYTES, BlockSha256, block_sha256_of_file
+from airflow_spot.storage import block_digest
+from airflow_spot.storage.block_digest import MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, BlockSha256, block_sha256_of_file
 from airflow_spot.storage.manifest import FileEntry, Manifest, ManifestError, manifest_checksum
 
 BLOCK = MIN_BLOCK_BYTES
@@ -80,8 +81,8 @@ def test_digest_of_a_file_and_of_nothing(tmp_path):
 
 
 def test_bad_block_sizes_and_mutable_owned_bytes_are_refused():
-    for bad in (0, MIN_BLOCK_BYTES - 1, 1.5, True, "8M"):
-        with pytest.raises(ValueError, match="block size must be an integer"):
+    for bad in (0, MIN_BLOCK_BYTES - 1, MAX_BLOCK_BYTES + 1, 2**40, 1.5, True, "8M"):
+        with pytest.raises(ValueError, match="is not an integer from 65536 to 268435456"):
             BlockSha256(bad)
     with pytest.raises(TypeError, match="immutable"):
         BlockSha256(BLOCK).update_owned(bytearray(10))
@@ -113,8 +114,10 @@ def test_a_manifest_carries_the_block_size_and_old_manifests_keep_whole_file_dig
 
 
 @pytest.mark.parametrize("schema, block, problem", [
-    (2, BLOCK, "does not have exactly name, size, sha256"),  # a schema-2 writer never wrote it
-    (3, 100, "sha256_block 100 of 'state.pt' is not an integer >= 65536"),
+    (2, BLOCK, "names sha256_block, which needs manifest schema 3 or newer, not 2"),  # never written so
+    (3, 100, "sha256_block 100 of 'state.pt' is not an integer from 65536 to 268435456"),
+    (3, 2**40, "is not an integer from"),  # would hold a whole payload in memory while it is verified
+    (3, 0, "is not an integer from"),
     (3, "8M", "is not an integer"),
     (4, BLOCK, "schema 4 is newer than this code understands; upgrade airflow-spot"),
 ])
@@ -122,3 +125,87 @@ def test_a_malformed_block_size_makes_the_manifest_untrusted(schema, block, prob
     raw = _manifest_json(schema, {"name": "state.pt", "size": 5, "sha256": "b" * 64, "sha256_block": block})
     with pytest.raises(ManifestError, match=problem):
         Manifest.from_json(raw)
+
+
+def test_a_manifest_of_whole_file_digests_is_stamped_schema_2_so_older_versions_read_it():
+    whole = Manifest(3, "000000000003-w-0123abcd", (FileEntry("state.pt", 5, "a" * 64),), "w", 1.0, 0.1).sealed()
+    block = Manifest(3, "000000000003-w-0123abcd", (FileEntry("state.pt", 5, "a" * 64, BLOCK),), "w", 1.0,
+                     0.1).sealed()
+    assert (whole.schema, block.schema) == (2, 3)
+    for m in (whole, block):
+        assert Manifest.from_json(m.to_json(), m.directory) == m
+
+
+def test_update_and_the_digest_stay_consistent_when_a_block_cannot_be_handed_to_the_pool(monkeypatch):
+    data = random.Random(7).randbytes(3 * BLOCK)
+    h = BlockSha256(BLOCK)
+    h.update(memoryview(data[:BLOCK // 2]))
+    real = block_digest._submit
+    monkeypatch.setattr(block_digest, "_submit", lambda pieces: (_ for _ in ()).throw(MemoryError("no room")))
+    with pytest.raises(MemoryError):
+        h.update(memoryview(data[BLOCK // 2:]))
+    monkeypatch.setattr(block_digest, "_submit", real)
+    # nothing of the failed call was counted or hashed: feeding it again gives the whole stream's digest
+    assert h.size == BLOCK // 2
+    h.update(memoryview(data[BLOCK // 2:]))
+    assert h.hexdigest() == reference(data, BLOCK)
+
+
+def test_the_callers_buffer_can_be_resized_as_soon_as_update_returns():
+    buf = bytearray(random.Random(8).randbytes(2 * 1024 * 1024 + 5))  # large: hashed by reference
+    h = BlockSha256(BLOCK)
+    for _ in range(50):
+        h.update(buf)
+        buf.extend(b"x")  # BufferError if a view into it were still held
+        del buf[-1:]
+    assert h.size == 50 * len(buf)
+
+
+def test_a_forked_child_hashes_with_a_pool_of_its_own():
+    import os
+    import select
+    import signal
+
+    data = random.Random(9).randbytes(6 * BLOCK)
+    h = BlockSha256(BLOCK)
+    h.update(data)  # the parent's pool exists and has threads
+    want = h.hexdigest()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the inherited pool has no threads; it must make its own
+        try:
+            c = BlockSha256(BLOCK)
+            c.update(data)
+            os.write(w, c.hexdigest().encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        ready, _, _ = select.select([r], [], [], 30)
+        assert ready, "the forked child hung hashing"
+        assert os.read(r, 64).decode() == want
+    finally:
+        os.close(r)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def test_blocks_in_flight_are_bounded(monkeypatch):
+    from concurrent.futures import Future
+
+    pending: list[Future] = []
+
+    def never_done(pieces):  # blocks that take their time: feeding must stop and wait, not pile them up
+        f = Future()
+        pending.append(f)
+        if len(pending) > block_digest.hash_workers() + 2:
+            pending[0].set_result(b"\0" * 32)
+            pending.pop(0)
+        return f
+
+    monkeypatch.setattr(block_digest, "_submit", never_done)
+    h = BlockSha256(BLOCK)
+    for _ in range(4 * block_digest.hash_workers() + 10):
+        h.update_owned(bytes(BLOCK))
+        assert len(h._in_flight) <= block_digest.hash_workers() + 2

@@ -153,7 +153,7 @@ def test_large_chunks_are_hashed_in_order_while_the_caller_may_reuse_its_buffer(
     from airflow_spot.storage.block_digest import MIN_BLOCK_BYTES
 
     monkeypatch.setattr(checkpoint._HashingWriter, "PARALLEL_BYTES", 4096)
-    monkeypatch.setattr(checkpoint._HashingWriter, "BLOCK_BYTES", MIN_BLOCK_BYTES)
+    ckpts.block_bytes = MIN_BLOCK_BYTES
     chunk = bytearray(MIN_BLOCK_BYTES * 3 // 2)
     written = []
 
@@ -213,3 +213,25 @@ def test_a_file_save_flushes_to_disk_while_it_writes_and_a_failed_flush_fails_th
     with pytest.raises(CheckpointSaveError, match="Input/output error"):
         ckpts.save(2, lambda f: [f.write(payload[i:i + 65536]) for i in range(0, len(payload), 65536)])
     assert ckpts.latest_step() == 1  # nothing committed for step 2
+
+
+def test_saves_write_whole_file_digests_that_older_versions_read_when_the_deployment_asks(tmp_path, monkeypatch):
+    """AIRFLOW_SPOT_CHECKPOINT_DIGEST=sha256, for an upgrade or a rollback across block digests: a schema-2
+    manifest naming the payload's plain SHA-256; anything else is refused before anything is saved."""
+    import hashlib
+    import json
+
+    from airflow_spot.storage.checkpoint import DIGEST_ENV
+
+    monkeypatch.setenv(DIGEST_ENV, "sha256")
+    ckpts = CheckpointStore(open_store(str(tmp_path / "a")), writer="try1")
+    m = ckpts.save(5, _write(b"five" * 1000))
+    d = json.loads(ckpts.store.get_bytes(f"{m.directory}/{MANIFEST}"))
+    assert d["schema"] == 2 and d["files"] == [
+        {"name": "state.pt", "size": 4000, "sha256": hashlib.sha256(b"five" * 1000).hexdigest()}]
+    assert ckpts.restore_latest(_read)[1] == b"five" * 1000
+    monkeypatch.setenv(DIGEST_ENV, "Block ")
+    assert CheckpointStore(open_store(str(tmp_path / "b"))).save(1, _write(b"x")).schema == 3
+    monkeypatch.setenv(DIGEST_ENV, "md5")
+    with pytest.raises(ValueError, match="AIRFLOW_SPOT_CHECKPOINT_DIGEST='md5' is not a checkpoint digest: use 'block'"):
+        CheckpointStore(open_store(str(tmp_path / "c")))
