@@ -20,6 +20,7 @@ Needs a CUDA GPU. Figures go to stdout and, with ``--json F``, to a file.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -153,6 +154,7 @@ def large_emergencies(sizes: list[float], directory: str) -> dict:
         for label, block in modes[i % 2:] + modes[:i % 2]:
             with tempfile.TemporaryDirectory(dir=directory) as d:
                 row[label] = emergency_alone(d, model, block, warm=False)
+            gc.collect()
         out[f"{size:.2f}"] = row
         print(f"emergency save of {size:.2f} GB, notice -> committed, file:// in {directory} (once each, "
               f"{next(iter(row))} first):")
@@ -160,6 +162,7 @@ def large_emergencies(sizes: list[float], directory: str) -> dict:
             print(f"  {label:14s} {t:7.3f} s   {t / 30:.1%} of a 30 s notice, {t / 120:.1%} of 120 s")
         print(f"  block / whole-file {row['block sha256'] / row['sha256']:.3f}")
         del model
+        gc.collect()  # the sessions' pinned buffers go before the next size's are locked
         torch.cuda.empty_cache()
     return out
 

@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi -L | tee $OUT/env.txt; nproc | tee -a $OUT/env.txt; df -h /tmp | tee -a $OUT/env.txt
 timeout 120 python3 -m pytest -q -rs -p no:cacheprovider tests/training/test_staging.py tests/storage/test_checkpoint.py tests/storage/test_block_digest.py tests/storage/test_checkpoint_integrity.py 2>&1 | tail -8 | tee $OUT/tests.txt
 cd benchmarks
-timeout ${MAIN_S:-390} python3 bench_gpu_staging.py --gb 2,8 --session-gb 8 --mixed-gb 2 --repeats 3 --json $OUT/gpu.json 2>&1 | grep -v "bit-exact\|^preemption notice" | tee $OUT/bench.txt
+timeout ${MAIN_S:-420} python3 bench_gpu_staging.py --gb ${GB:-2,8} --session-gb 8 --mixed-gb ${MIXED_GB:-2} --repeats 3 --json $OUT/gpu.json 2>&1 | grep -v "bit-exact\|^preemption notice" | tee $OUT/bench.txt
 echo "bench rc=$?"
-timeout ${LARGE_S:-120} python3 bench_gpu_staging.py --emergency-gb 32 --json $OUT/gpu-large.json 2>&1 | grep -v "bit-exact\|^preemption notice" | tee $OUT/bench-large.txt
+timeout ${LARGE_S:-150} python3 bench_gpu_staging.py --emergency-gb ${LARGE_GB:-32} --json $OUT/gpu-large.json 2>&1 | grep -v "bit-exact\|^preemption notice" | tee $OUT/bench-large.txt
 echo "large rc=$?"
