@@ -161,6 +161,7 @@ def test_the_callers_buffer_can_be_resized_as_soon_as_update_returns():
     assert h.size == 50 * len(buf)
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork")  # what the test is about
 def test_a_forked_child_hashes_with_a_pool_of_its_own():
     import os
     import select
