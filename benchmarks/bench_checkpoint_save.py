@@ -172,6 +172,40 @@ def _human(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
+def bench_write_sizes(total_mb: int = 512, repeats: int = 3) -> dict[int, float]:
+    """The digest's cost alone, by write size: ``_HashingWriter`` over a sink that keeps nothing, fed as
+    ``torch.save`` feeds it (a few small record headers, then a tensor's storage from one reused buffer),
+    block / whole-file SHA-256 time (best of ``repeats``)."""
+    import io
+
+    class Null(io.RawIOBase):
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b) -> int:
+            return memoryview(b).nbytes
+
+    def run(block: int, tensor: int) -> float:
+        buf, headers = bytearray(tensor), [b"x" * n for n in (30, 16, 34, 16)]
+        t = time.perf_counter()
+        with checkpoint_module._HashingWriter(Null(), block) as hw:
+            for _ in range(total_mb * 2**20 // tensor):
+                for h in headers:
+                    hw.write(h)
+                hw.write(memoryview(buf))
+            hw.hasher.hexdigest()
+        return time.perf_counter() - t
+
+    out = {}
+    for tensor in (4 << 10, 256 << 10, 4 << 20, 64 << 20):
+        whole = min(run(0, tensor) for _ in range(repeats))
+        block = min(run(checkpoint_module.BLOCK_BYTES, tensor) for _ in range(repeats))
+        out[tensor] = block / whole
+        print(f"  writes of {_human(tensor):>7}: whole-file {total_mb / whole:6.0f} MiB/s, block {total_mb / block:6.0f} "
+              f"MiB/s, block / whole-file time {block / whole:.2f}")
+    return out
+
+
 def emergency_after_notice(spot: SpotSession) -> float:
     """Seconds from a preemption notice to the committed emergency checkpoint; closes ``spot``."""
     spot._on_notice("preemption", "benchmark")
@@ -199,7 +233,13 @@ def main() -> int:
     p.add_argument("--mb", type=int, default=500)
     p.add_argument("--emergency-mb", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--write-sizes-only", action="store_true", help="only the digest's cost by write size")
     args = p.parse_args()
+
+    print(f"the digest alone by write size, 512 MiB to a null sink, best of {args.repeats}:")
+    bench_write_sizes(repeats=args.repeats)
+    if args.write_sizes_only:
+        return 0
 
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (the machine may be shared)")
     r = bench_two_phase(args.mb, args.repeats)
