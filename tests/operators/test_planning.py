@@ -379,13 +379,11 @@ def test_hour_long_segments_under_a_deadline_get_advice_with_a_step_count():
     assert segment_length_advice(3600, None, day) is None  # no step time measured yet
 
 
-def test_the_operator_moves_a_warm_instance_only_once_a_cheaper_pool_accepts(tmp_path):
-    """Make before break: SpotSegmentOperator._get_instance launches the plan's move target first and
-    terminates its warm instance in the dear pool only then; when the cheaper pools refuse, it keeps the
-    warm instance (and records the refusals)."""
+def segment_operator(tmp_path):
+    """A segment operator on the local backend, its job's store and availability recorder, its market and
+    backend, and a task context: what its instance choice (``_get_instance``) is called with."""
     from types import SimpleNamespace
 
-    from airflow_spot.backends.base import LaunchError
     from airflow_spot.operators.planning import AvailabilityRecorder
     from airflow_spot.operators.segment import SpotSegmentOperator
     from airflow_spot.storage.object_store import open_store
@@ -395,10 +393,18 @@ def test_the_operator_moves_a_warm_instance_only_once_a_cheaper_pool_accepts(tmp
         start_step=10, end_step=20, total_steps=1000, gpus=GPUS, backend_options={"state_dir": str(tmp_path / "state")},
     )
     store = open_store(f"file://{tmp_path}/job")
-    rec = AvailabilityRecorder(store, None, "dag.train")
-    market = op.hook.get_market()
-    backend = op.hook.get_backend()
     context = {"ti": SimpleNamespace(try_number=1), "run_id": "manual__1"}
+    return (op, store, AvailabilityRecorder(store, None, "dag.train"), op.hook.get_market(), op.hook.get_backend(),
+            context)
+
+
+def test_the_operator_moves_a_warm_instance_only_once_a_cheaper_pool_accepts(tmp_path):
+    """Make before break: SpotSegmentOperator._get_instance launches the plan's move target first and
+    terminates its warm instance in the dear pool only then; when the cheaper pools refuse, it keeps the
+    warm instance (and records the refusals)."""
+    from airflow_spot.backends.base import LaunchError
+
+    op, store, rec, market, backend, context = segment_operator(tmp_path)
     worst = make_plan(market).ranked[-1]
     try:
         warm, _ = op._launch_first(context, store, [worst], rec)
@@ -509,21 +515,10 @@ def test_a_warm_instance_is_billed_at_its_pools_price_now_not_the_price_it_was_l
     """The cloud bills a running spot instance the price in effect; a warm instance reused by the next
     segment must not carry the price of its launch, hours ago, into that segment's ledger row."""
     from dataclasses import replace
-    from types import SimpleNamespace
 
-    from airflow_spot.operators.planning import AvailabilityRecorder, priced_now
-    from airflow_spot.operators.segment import SpotSegmentOperator
-    from airflow_spot.storage.object_store import open_store
+    from airflow_spot.operators.planning import priced_now
 
-    op = SpotSegmentOperator(
-        task_id="segment_001", command=["python", "train.py"], checkpoint_uri=f"file://{tmp_path}/job",
-        start_step=10, end_step=20, total_steps=1000, gpus=GPUS, backend_options={"state_dir": str(tmp_path / "state")},
-    )
-    store = open_store(f"file://{tmp_path}/job")
-    rec = AvailabilityRecorder(store, None, "dag.train")
-    market = op.hook.get_market()
-    backend = op.hook.get_backend()
-    context = {"ti": SimpleNamespace(try_number=1), "run_id": "manual__1"}
+    op, store, rec, market, backend, context = segment_operator(tmp_path)
     best = make_plan(market).ranked[0]
     try:
         launched, _ = op._launch_first(context, store, [best], rec)
