@@ -84,8 +84,9 @@ class SpotHook(BaseHook):
     def instance_env(self, uri: str) -> dict[str, str]:
         """Environment the instance's agent needs to reach the same store (the endpoint, never secrets) and
         to write checkpoints the deployment can read (the digest setting, when the workers set one)."""
-        from airflow_spot.storage.checkpoint import DIGEST_ENV
+        from airflow_spot.storage.checkpoint import DIGEST_ENV, save_block_bytes
 
+        save_block_bytes()  # a bad setting fails the task here, before an instance is launched with it
         env = {DIGEST_ENV: os.environ[DIGEST_ENV]} if os.environ.get(DIGEST_ENV) else {}
         if urlparse(uri).scheme != "s3":
             return env

@@ -183,8 +183,9 @@ class CheckpointStore:
     def __init__(self, store: ObjectStore, writer: str = "local") -> None:
         self.store = store
         self.writer = safe_id(writer)
-        #: the payload digest's block size for saves (0: whole-file sha256), from :data:`DIGEST_ENV`
-        self.block_bytes = save_block_bytes()
+        #: the payload digest's block size for saves (0: whole-file sha256); None: :data:`DIGEST_ENV`'s, read at
+        #: each save (a reader, such as the UI, never depends on the writers' setting)
+        self.block_bytes: int | None = None
 
     # ---- writing
     def save(
@@ -201,7 +202,8 @@ class CheckpointStore:
         directory = f"{step:012d}-{self.writer}-{uuid.uuid4().hex[:8]}"
         payload_key = f"{directory}/{PAYLOAD}"
         try:
-            with self.store.open_write(payload_key) as raw, _HashingWriter(raw, self.block_bytes) as hw:
+            block_bytes = save_block_bytes() if self.block_bytes is None else self.block_bytes
+            with self.store.open_write(payload_key) as raw, _HashingWriter(raw, block_bytes) as hw:
                 write(hw)
                 raw.flush()
             manifest = Manifest(

@@ -35,7 +35,7 @@ from airflow_spot.policy.checkpoint_interval import (
     IntervalInputs, checkpoint_interval, estimate_mtbf, estimate_notice_coverage,
 )
 from airflow_spot.policy.ledger import notice_evidence
-from airflow_spot.storage.checkpoint import CheckpointError, CheckpointStore
+from airflow_spot.storage.checkpoint import CheckpointError, CheckpointStore, save_block_bytes
 from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import open_store
 from airflow_spot.storage.protocol import PREEMPTED_EXIT_CODE, AttemptStatus, Heartbeat, JobLayout, Outcome
@@ -122,6 +122,7 @@ class SpotSession:
         self.job_store = open_store(job_uri)
         self.layout = JobLayout(self.job_store)
         self.checkpoints = CheckpointStore(self.job_store.child(JobLayout.CHECKPOINTS), writer=attempt_id)
+        save_block_bytes()  # a bad digest setting fails now, not at the first save
         self.writer = AsyncCheckpointer(self.checkpoints, _save_payload, keep=keep)
         self.start_step, self.end_step, self.attempt_id = start_step, end_step, attempt_id
         self.notice_sources = notice_sources if notice_sources is not None else [SigtermNotice()]

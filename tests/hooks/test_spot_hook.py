@@ -91,3 +91,6 @@ def test_the_workers_checkpoint_digest_setting_reaches_the_instances(tmp_path, m
     assert hook.instance_env(f"file://{tmp_path}/job") == {DIGEST_ENV: "sha256"}
     monkeypatch.delenv(DIGEST_ENV)
     assert hook.instance_env(f"file://{tmp_path}/job") == {}
+    monkeypatch.setenv(DIGEST_ENV, "fast")  # refused before an instance is launched with it
+    with pytest.raises(ValueError, match="AIRFLOW_SPOT_CHECKPOINT_DIGEST='fast' is not a checkpoint digest"):
+        hook.instance_env(f"file://{tmp_path}/job")

@@ -222,6 +222,7 @@ def test_saves_write_whole_file_digests_that_older_versions_read_when_the_deploy
     import json
 
     from airflow_spot.storage.checkpoint import DIGEST_ENV
+    from airflow_spot.training.session import SpotSession
 
     monkeypatch.setenv(DIGEST_ENV, "sha256")
     ckpts = CheckpointStore(open_store(str(tmp_path / "a")), writer="try1")
@@ -233,5 +234,10 @@ def test_saves_write_whole_file_digests_that_older_versions_read_when_the_deploy
     monkeypatch.setenv(DIGEST_ENV, "Block ")
     assert CheckpointStore(open_store(str(tmp_path / "b"))).save(1, _write(b"x")).schema == 3
     monkeypatch.setenv(DIGEST_ENV, "md5")
-    with pytest.raises(ValueError, match="AIRFLOW_SPOT_CHECKPOINT_DIGEST='md5' is not a checkpoint digest: use 'block'"):
-        CheckpointStore(open_store(str(tmp_path / "c")))
+    bad = "AIRFLOW_SPOT_CHECKPOINT_DIGEST='md5' is not a checkpoint digest: use 'block'"
+    with pytest.raises(ValueError, match=bad):  # the training process fails at its start, not its first save
+        SpotSession(f"file://{tmp_path}/d", 10, notice_sources=[], heartbeat_seconds=3600)
+    with pytest.raises(ValueError, match=bad):
+        CheckpointStore(open_store(str(tmp_path / "c"))).save(1, _write(b"x"))
+    # a reader (the UI, planning) does not depend on the writers' setting
+    assert ckpts.restore_latest(_read)[1] == b"five" * 1000
