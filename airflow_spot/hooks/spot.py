@@ -83,11 +83,11 @@ class SpotHook(BaseHook):
 
     def instance_env(self, uri: str) -> dict[str, str]:
         """Environment the instance's agent needs to reach the same store (the endpoint, never secrets) and
-        to write checkpoints the deployment can read (the digest setting, when the workers set one)."""
-        from airflow_spot.storage.checkpoint import DIGEST_ENV, save_block_bytes
+        to write checkpoints the deployment can read (the workers' digest setting, ``block`` when unset: a warm
+        instance launched while it was set must learn that it no longer is)."""
+        from airflow_spot.storage.checkpoint import DIGEST_ENV, digest_setting
 
-        save_block_bytes()  # a bad setting fails the task here, before an instance is launched with it
-        env = {DIGEST_ENV: os.environ[DIGEST_ENV]} if os.environ.get(DIGEST_ENV) else {}
+        env = {DIGEST_ENV: digest_setting(os.environ.get(DIGEST_ENV))}
         if urlparse(uri).scheme != "s3":
             return env
         endpoint = self._s3_hook.conn_config.get_service_endpoint_url("s3")

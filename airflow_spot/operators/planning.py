@@ -36,6 +36,9 @@ class Plan:
     probe: bool = False
     #: on a warm spot instance: cheaper pools worth moving to, best first (``decide_attempt``'s ``move_to``)
     move_to: list[Offer] = field(default_factory=list)
+    #: every offer the market made for the request, before its filters (a price cap): what a warm instance
+    #: is billed from (:func:`priced_now`)
+    market_offers: list[Offer] = field(default_factory=list)
 
     def cost_of(self, offer: Offer) -> float:
         from airflow_spot.policy.offer_ranking import cost_per_step
@@ -87,7 +90,10 @@ def plan(
 
     if total_steps <= 0:
         raise ValueError(f"total_steps must be positive, got {total_steps!r}")
-    offers = [o for o in market.offers(gpus) if gpus.matches(o)]
+    # the market's offers without the price cap: a warm instance in a pool that rose above it is billed there
+    uncapped = replace(gpus, max_price_per_hour=None) if gpus.max_price_per_hour is not None else gpus
+    market_offers = list(market.offers(uncapped))
+    offers = [o for o in market_offers if gpus.matches(o)]
     if not offers:
         raise NoOfferError(f"no offer of the market matches {gpus}; relax the GPU request")
     deadline_seconds = deadline.total_seconds() if deadline else None
@@ -132,6 +138,7 @@ def plan(
         wait=decision.market == WAIT,
         probe=decision.probe,
         move_to=list(decision.move_to),
+        market_offers=market_offers,
     )
 
 
@@ -207,13 +214,16 @@ def pick_warm(alive: Sequence[InstanceInfo], plan_: Plan) -> InstanceInfo | None
 
 
 def priced_now(instance: InstanceInfo, offers: Sequence[Offer]) -> InstanceInfo:
-    """A warm instance as the next attempt bills it: at its pool's price now (what ``offers``, the plan's
-    current ranking, quotes for the same type, zone and market), not the price it was launched at. The
-    cloud bills a running spot instance the price in effect, and a warm instance can serve many segments;
-    an instance whose pool the market no longer offers keeps its own price."""
+    """A warm instance as the next attempt bills it: at the price ``offers`` (the market's, now) quote for
+    its instance type and market in its zone (spot: a pool's price) or its region (on-demand, which a market
+    may offer per region), not the price it was launched at. The cloud bills a running spot instance the
+    price in effect, and a warm instance can serve many segments; one the market no longer offers keeps
+    its own price."""
     old = instance.offer
+    market = Market(old.market)
     for now in offers:
-        if now.pool == old.pool and Market(now.market) is Market(old.market):
+        if now.instance_type == old.instance_type and Market(now.market) is market and (
+                now.zone == old.zone if market is Market.SPOT else now.region == old.region):
             return replace(instance, offer=replace(
                 old, price_per_hour=now.price_per_hour, on_demand_price_per_hour=now.on_demand_price_per_hour,
                 preemption_rate_per_hour=now.preemption_rate_per_hour))

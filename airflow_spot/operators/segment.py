@@ -43,7 +43,7 @@ from airflow_spot.operators.retry import segment_retry_policy
 from airflow_spot.operators.validation import validate_gpus, validate_option_names, validate_step_profile
 from airflow_spot.policy.offers import GpuRequest, Market
 from airflow_spot.policy.transfer import TransferCost, saves_per_hour, transfer_cost
-from airflow_spot.storage.checkpoint import NoUsableCheckpointError
+from airflow_spot.storage.checkpoint import DIGEST_ENV, NoUsableCheckpointError, digest_setting
 from airflow_spot.storage.manifest import Manifest
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError, store_errors
 from airflow_spot.storage.protocol import JobLayout, Outcome, SegmentRequest, safe_id
@@ -595,6 +595,12 @@ class SpotSegmentOperator(BaseOperator):
     def _check_command(self) -> None:
         if not self.command or not all(isinstance(a, str) and a for a in self.command):
             raise AirflowFailException(f"command must be a non-empty list of strings, got {self.command!r}")
+        for where, value in (("this Airflow worker's environment", os.environ.get(DIGEST_ENV)),
+                             ("the operator's env=", self.env.get(DIGEST_ENV))):
+            try:  # before an attempt is recorded or an instance launched with it
+                digest_setting(value)
+            except ValueError as exc:
+                raise AirflowFailException(f"{exc} (set in {where})") from None
         # What the backend can check before an instance starts (local: the program is on PATH here).
         problem = backend_class(self.backend).command_problem(self.command)
         if problem:
@@ -603,6 +609,8 @@ class SpotSegmentOperator(BaseOperator):
     def _request(self, attempt_id: str, requested_at: float, plan: planning.Plan) -> SegmentRequest:
         env = {str(k): str(v) for k, v in self.env.items()}
         env.update(self.hook.instance_env(self.checkpoint_uri))
+        if DIGEST_ENV in self.env:  # a task's own setting wins over the workers'
+            env[DIGEST_ENV] = str(self.env[DIGEST_ENV])
         return SegmentRequest(
             attempt_id=attempt_id,
             job_uri=self.hook.get_store(self.checkpoint_uri).uri,
@@ -670,7 +678,7 @@ class SpotSegmentOperator(BaseOperator):
                     return moved, False
                 self.log.info("cheaper pools refused (%s); keeping the warm instance in %s", "; ".join(errors),
                               warm.offer.pool)
-            return planning.priced_now(warm, plan.ranked), True
+            return planning.priced_now(warm, plan.market_offers or plan.ranked), True
         launched, errors = self._launch_first(context, store, plan.ranked, recorder)
         if launched is not None:
             return launched, False

@@ -16,7 +16,8 @@ byte string, exactly as a whole-file SHA-256 does.
 * :meth:`~BlockSha256.update_owned` for bytes nobody will change (a file's or a download's reads): a
   completed block is hashed in the background and the call returns at once.
 
-Either way at most ``hash_workers() + 2`` blocks wait in the background, so memory stays bounded.
+Either way at most ``hash_workers() + 2`` blocks, and at most :data:`IN_FLIGHT_BYTES`, wait in the
+background; a finished block keeps only its 32-byte digest.
 """
 from __future__ import annotations
 
@@ -34,15 +35,19 @@ BLOCK_BYTES = 8 * 1024 * 1024
 #: block in flight holds (a manifest naming a huge block must not make a restore read a payload into memory)
 MIN_BLOCK_BYTES = 64 * 1024
 MAX_BLOCK_BYTES = 256 * 1024 * 1024
+#: at most this much of the stream waits in the background to be hashed (and at least one block)
+IN_FLIGHT_BYTES = 256 * 1024 * 1024
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
 def _forget_pool_after_fork() -> None:
-    # a forked child inherits the pool object but none of its threads (and maybe a held lock)
+    # a forked child inherits the pool object but none of its threads (and maybe a held lock); a hasher
+    # that was mid-stream in the parent cannot be finished in the child (its blocks were the parent's)
     global _pool, _pool_lock
     _pool, _pool_lock = None, threading.Lock()
+    hash_workers.cache_clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -114,12 +119,14 @@ class BlockSha256:
         self._small = bytearray()  # small writes copied, not yet cut into blocks (they follow _pieces)
         self._pieces: list = []  # the current, unfinished block: immutable pieces, in order
         self._filled = 0
-        self._digests: list[bytes | Future] = []  # one per finished block, in order
+        self._digests: list[bytes | Future] = []  # one per finished block, in order (a future until hashed)
         self._in_flight: deque[Future] = deque()
+        self._max_in_flight = max(1, min(hash_workers() + 2, IN_FLIGHT_BYTES // block_bytes))
 
     # ---- feeding
     def update(self, data) -> None:
-        """Hash ``data``; the caller may change its buffer as soon as this returns."""
+        """Hash ``data``; the caller may change its buffer as soon as this returns. After an exception from
+        a feeding method the digest is undefined: a failed save discards its hasher."""
         view = memoryview(data).cast("B")
         self.size += view.nbytes
         if view.nbytes < self.block_bytes:  # copied (one memcpy, cheaper than hashing it), hashed later
@@ -163,7 +170,7 @@ class BlockSha256:
             take = min(self.block_bytes - self._filled, view.nbytes - pos)
             if self._filled + take == self.block_bytes:
                 self._in_flight.append(self._finish_block(view[pos:pos + take]))
-                while len(self._in_flight) > hash_workers() + 2:  # bounded memory: wait for the oldest
+                while len(self._in_flight) > self._max_in_flight:  # bounded memory: wait for the oldest
                     self._in_flight.popleft().result()
             else:
                 self._pieces.append(view[pos:pos + take])
@@ -172,7 +179,9 @@ class BlockSha256:
 
     def _finish_block(self, last_piece) -> Future:
         fut = _submit(self._pieces + [last_piece])  # state changes only once the block is on its way
-        self._digests.append(fut)
+        digests, index = self._digests, len(self._digests)
+        digests.append(fut)
+        fut.add_done_callback(lambda f: f.exception() is None and digests.__setitem__(index, f.result()))
         self._pieces, self._filled = [], 0
         return fut
 

@@ -110,16 +110,23 @@ class CheckpointStatus:
 DIGEST_ENV = "AIRFLOW_SPOT_CHECKPOINT_DIGEST"
 
 
+def digest_setting(value: str | None) -> str:
+    """The digest a :data:`DIGEST_ENV` value asks for, ``block`` or ``sha256`` (unset or empty: ``block``).
+
+    :raises ValueError: naming the variable and its valid values when it holds anything else."""
+    choice = (value or "").strip().lower() or "block"
+    if choice not in ("block", "sha256"):
+        raise ValueError(f"{DIGEST_ENV}={value!r} is not a checkpoint digest: use 'block' (the default: a block "
+                         "SHA-256 hashed on every core) or 'sha256' (a whole-file digest that airflow-spot versions "
+                         "from before block digests can read)")
+    return choice
+
+
 def save_block_bytes() -> int:
     """The digest block size saves use now (0: a whole-file sha256), from :data:`DIGEST_ENV`.
 
     :raises ValueError: naming the variable and its valid values when it holds anything else."""
-    choice = os.environ.get(DIGEST_ENV, "block").strip().lower() or "block"
-    if choice not in ("block", "sha256"):
-        raise ValueError(f"{DIGEST_ENV}={os.environ[DIGEST_ENV]!r} is not a checkpoint digest: use 'block' (the "
-                         "default: a block SHA-256 hashed on every core) or 'sha256' (a whole-file digest that "
-                         "airflow-spot versions from before block digests can read)")
-    return BLOCK_BYTES if choice == "block" else 0
+    return BLOCK_BYTES if digest_setting(os.environ.get(DIGEST_ENV)) == "block" else 0
 
 
 class _HashingWriter:

@@ -38,7 +38,8 @@ def test_s3_store_uses_the_connection(aws_conn):
     store.child("control").put_bytes("x.json", b"{}")
     assert store.list("control/") == ["control/x.json"]
     # the instance's agent gets the endpoint (no secrets) to reach the same store
-    assert hook.instance_env("s3://ckpt/dag/run1") == {"AWS_ENDPOINT_URL_S3": aws_conn}
+    assert hook.instance_env("s3://ckpt/dag/run1") == {"AWS_ENDPOINT_URL_S3": aws_conn,
+                                                        "AIRFLOW_SPOT_CHECKPOINT_DIGEST": "block"}
 
 
 def test_the_s3_client_has_room_for_concurrent_reads_and_keeps_the_connections_config(aws_conn):
@@ -69,7 +70,7 @@ def test_file_store_needs_no_connection(tmp_path):
     hook = SpotHook(aws_conn_id="does_not_exist")
     store = hook.get_store(f"file://{tmp_path}/job")
     assert isinstance(store, LocalStore)
-    assert hook.instance_env(f"file://{tmp_path}/job") == {}
+    assert hook.instance_env(f"file://{tmp_path}/job") == {"AIRFLOW_SPOT_CHECKPOINT_DIGEST": "block"}
 
 
 def test_unwritable_file_store_is_a_clear_error(tmp_path):
@@ -89,8 +90,8 @@ def test_the_workers_checkpoint_digest_setting_reaches_the_instances(tmp_path, m
     hook = SpotHook(aws_conn_id="does_not_exist")
     monkeypatch.setenv(DIGEST_ENV, "sha256")
     assert hook.instance_env(f"file://{tmp_path}/job") == {DIGEST_ENV: "sha256"}
-    monkeypatch.delenv(DIGEST_ENV)
-    assert hook.instance_env(f"file://{tmp_path}/job") == {}
-    monkeypatch.setenv(DIGEST_ENV, "fast")  # refused before an instance is launched with it
+    monkeypatch.delenv(DIGEST_ENV)  # unset: said, so a warm instance launched while it was set follows
+    assert hook.instance_env(f"file://{tmp_path}/job") == {DIGEST_ENV: "block"}
+    monkeypatch.setenv(DIGEST_ENV, "fast")
     with pytest.raises(ValueError, match="AIRFLOW_SPOT_CHECKPOINT_DIGEST='fast' is not a checkpoint digest"):
         hook.instance_env(f"file://{tmp_path}/job")

@@ -540,3 +540,46 @@ def test_a_warm_instance_is_billed_at_its_pools_price_now_not_the_price_it_was_l
     od = replace(best, market=Market.ON_DEMAND, price_per_hour=99.0)
     assert priced_now(warm, [od]).offer.price_per_hour == warm.offer.price_per_hour
     assert priced_now(warm, [od, best]).offer.price_per_hour == best.price_per_hour
+
+
+def test_a_warm_instance_is_priced_from_every_offer_of_the_market_not_only_the_ones_the_request_accepts(market):
+    """A pool whose price rose above the request's cap leaves the plan's ranking but the instance still
+    bills at that price; an on-demand offer made per region prices an instance in any of its zones."""
+    from dataclasses import replace
+
+    from airflow_spot.operators.planning import priced_now
+
+    best = make_plan(market).ranked[0]
+    warm = InstanceInfo("i-1", InstanceState.RUNNING, replace(best, price_per_hour=best.price_per_hour / 2), "job")
+    capped = GpuRequest(count=1, min_memory_gib=16, max_price_per_hour=best.price_per_hour * 0.9)
+    p = plan(market, capped, now=T0, done_steps=0, total_steps=1000, job_started_at=T0, deadline=None,
+             ledger_rows=[])
+    assert best.pool not in {o.pool for o in p.ranked}
+    assert priced_now(warm, p.market_offers).offer.price_per_hour == best.price_per_hour
+    regional = replace(best, market=Market.ON_DEMAND, zone=best.region, price_per_hour=7.0)
+    on_demand = InstanceInfo("i-2", InstanceState.RUNNING, replace(best, market=Market.ON_DEMAND, price_per_hour=1.0),
+                             "job")
+    assert priced_now(on_demand, [regional]).offer.price_per_hour == 7.0
+    assert priced_now(on_demand, [regional]).offer.zone == best.zone  # its own zone, as the backend says
+    assert priced_now(warm, [regional]) is warm  # an on-demand price never bills a spot instance
+
+
+def test_a_bad_checkpoint_digest_setting_fails_the_segment_before_anything_is_recorded(tmp_path, monkeypatch):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_spot.operators.segment import SpotSegmentOperator
+    from airflow_spot.storage.checkpoint import DIGEST_ENV
+
+    def op(env=None):
+        return SpotSegmentOperator(
+            task_id="segment_000", command=["python", "train.py"], checkpoint_uri=f"file://{tmp_path}/job",
+            start_step=0, end_step=10, total_steps=10, gpus=GPUS, env=env,
+            backend_options={"state_dir": str(tmp_path / "state")})
+
+    op()._check_command()
+    op({DIGEST_ENV: "sha256"})._check_command()
+    with pytest.raises(AirflowFailException, match="'fast' is not a checkpoint digest.*the operator's env="):
+        op({DIGEST_ENV: "fast"})._check_command()
+    monkeypatch.setenv(DIGEST_ENV, "md5")
+    with pytest.raises(AirflowFailException, match="'md5' is not a checkpoint digest.*this Airflow worker's"):
+        op()._check_command()

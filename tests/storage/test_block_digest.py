@@ -158,7 +158,7 @@ def test_the_callers_buffer_can_be_resized_as_soon_as_update_returns():
         h.update(buf)
         buf.extend(b"x")  # BufferError if a view into it were still held
         del buf[-1:]
-    assert h.size == 50 * len(buf)
+    assert h.size == 50 * len(buf) and h.hexdigest() == reference(bytes(buf) * 50, BLOCK)
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork")  # what the test is about
@@ -210,3 +210,17 @@ def test_blocks_in_flight_are_bounded(monkeypatch):
     for _ in range(4 * block_digest.hash_workers() + 10):
         h.update_owned(bytes(BLOCK))
         assert len(h._in_flight) <= block_digest.hash_workers() + 2
+    # and by bytes: large blocks wait in fewer numbers (a manifest may name blocks of 256 MiB)
+    assert BlockSha256(block_digest.MAX_BLOCK_BYTES)._max_in_flight == 1
+    assert BlockSha256(64 * 1024 * 1024)._max_in_flight == min(4, block_digest.hash_workers() + 2)
+
+
+def test_a_finished_block_keeps_only_its_digest():
+    h = BlockSha256(BLOCK)
+    h.update(random.Random(10).randbytes(40 * BLOCK))
+    import time
+
+    deadline = time.monotonic() + 10  # the last callbacks run just after the waits return
+    while any(not isinstance(d, bytes) for d in h._digests) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(h._digests) == 40 and all(isinstance(d, bytes) and len(d) == 32 for d in h._digests)
