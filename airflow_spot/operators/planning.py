@@ -39,6 +39,8 @@ class Plan:
     #: every offer the market made for the request, before its filters (a price cap): what a warm instance
     #: is billed from (:func:`priced_now`)
     market_offers: list[Offer] = field(default_factory=list)
+    #: the request's ``max_price_per_hour``: a warm instance whose pool now costs more is let go
+    price_cap: float | None = None
 
     def cost_of(self, offer: Offer) -> float:
         from airflow_spot.policy.offer_ranking import cost_per_step
@@ -139,6 +141,7 @@ def plan(
         probe=decision.probe,
         move_to=list(decision.move_to),
         market_offers=market_offers,
+        price_cap=gpus.max_price_per_hour,
     )
 
 
@@ -206,10 +209,12 @@ def segment_length_advice(steps: int, step_seconds: float | None, deadline: time
 
 
 def pick_warm(alive: Sequence[InstanceInfo], plan_: Plan) -> InstanceInfo | None:
-    """The warm instance to reuse: one in the market the policy wants (the cheapest per step of them).
-    Whether a warm spot instance should give way to a cheaper pool is the policy's (``Plan.move_to``),
-    tried before the instance is let go."""
-    good = [i for i in alive if Market(i.offer.market) is plan_.market]
+    """The warm instance to reuse: one in the market the policy wants whose price now is within the
+    request's cap (the cheapest per step of them). Whether a warm spot instance should give way to a
+    cheaper pool is the policy's (``Plan.move_to``), tried before the instance is let go."""
+    good = [i for i in alive if Market(i.offer.market) is plan_.market and (
+        plan_.price_cap is None
+        or priced_now(i, plan_.market_offers or plan_.ranked).offer.price_per_hour <= plan_.price_cap)]
     return min(good, key=lambda i: plan_.cost_of(i.offer), default=None)
 
 

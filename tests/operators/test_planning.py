@@ -583,3 +583,16 @@ def test_a_bad_checkpoint_digest_setting_fails_the_segment_before_anything_is_re
     monkeypatch.setenv(DIGEST_ENV, "md5")
     with pytest.raises(AirflowFailException, match="'md5' is not a checkpoint digest.*this Airflow worker's"):
         op()._check_command()
+
+
+def test_a_warm_instance_whose_pool_rose_above_the_price_cap_is_not_reused(market):
+    from dataclasses import replace
+
+    best = make_plan(market).ranked[0]
+    warm = InstanceInfo("i-1", InstanceState.RUNNING, replace(best, price_per_hour=best.price_per_hour / 2), "job")
+    args = dict(now=T0, done_steps=0, total_steps=1000, job_started_at=T0, deadline=None, ledger_rows=[])
+    under = plan(market, GpuRequest(count=1, min_memory_gib=16, max_price_per_hour=best.price_per_hour * 0.9), **args)
+    assert pick_warm([warm], under) is None  # launched under the cap, above it now: let go
+    at = plan(market, GpuRequest(count=1, min_memory_gib=16, max_price_per_hour=best.price_per_hour), **args)
+    assert pick_warm([warm], at) is warm
+    assert pick_warm([warm], make_plan(market)) is warm  # no cap
