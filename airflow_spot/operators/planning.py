@@ -209,12 +209,19 @@ def segment_length_advice(steps: int, step_seconds: float | None, deadline: time
 
 
 def pick_warm(alive: Sequence[InstanceInfo], plan_: Plan) -> InstanceInfo | None:
-    """The warm instance to reuse: one in the market the policy wants whose price now is within the
-    request's cap (the cheapest per step of them). Whether a warm spot instance should give way to a
+    """The warm instance to reuse, priced now (:func:`priced_now`): one in the market the policy wants,
+    of a type the request still takes in its region, whose price now is within the request's cap; the
+    cheapest per step of them at today's prices. Whether a warm spot instance should give way to a
     cheaper pool is the policy's (``Plan.move_to``), tried before the instance is let go."""
-    good = [i for i in alive if Market(i.offer.market) is plan_.market and (
-        plan_.price_cap is None
-        or priced_now(i, plan_.market_offers or plan_.ranked).offer.price_per_hour <= plan_.price_cap)]
+    offers = plan_.market_offers or plan_.ranked
+    takes = {(o.instance_type, o.region) for o in offers}  # a changed GPU request or regions: let it go
+    good = []
+    for i in alive:
+        if Market(i.offer.market) is not plan_.market or (i.offer.instance_type, i.offer.region) not in takes:
+            continue
+        priced = priced_now(i, offers)
+        if plan_.price_cap is None or priced.offer.price_per_hour <= plan_.price_cap:
+            good.append(priced)
     return min(good, key=lambda i: plan_.cost_of(i.offer), default=None)
 
 

@@ -597,8 +597,8 @@ class SpotSegmentOperator(BaseOperator):
             raise AirflowFailException(f"command must be a non-empty list of strings, got {self.command!r}")
         for where, value in (("this Airflow worker's environment", os.environ.get(DIGEST_ENV)),
                              ("the operator's env=", self.env.get(DIGEST_ENV))):
-            try:  # before an attempt is recorded or an instance launched with it
-                digest_setting(value)
+            try:  # before an attempt is recorded or an instance launched with it, as _request sends it
+                digest_setting(None if value is None else str(value))
             except ValueError as exc:
                 raise AirflowFailException(f"{exc} (set in {where})") from None
         # What the backend can check before an instance starts (local: the program is on PATH here).
@@ -610,7 +610,7 @@ class SpotSegmentOperator(BaseOperator):
         env = {str(k): str(v) for k, v in self.env.items()}
         env.update(self.hook.instance_env(self.checkpoint_uri))
         if DIGEST_ENV in self.env:  # a task's own setting wins over the workers'
-            env[DIGEST_ENV] = str(self.env[DIGEST_ENV])
+            env[DIGEST_ENV] = digest_setting(str(self.env[DIGEST_ENV]))
         return SegmentRequest(
             attempt_id=attempt_id,
             job_uri=self.hook.get_store(self.checkpoint_uri).uri,
@@ -678,7 +678,7 @@ class SpotSegmentOperator(BaseOperator):
                     return moved, False
                 self.log.info("cheaper pools refused (%s); keeping the warm instance in %s", "; ".join(errors),
                               warm.offer.pool)
-            return planning.priced_now(warm, plan.market_offers or plan.ranked), True
+            return warm, True  # priced now by pick_warm
         launched, errors = self._launch_first(context, store, plan.ranked, recorder)
         if launched is not None:
             return launched, False

@@ -16,8 +16,9 @@ byte string, exactly as a whole-file SHA-256 does.
 * :meth:`~BlockSha256.update_owned` for bytes nobody will change (a file's or a download's reads): a
   completed block is hashed in the background and the call returns at once.
 
-Either way at most ``hash_workers() + 2`` blocks, and at most :data:`IN_FLIGHT_BYTES`, wait in the
-background; a finished block keeps only its 32-byte digest.
+Either way at most ``hash_workers() + 2`` blocks, and about :data:`IN_FLIGHT_BYTES` (a gathered buffer of
+small writes, under two blocks, is held whole until its last block is hashed), wait in the background; a
+finished block keeps only its 32-byte digest.
 """
 from __future__ import annotations
 

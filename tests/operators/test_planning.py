@@ -594,5 +594,45 @@ def test_a_warm_instance_whose_pool_rose_above_the_price_cap_is_not_reused(marke
     under = plan(market, GpuRequest(count=1, min_memory_gib=16, max_price_per_hour=best.price_per_hour * 0.9), **args)
     assert pick_warm([warm], under) is None  # launched under the cap, above it now: let go
     at = plan(market, GpuRequest(count=1, min_memory_gib=16, max_price_per_hour=best.price_per_hour), **args)
-    assert pick_warm([warm], at) is warm
-    assert pick_warm([warm], make_plan(market)) is warm  # no cap
+    for p in (at, make_plan(market)):  # at the cap; no cap
+        kept = pick_warm([warm], p)
+        assert kept.instance_id == "i-1" and kept.offer.price_per_hour == best.price_per_hour
+
+
+def test_warm_instances_are_ranked_at_todays_prices_and_one_the_request_no_longer_takes_is_let_go(market):
+    from dataclasses import replace
+
+    ranked = make_plan(market).ranked
+    cheap_now, dear_now = ranked[0], ranked[-1]
+    # A was launched for a cent in a pool that is the dearest now; B sits in the cheapest pool
+    a = InstanceInfo("a", InstanceState.RUNNING, replace(dear_now, price_per_hour=0.01), "job")
+    b = InstanceInfo("b", InstanceState.RUNNING, cheap_now, "job")
+    chosen = pick_warm([a, b], make_plan(market))
+    assert chosen.instance_id == "b" and chosen.offer.price_per_hour == cheap_now.price_per_hour
+    alone = pick_warm([a], make_plan(market))
+    assert alone.instance_id == "a" and alone.offer.price_per_hour == dear_now.price_per_hour  # billed today's
+    # a type the request no longer takes (the DAG now asks for 8 GPUs)
+    eight = GpuRequest(count=8, min_memory_gib=16)
+    p8 = plan(market, eight, now=T0, done_steps=0, total_steps=1000, job_started_at=T0, deadline=None, ledger_rows=[])
+    assert pick_warm([b], p8) is None
+
+
+def test_the_tasks_own_digest_setting_wins_and_numbers_are_checked_as_sent(tmp_path, monkeypatch):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_spot.operators.segment import SpotSegmentOperator
+    from airflow_spot.storage.checkpoint import DIGEST_ENV
+
+    def op(env):
+        return SpotSegmentOperator(
+            task_id="segment_000", command=["python", "train.py"], checkpoint_uri=f"file://{tmp_path}/job",
+            start_step=0, end_step=10, total_steps=10, gpus=GPUS, env=env,
+            backend_options={"state_dir": str(tmp_path / "state")})
+
+    monkeypatch.setenv(DIGEST_ENV, "block")
+    p = make_plan(get_market("local"))
+    assert op({DIGEST_ENV: " SHA256"})._request("a1", T0, p).env[DIGEST_ENV] == "sha256"
+    assert op({})._request("a1", T0, p).env[DIGEST_ENV] == "block"
+    for number in (0, 1, 0.0):
+        with pytest.raises(AirflowFailException, match=f"'{number}' is not a checkpoint digest"):
+            op({DIGEST_ENV: number})._check_command()
