@@ -4,8 +4,9 @@
 prefix itself; ``file://``, plain paths and ``s3://`` work (S3 through boto3, so ``AWS_ENDPOINT_URL_S3``
 or ``--endpoint-url`` point it at MinIO or moto).
 
-* ``list URI``: one line per checkpoint, oldest first: step, save time (UTC), size, writer, ``ok`` or what
-  is wrong, and which one a resume would use. Payloads are re-hashed unless ``--quick``.
+* ``list URI``: one line per checkpoint, oldest first: step, save time (UTC), size, writer, payload digest
+  (``block 8 MiB`` or ``sha256``: an airflow-spot from before block digests reads only the latter), ``ok``
+  or what is wrong, and which one a resume would use. Payloads are re-hashed unless ``--quick``.
 * ``verify URI``: exit 0 when every checkpoint verifies (manifest checksum, directory name, payload size
   and sha256); otherwise print each broken one and exit 1.
 * ``restore --step N URI``: make the newest verified checkpoint at step N the one the next resume uses, by
@@ -22,7 +23,7 @@ import os
 import shutil
 import sys
 
-from airflow_spot.storage.checkpoint import QUARANTINE, CheckpointStatus, CheckpointStore
+from airflow_spot.storage.checkpoint import DIGEST_ENV, QUARANTINE, CheckpointStatus, CheckpointStore
 from airflow_spot.storage.object_store import StoreConfigError, open_existing_store, store_errors
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
@@ -83,17 +84,25 @@ def _list(ckpts: CheckpointStore, verify_payloads: bool) -> int:
         return EXIT_OK
     chosen = _resume_choice(statuses)
     print(f"checkpoints under {ckpts.store.uri} (oldest first; '*' = the one a resume uses)")
-    print(f"  {'STEP':>10}  {'SAVED (UTC)':<19}  {'SIZE':>10}  {'WRITER':<20}  STATUS")
+    print(f"  {'STEP':>10}  {'SAVED (UTC)':<19}  {'SIZE':>10}  {'WRITER':<20}  {'DIGEST':<15}  STATUS")
+    blocks = 0
     for s in statuses:
         m = s.manifest
         saved = dt.datetime.fromtimestamp(m.created_at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if m else "?"
         size = _human(m.size) if m else "?"
         writer = m.writer if m else "?"
+        block = max((f.sha256_block for f in m.files), default=0) if m else 0
+        blocks += bool(block)
+        digest = ("?" if m is None else f"block {_human(block).replace('.0 ', ' ')}" if block else "sha256")
         state = "ok" if s.ok else f"BROKEN: {s.problem}"
         mark = "*" if s is chosen else " "
-        print(f"{mark} {s.step:>10}  {saved:<19}  {size:>10}  {writer:<20}  {state}  [{s.directory}]")
+        print(f"{mark} {s.step:>10}  {saved:<19}  {size:>10}  {writer:<20}  {digest:<15}  {state}  [{s.directory}]")
     if chosen is None:
         print("no checkpoint verifies: a resume refuses to start (see `airflow-spot checkpoints verify`)")
+    if blocks:
+        print(f"{blocks} checkpoint(s) name a block SHA-256 (manifest schema 3), which an airflow-spot from before "
+              f"block digests cannot read; while such versions remain, set {DIGEST_ENV}=sha256 on the Airflow "
+              "workers so that new saves name a whole-file sha256")
     return EXIT_OK
 
 

@@ -54,6 +54,13 @@ def test_list_shows_every_checkpoint_and_what_is_wrong(job, capsys):
     assert lines[1].startswith("*") and " ok " in lines[1]  # step 200 is what a resume uses
     assert broken in lines[2] and "BROKEN" in lines[2] and "sha256 mismatch" in lines[2]
     assert "seg.try1" in lines[0] and "B " in lines[0]  # writer and size
+    assert all("block 64 KiB" in line for line in lines)  # the digest, as build_store saves it
+    assert "3 checkpoint(s) name a block SHA-256" in out and "AIRFLOW_SPOT_CHECKPOINT_DIGEST=sha256" in out
+    ckpts.block_bytes = 0  # what a deployment mid-upgrade saves
+    ckpts.save(400, lambda f: f.write(payload_for(400)))
+    assert main(["checkpoints", "list", uri]) == 0
+    out = capsys.readouterr().out
+    assert "sha256 " in [line for line in out.splitlines() if "[000000000400" in line][0]
     assert main(["checkpoints", "list", "--quick", uri]) == 0  # manifests only: the payload damage is not seen
     assert "BROKEN" not in capsys.readouterr().out
 
