@@ -33,6 +33,17 @@ class MarketSource(ABC):
     def preemption_rate_per_hour(self, instance_type: str, region: str, zone: str = "") -> float:
         """Expected spot preemptions per hour of running in the pool (a prior; jobs refine it)."""
 
+    def billed_price(self, offer: Offer, start: float, end: float) -> float:
+        """The mean $/h an instance of ``offer`` running from ``start`` to ``end`` (epoch seconds) pays.
+
+        The default is the price it was launched at: a market without a price history cannot say more.
+        A market that keeps one (the live EC2 market) integrates the spot price in effect over the run.
+
+        :raises MarketError: (or the cloud's error) when the history cannot be read; the caller then
+            bills the launch price and says so.
+        """
+        return offer.price_per_hour
+
     #: the deployment's availability log (:class:`airflow_spot.storage.availability.AvailabilityLog`),
     #: attached by the caller that knows the deployment's store; None: the market reports no history
     availability_log = None

@@ -8,6 +8,9 @@ cached for the market's life (they do not change during a job). ``price_override
 endpoints whose prices mean nothing (moto answers 0.00001 for everything); ``spot_prices="catalog"``
 takes the bundled snapshot's spot price of the type in the region instead of the API's.
 
+A finished attempt pays the spot price in effect while it ran (``billed_price``): the pool's history from
+its start to its end, time-weighted, not the price it was launched at.
+
 Example::
 
     get_market("ec2", regions=["us-east-1", "us-west-2"], clients=hook.clients)
@@ -26,6 +29,7 @@ from airflow_spot.market.aws_regions import validate_regions
 from airflow_spot.market.base import MarketSource
 from airflow_spot.market.catalog import DEFAULT_MTBF_HOURS, CATALOG_PATH, read_catalog, read_pool_mtbf_hours
 from airflow_spot.market.throughput import RELATIVE_THROUGHPUT_PER_GPU, instance_throughput
+from airflow_spot.policy.ledger import mean_price
 from airflow_spot.policy.offers import GpuRequest, Market, Offer
 
 log = logging.getLogger(__name__)
@@ -209,7 +213,35 @@ class Ec2Market(MarketSource):
         self._prices[region] = (self.clock(), prices)
         return prices
 
+    def price_changes(self, offer: Offer, start: float, end: float) -> list[tuple[float, float]]:
+        """``[(epoch seconds, $/h)]``: the spot price changes of ``offer``'s pool from ``start`` to ``end``,
+        and the change before ``start`` still in effect then (DescribeSpotPriceHistory returns it with
+        the window's own changes). AWS keeps 90 days of history."""
+        def read() -> list[tuple[float, float]]:
+            out: list[tuple[float, float]] = []
+            paginator = self._client(offer.region).get_paginator("describe_spot_price_history")
+            pages = paginator.paginate(
+                InstanceTypes=[offer.instance_type], ProductDescriptions=[PRODUCT], AvailabilityZone=offer.zone,
+                StartTime=datetime.fromtimestamp(start, UTC), EndTime=datetime.fromtimestamp(end, UTC))
+            for page in pages:
+                for p in page.get("SpotPriceHistory", []):
+                    if p.get("AvailabilityZone", offer.zone) == offer.zone and "Timestamp" in p:
+                        out.append((p["Timestamp"].timestamp(), float(p["SpotPrice"])))
+            return out
+
+        return self._call(offer.region, "DescribeSpotPriceHistory", read)
+
     # ------------------------------------------------------------------ MarketSource
+    def billed_price(self, offer: Offer, start: float, end: float) -> float:
+        """The spot price in effect over the run, time-weighted (:func:`~airflow_spot.policy.ledger.mean_price`).
+
+        On-demand offers, ``spot_prices="catalog"`` and pools with a what-if price (``price_overrides``) have
+        no history: they pay the price they were launched at."""
+        if (not offer.is_spot or self.spot_prices == "catalog" or end <= start
+                or f"{offer.instance_type}@{offer.zone}" in self._overrides()):
+            return offer.price_per_hour
+        return mean_price(self.price_changes(offer, start, end), start, end, quoted=offer.price_per_hour)
+
     def on_demand_price(self, instance_type: str, region: str) -> float:
         try:
             return self._on_demand[(instance_type, region)]

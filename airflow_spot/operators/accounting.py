@@ -8,6 +8,7 @@ the attempt left behind.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,6 +19,30 @@ from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import ObjectStore
 from airflow_spot.storage.protocol import Outcome
 
+log = logging.getLogger(__name__)
+
+
+def billing_market(hook):
+    """The hook's market, to price finished attempts; None (the launch price) when it cannot be built."""
+    try:
+        return hook.get_market()
+    except Exception as exc:  # noqa: BLE001 - the row is still written, at the launch price
+        log.warning("could not build the market to price the attempt (%s); billing the launch price", exc)
+        return None
+
+
+def billed_price(market, offer, start: float, end: float) -> float:
+    """The $/h the attempt pays: the market's price over its run (``MarketSource.billed_price``), or the
+    launch price without a market or when the market cannot say (logged: the row is still written)."""
+    if market is None:
+        return offer.price_per_hour
+    try:
+        return float(market.billed_price(offer, start, end))
+    except Exception as exc:  # noqa: BLE001 - a row at the launch price beats no row
+        log.warning("could not read the price of %s %s over the attempt (%s); billing the launch price "
+                    "$%.4f/h", offer.pool, offer.market, exc, offer.price_per_hour)
+        return offer.price_per_hour
+
 
 def record_attempt(
     store: ObjectStore,
@@ -27,11 +52,13 @@ def record_attempt(
     *,
     steps_after: int | None,
     now: float,
+    market=None,
 ) -> dict[str, Any]:
     """Write (idempotently: one key per attempt) and return the ledger row of one finished attempt.
 
     Kept progress is the job's newest checkpoint now minus where the attempt resumed; lost steps are
-    the ones its last heartbeat reported beyond that checkpoint.
+    the ones its last heartbeat reported beyond that checkpoint. ``market`` prices the run
+    (:func:`billed_price`); without one the row keeps the launch price.
     """
     offer = launch.offer_obj
     ended = float(event.get("ended_at") or now)
@@ -44,7 +71,7 @@ def record_attempt(
         instance_type=offer.instance_type,
         zone=offer.zone,
         market=offer.market,
-        price_per_hour=offer.price_per_hour,
+        price_per_hour=billed_price(market, offer, launch.billed_from, ended),
         on_demand_price_per_hour=offer.on_demand_price_per_hour,
         started_at=launch.billed_from,
         ended_at=ended,

@@ -478,6 +478,7 @@ class SpotSegmentOperator(BaseOperator):
             backend=self.backend,
             backend_options=self.backend_options,
             aws_conn_id=self.aws_conn_id,
+            market_options=self.market_options,
             poll_interval=self.poll_interval,
             startup_timeout=self.startup_timeout,
             heartbeat_timeout=self.heartbeat_timeout,
@@ -755,7 +756,7 @@ class SpotSegmentOperator(BaseOperator):
                 + (event.get("error_tail") or "")
             )
         summary = summarize(store, launch, outcome, event, segment_index=self.segment_index, latest=latest,
-                            now=time.time())
+                            now=time.time(), market=accounting.billing_market(self.hook))
         self.log.info("attempt %s ended: %s (%s); %s", attempt_id, outcome.value, event.get("message"), summary)
         context["ti"].xcom_push(key="attempt", value=summary)
         if outcome is Outcome.COMPLETED:

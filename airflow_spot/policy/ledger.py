@@ -2,7 +2,9 @@
 
 Billing (AWS, Linux): per second, with a 60 s minimum each time an instance starts. A row on a warm
 instance reused from the previous segment (``new_instance=False``) continues that instance's bill, so
-the minimum does not apply again.
+the minimum does not apply again. A spot instance pays the price in effect while it runs, so a row's
+``price_per_hour`` is the price's time-weighted mean over the attempt (:func:`mean_price`) where the
+market keeps a price history, as the simulator bills a replayed attempt at each tick's price.
 
 Per row, ``lost_seconds`` is paid time that left no kept progress: for an attempt with a known mean
 step time, its duration minus ``steps_done * step_seconds`` (boot, restore, saves, the lost steps);
@@ -37,6 +39,35 @@ def billed_seconds(duration_seconds: float, new_instance: bool = True,
         raise ValueError(f"duration must be >= 0, got {duration_seconds!r}")
     secs = float(math.ceil(duration_seconds - 1e-9))
     return max(secs, minimum_seconds) if new_instance else secs
+
+
+def mean_price(changes: Iterable[tuple[float, float]], start: float, end: float, quoted: float) -> float:
+    """The time-weighted mean $/h over ``[start, end]`` of a price that changed at ``changes``
+    (``(epoch seconds, $/h)``, any order).
+
+    Each price holds from its change until the next one. The newest change at or before ``start`` is the
+    price in effect at the start; with none, ``quoted`` (the price the attempt was launched at) holds
+    until the first change inside the window. Changes at or after ``end`` are not billed.
+    """
+    if end < start:
+        raise ValueError(f"the window ends before it starts: start={start!r}, end={end!r}")
+    ordered = sorted((float(t), float(p)) for t, p in changes)
+    for t, p in ordered:
+        if p < 0 or not math.isfinite(p):
+            raise ValueError(f"a price must be a finite $/h >= 0, got {p!r} at {t!r}")
+    price = quoted
+    for t, p in ordered:
+        if t <= start:
+            price = p
+    if end == start:
+        return price
+    dollars, since = 0.0, start
+    for t, p in ordered:
+        if start < t < end:
+            dollars += (t - since) * price
+            since, price = t, p
+    dollars += (end - since) * price
+    return dollars / (end - start)
 
 
 @dataclass(frozen=True)

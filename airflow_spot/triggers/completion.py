@@ -32,9 +32,11 @@ def summarize(
     segment_index: int,
     latest: int | None,
     now: float,
+    market=None,
 ) -> dict[str, Any]:
-    """Write the attempt's ledger row and return the summary pushed to XCom (key ``attempt``)."""
-    row = accounting.record_attempt(store, launch, outcome, event, steps_after=latest, now=now)
+    """Write the attempt's ledger row and return the summary pushed to XCom (key ``attempt``); ``market``
+    prices the run (see :func:`airflow_spot.operators.accounting.billed_price`)."""
+    row = accounting.record_attempt(store, launch, outcome, event, steps_after=latest, now=now, market=market)
     totals = accounting.job_totals(store)
     return {
         "segment": segment_index,
@@ -44,7 +46,7 @@ def summarize(
         "instance_type": launch.offer["instance_type"],
         "zone": launch.offer["zone"],
         "market": launch.offer["market"],
-        "price_per_hour": launch.offer["price_per_hour"],
+        "price_per_hour": row.get("price_per_hour"),
         "latest_step": latest,
         "steps_done": row.get("steps_done"),
         "steps_lost": row.get("steps_lost"),
@@ -57,7 +59,8 @@ def summarize(
 
 
 def complete_attempt(
-    store: ObjectStore, attempt_id: str, event: dict[str, Any], *, segment_index: int, end_step: int, now: float
+    store: ObjectStore, attempt_id: str, event: dict[str, Any], *, segment_index: int, end_step: int, now: float,
+    market=None,
 ) -> dict[str, Any] | None:
     """The summary of a cleanly completed attempt (ledger row written), or None when the worker must
     decide: the event is not ``completed``, the attempt has no launch record, or the store's newest
@@ -70,4 +73,5 @@ def complete_attempt(
     done, latest = reached_end(store, end_step)
     if not done:
         return None
-    return summarize(store, launch, Outcome.COMPLETED, event, segment_index=segment_index, latest=latest, now=now)
+    return summarize(store, launch, Outcome.COMPLETED, event, segment_index=segment_index, latest=latest, now=now,
+                     market=market)

@@ -166,6 +166,7 @@ class SegmentTrigger(BaseTrigger):
         backend: str = "local",
         backend_options: dict[str, Any] | None = None,
         aws_conn_id: str | None = "aws_default",
+        market_options: dict[str, Any] | None = None,
         poll_interval: float = 5.0,
         startup_timeout: float = 900.0,
         heartbeat_timeout: float = 300.0,
@@ -182,6 +183,7 @@ class SegmentTrigger(BaseTrigger):
         self.backend = backend
         self.backend_options = dict(backend_options or {})
         self.aws_conn_id = aws_conn_id
+        self.market_options = dict(market_options or {})
         self.poll_interval = float(poll_interval)
         self.startup_timeout = float(startup_timeout)
         self.heartbeat_timeout = float(heartbeat_timeout)
@@ -209,6 +211,7 @@ class SegmentTrigger(BaseTrigger):
                 "backend": self.backend,
                 "backend_options": self.backend_options,
                 "aws_conn_id": self.aws_conn_id,
+                "market_options": self.market_options,
                 "poll_interval": self.poll_interval,
                 "startup_timeout": self.startup_timeout,
                 "heartbeat_timeout": self.heartbeat_timeout,
@@ -225,11 +228,13 @@ class SegmentTrigger(BaseTrigger):
         # thousand times, queueing in the default executor ahead of the shared poller's own I/O.
         from airflow_spot.hooks.spot import SpotHook
 
-        key = (self.backend, json.dumps(self.backend_options, sort_keys=True, default=str), self.aws_conn_id)
+        key = (self.backend, json.dumps(self.backend_options, sort_keys=True, default=str), self.aws_conn_id,
+               json.dumps(self.market_options, sort_keys=True, default=str))
         hook = _HOOKS.get(key)
         if hook is None:
             hook = _HOOKS[key] = SpotHook(
-                backend=self.backend, backend_options=self.backend_options, aws_conn_id=self.aws_conn_id)
+                backend=self.backend, backend_options=self.backend_options, aws_conn_id=self.aws_conn_id,
+                market_options=self.market_options)
         return hook
 
     def _read_store(self, layout: JobLayout) -> tuple[AttemptStatus | None, Heartbeat | None]:
@@ -406,11 +411,16 @@ class SegmentTrigger(BaseTrigger):
             return None
         from airflow_spot.triggers.completion import complete_attempt
 
+        hook = self._hook()
+
+        def account() -> dict[str, Any] | None:
+            from airflow_spot.operators.accounting import billing_market
+
+            return complete_attempt(store, self.attempt_id, event, segment_index=self.segment_index,
+                                    end_step=self.end_step, now=time.time(), market=billing_market(hook))
+
         try:
-            summary = await asyncio.to_thread(
-                complete_attempt, store, self.attempt_id, event,
-                segment_index=self.segment_index, end_step=self.end_step, now=time.time(),
-            )
+            summary = await asyncio.to_thread(account)
         except Exception as exc:  # noqa: BLE001 - the worker's execute_complete does it again
             self.log.warning("attempt %s: accounting in the triggerer failed (%s); resuming on a worker",
                              self.attempt_id, exc)

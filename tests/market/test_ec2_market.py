@@ -129,3 +129,76 @@ def test_permission_refusals_name_the_policy(clients, code):
 def test_gpu_models_map_onto_the_throughput_table():
     assert gpu_model("A100", 80.0) == "A100-80GB" and gpu_model("A100", 40.0) == "A100"
     assert gpu_model("V100", 32.0) == "V100-32GB" and gpu_model("L4", 22.4) == "L4"
+
+
+def _pool_offer(market: Market = Market.SPOT, price: float = 0.40, zone: str = "us-east-1a"):
+    from airflow_spot.policy.offers import Offer
+
+    return Offer(instance_type="g5.xlarge", region="us-east-1", zone=zone, market=market, price_per_hour=price,
+                 on_demand_price_per_hour=1.006, gpu_name="A10G", gpu_count=1, gpu_memory_gib=24.0,
+                 relative_throughput=0.9, preemption_rate_per_hour=0.28)
+
+
+@pytest.fixture
+def stubbed():
+    """A real botocore EC2 client whose answers are given (moto ignores the price history's window and
+    answers one fixed price); the Stubber still checks every request against EC2's service model."""
+    import boto3
+    from botocore.stub import Stubber
+
+    from airflow_spot.backends.base import Clients
+
+    client = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="testing",
+                          aws_secret_access_key="testing")
+    with Stubber(client) as stub:
+        yield stub, Clients(ec2=lambda region: client)
+        stub.assert_no_pending_responses()
+
+
+def test_a_finished_spot_run_pays_the_price_in_effect_over_it_not_the_launch_price(stubbed):
+    from datetime import UTC, datetime
+
+    stub, clients = stubbed
+    start, end = 1_790_000_000.0, 1_790_003_600.0
+
+    def entry(zone, price, at):
+        return {"InstanceType": "g5.xlarge", "ProductDescription": "Linux/UNIX", "AvailabilityZone": zone,
+                "SpotPrice": price, "Timestamp": datetime.fromtimestamp(at, UTC)}
+
+    stub.add_response(
+        "describe_spot_price_history",
+        # the change in effect at the start (a day old), one 30 minutes in, and another zone's (not this pool)
+        {"SpotPriceHistory": [entry("us-east-1a", "0.80", start + 1800), entry("us-east-1b", "5.0", start + 60),
+                              entry("us-east-1a", "0.40", start - 86400)]},
+        {"InstanceTypes": ["g5.xlarge"], "ProductDescriptions": ["Linux/UNIX"], "AvailabilityZone": "us-east-1a",
+         "StartTime": datetime.fromtimestamp(start, UTC), "EndTime": datetime.fromtimestamp(end, UTC)},
+    )
+    market = Ec2Market(regions=["us-east-1"], clients=clients)
+    assert market.billed_price(_pool_offer(price=0.40), start, end) == pytest.approx(0.60)
+
+
+def test_runs_without_a_price_history_pay_their_launch_price_without_asking(stubbed, tmp_path):
+    _, clients = stubbed  # no response queued: any call would fail the test
+    start, end = 1_790_000_000.0, 1_790_003_600.0
+    market = Ec2Market(regions=["us-east-1"], clients=clients)
+    assert market.billed_price(_pool_offer(Market.ON_DEMAND, price=1.006, zone="us-east-1"), start, end) == 1.006
+    assert market.billed_price(_pool_offer(), start, start) == 0.40  # nothing ran
+    catalog = Ec2Market(regions=["us-east-1"], clients=clients, spot_prices="catalog")
+    assert catalog.billed_price(_pool_offer(price=0.39), start, end) == 0.39
+    what_if = Ec2Market(regions=["us-east-1"], clients=clients, price_overrides={"g5.xlarge@us-east-1a": 0.21})
+    assert what_if.billed_price(_pool_offer(price=0.21), start, end) == 0.21
+
+
+def test_a_refused_history_read_says_what_is_missing_and_the_row_keeps_the_launch_price(stubbed, caplog):
+    from airflow_spot.operators.accounting import billed_price
+
+    stub, clients = stubbed
+    stub.add_client_error("describe_spot_price_history", service_error_code="UnauthorizedOperation",
+                          service_message="not authorized to perform ec2:DescribeSpotPriceHistory")
+    market = Ec2Market(regions=["us-east-1"], clients=clients)
+    offer = _pool_offer(price=0.40)
+    with pytest.raises(MarketError, match="iam_policy.json"):
+        market.billed_price(offer, 1_790_000_000.0, 1_790_003_600.0)
+    stub.add_client_error("describe_spot_price_history", service_error_code="UnauthorizedOperation")
+    assert billed_price(market, offer, 1_790_000_000.0, 1_790_003_600.0) == 0.40
+    assert "billing the launch price" in caplog.text

@@ -53,3 +53,31 @@ def test_short_checkpoint_or_other_outcome_is_left_to_the_worker(store):
                             now=999.0) is None
     assert complete_attempt(store, "other", event, segment_index=1, end_step=20, now=999.0) is None
     assert LedgerStore(store).rows() == []
+
+
+def test_the_row_pays_the_spot_price_in_effect_over_the_run(store):
+    """With a live market, the completed attempt's row takes the pool's price history over its run
+    (here: $0.40/h for its first 30 s, then $0.80/h), not the $0.40/h it was launched at."""
+    from datetime import UTC, datetime
+
+    import boto3
+    from botocore.stub import Stubber
+
+    from airflow_spot.backends.base import Clients
+    from airflow_spot.market.ec2 import Ec2Market
+
+    CheckpointStore(store.child("checkpoints"), writer="seg.try1").save(20, lambda f: f.write(b"state"))
+    event = SpotSegmentOperator._event_from_store(store, "seg.try1")
+    client = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing")
+    with Stubber(client) as stub:
+        stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [
+            {"InstanceType": "g5.xlarge", "AvailabilityZone": "use1-az1", "SpotPrice": "0.80",
+             "Timestamp": datetime.fromtimestamp(130.0, UTC)},
+        ]}, {"InstanceTypes": ["g5.xlarge"], "ProductDescriptions": ["Linux/UNIX"], "AvailabilityZone": "use1-az1",
+             "StartTime": datetime.fromtimestamp(100.0, UTC), "EndTime": datetime.fromtimestamp(160.0, UTC)})
+        market = Ec2Market(regions=["us-east-1"], clients=Clients(ec2=lambda region: client))
+        summary = complete_attempt(store, "seg.try1", event, segment_index=1, end_step=20, now=999.0, market=market)
+        stub.assert_no_pending_responses()
+    (row,) = LedgerStore(store).rows()
+    assert row.price_per_hour == pytest.approx(0.60) and summary["price_per_hour"] == pytest.approx(0.60)
+    assert row.cost == pytest.approx(60 / 3600 * 0.60)  # a reused instance: the 60 s it ran, no minimum

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_spot.policy.ledger import LedgerRow, billed_seconds, summarize, totals
+from airflow_spot.policy.ledger import LedgerRow, billed_seconds, mean_price, summarize, totals
 from airflow_spot.policy.offers import Market
 
 
@@ -72,3 +72,22 @@ def test_round_trip_and_validation():
     with pytest.raises(ValueError, match="newer"):
         LedgerRow.from_dict({**d, "schema_version": 99})
     assert summarize([]).to_dict()["cost"] == 0.0
+
+
+def test_mean_price_weights_each_price_by_the_time_it_was_in_effect():
+    # 0.30 in effect since before the start, 0.60 from t=1800 to t=2700, 0.30 again after: one hour
+    changes = [(2700.0, 0.30), (-500.0, 0.30), (1800.0, 0.60)]  # any order
+    assert mean_price(changes, 0.0, 3600.0, quoted=0.99) == pytest.approx((1800 * 0.3 + 900 * 0.6 + 900 * 0.3) / 3600)
+    # with no change at or before the start, the launch price holds until the first change
+    assert mean_price([(900.0, 0.40)], 0.0, 3600.0, quoted=0.20) == pytest.approx((900 * 0.2 + 2700 * 0.4) / 3600)
+    # a change at the start takes effect at once; one at the end or later is not billed
+    assert mean_price([(0.0, 0.50), (3600.0, 9.0), (9000.0, 9.0)], 0.0, 3600.0, quoted=0.20) == pytest.approx(0.50)
+    assert mean_price([], 0.0, 60.0, quoted=0.25) == 0.25
+    assert mean_price([(-1.0, 0.70)], 5.0, 5.0, quoted=0.25) == 0.70  # an empty window: the price then
+
+
+def test_mean_price_refuses_bad_input_with_what_is_wrong():
+    with pytest.raises(ValueError, match="ends before it starts"):
+        mean_price([], 10.0, 5.0, quoted=0.1)
+    with pytest.raises(ValueError, match="finite"):
+        mean_price([(1.0, float("nan"))], 0.0, 5.0, quoted=0.1)

@@ -17,6 +17,7 @@ TRIGGERS = [
         backend="local",
         backend_options={"state_dir": "/tmp/x", "preemption": {"mode": "schedule", "at_seconds": [1.0, 2.0]}},
         aws_conn_id=None,
+        market_options={"catalog_path": "/tmp/prices.csv"},
         poll_interval=0.5,
         startup_timeout=60,
         heartbeat_timeout=30,
