@@ -55,22 +55,78 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
+def _quota_cores(read, dirs: list[str], v2: bool) -> int | None:
+    """The tightest CPU quota, in whole cores, over ``dirs`` (a cgroup and its parents): a parent's quota
+    bounds every cgroup under it."""
+    best = None
+    for d in dirs:
+        try:
+            if v2:
+                quota, period = read(f"{d}/cpu.max").split()[:2]
+                if quota == "max":
+                    continue
+            else:
+                quota, period = read(f"{d}/cpu.cfs_quota_us").strip(), read(f"{d}/cpu.cfs_period_us").strip()
+                if int(quota) < 0:  # -1: no limit
+                    continue
+            cores = max(1, math.ceil(int(quota) / int(period)))
+        except (OSError, ValueError, ZeroDivisionError):
+            continue
+        best = cores if best is None else min(best, cores)
+    return best
+
+
+def _lineage(root: str, path: str) -> list[str]:
+    """``root/path`` and each parent up to ``root`` (a container often mounts its own cgroup as the root,
+    so the path from ``/proc/self/cgroup`` may not exist below it: only the ones that do are read)."""
+    parts = [p for p in path.split("/") if p and p not in (".", "..")]
+    return [root + "".join("/" + p for p in parts[:i]) for i in range(len(parts), -1, -1)]
+
+
+def cgroup_cpu_cores(cgroup_root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int | None:
+    """Whole cores the process's CPU quota allows (cgroup v2 ``cpu.max``, or v1 ``cpu.cfs_quota_us``
+    / ``cpu.cfs_period_us``), the tightest of its cgroup and their parents; None without a quota."""
+    def read(path: str) -> str:
+        with open(path) as f:
+            return f.read()
+
+    try:
+        lines = read(proc_cgroup).splitlines()
+    except OSError:
+        lines = []
+    found = []
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":  # the v2 (unified) hierarchy
+            for root in (cgroup_root, f"{cgroup_root}/unified"):
+                if os.path.exists(f"{root}/cgroup.controllers"):
+                    found.append(_quota_cores(read, _lineage(root, path), v2=True))
+                    break
+        elif "cpu" in controllers.split(","):
+            for name in (controllers, "cpu", "cpu,cpuacct", "cpuacct,cpu"):
+                root = f"{cgroup_root}/{name}"
+                if os.path.isdir(root):
+                    found.append(_quota_cores(read, _lineage(root, path), v2=False))
+                    break
+    if not lines:  # no /proc/self/cgroup: the v2 root alone, as a namespaced container mounts it
+        found.append(_quota_cores(read, [cgroup_root], v2=True))
+    limits = [c for c in found if c is not None]
+    return min(limits) if limits else None
+
+
 @functools.lru_cache(maxsize=1)
 def hash_workers() -> int:
-    """Threads of the shared pool: the cores this process may use (its CPU affinity and a cgroup v2 CPU
-    quota, as a container limit sets it), at most 16; beyond that the disk or the network bounds a
-    checkpoint's transfer, not SHA-256."""
+    """Threads of the shared pool: the cores this process may use (its CPU affinity and its cgroup's CPU
+    quota, v2 or v1, as a container limit sets it), at most 16; beyond that the disk or the network bounds
+    a checkpoint's transfer, not SHA-256."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max":
-            cores = min(cores, math.ceil(int(quota) / int(period)))
-    except (OSError, ValueError):
-        pass
+    quota = cgroup_cpu_cores()
+    if quota is not None:
+        cores = min(cores, quota)
     return max(1, min(16, cores))
 
 

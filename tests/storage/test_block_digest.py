@@ -224,3 +224,40 @@ def test_a_finished_block_keeps_only_its_digest():
     while any(not isinstance(d, bytes) for d in h._digests) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(h._digests) == 40 and all(isinstance(d, bytes) and len(d) == 32 for d in h._digests)
+
+
+def _tree(tmp_path, files: dict[str, str], proc: str):
+    for rel, text in files.items():
+        path = tmp_path / "cg" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (tmp_path / "proc").write_text(proc)
+    return str(tmp_path / "cg"), str(tmp_path / "proc")
+
+
+def test_cpu_quota_is_the_tightest_of_the_cgroup_and_its_parents_v2(tmp_path):
+    root, proc = _tree(tmp_path, {
+        "cgroup.controllers": "cpu",
+        "kubepods/cpu.max": "200000 100000\n",  # the pod: 2 cores
+        "kubepods/c1/cpu.max": "max 100000\n",  # the container: no limit of its own
+    }, "0::/kubepods/c1\n")
+    assert block_digest.cgroup_cpu_cores(root, proc) == 2
+    root, proc = _tree(tmp_path / "b", {"cgroup.controllers": "cpu", "cpu.max": "250000 100000\n"},
+                       "0::/docker/abc\n")  # a namespaced container: its own cgroup mounted as the root
+    assert block_digest.cgroup_cpu_cores(root, proc) == 3
+    root, proc = _tree(tmp_path / "c", {"cgroup.controllers": "cpu", "x/cpu.max": "max 100000\n"}, "0::/x\n")
+    assert block_digest.cgroup_cpu_cores(root, proc) is None
+
+
+def test_cpu_quota_of_cgroup_v1(tmp_path):
+    root, proc = _tree(tmp_path, {
+        "cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+        "cpu,cpuacct/job/cpu.cfs_quota_us": "150000\n", "cpu,cpuacct/job/cpu.cfs_period_us": "100000\n",
+        "unified/cgroup.controllers": "",
+    }, "4:memory:/job\n2:cpu,cpuacct:/job\n0::/\n")
+    assert block_digest.cgroup_cpu_cores(root, proc) == 2
+    root, proc = _tree(tmp_path / "b", {
+        "cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n",
+    }, "1:cpu:/\n")
+    assert block_digest.cgroup_cpu_cores(root, proc) is None
+    assert block_digest.cgroup_cpu_cores(str(tmp_path / "none"), str(tmp_path / "none")) is None
