@@ -66,6 +66,9 @@ class LaunchSpec:
     block_device_gib: int | None = None
     #: replaces the generated bootstrap script entirely (advanced; it must start the agent itself)
     user_data: str | None = None
+    #: spot: the most $/h the instance may ever pay (the request's ``max_price_per_hour``). The cloud
+    #: interrupts it, with its usual notice, when the pool's price rises above; None: up to on-demand
+    max_price_per_hour: float | None = None
 
 
 def launch_token(*parts: object) -> str:

@@ -232,6 +232,9 @@ class Ec2Backend(Backend):
                 "MarketType": "spot",
                 "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
             }
+            if spec.max_price_per_hour is not None:
+                # the cap holds while it runs too: EC2 interrupts it (2 min notice) if the price passes it
+                params["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] = f"{spec.max_price_per_hour:.6f}"
         zone = offer.zone if offer.zone.startswith(offer.region) and offer.zone != offer.region else None
         subnet = self._subnet(spec, zone)
         if subnet:

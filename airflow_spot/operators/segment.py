@@ -644,7 +644,7 @@ class SpotSegmentOperator(BaseOperator):
         return LaunchSpec(
             offer=offer, job_uri=store.uri, idempotency_token=token,
             tags={**self._tags(context), TAG_TASK: self.task_id}, idle_timeout_seconds=60.0,
-            env=self.hook.instance_env(self.checkpoint_uri),
+            env=self.hook.instance_env(self.checkpoint_uri), max_price_per_hour=self.gpus.max_price_per_hour,
         )
 
     def _availability(self, store) -> planning.AvailabilityRecorder:
@@ -713,6 +713,7 @@ class SpotSegmentOperator(BaseOperator):
                 tags={**self._tags(context), TAG_TASK: self.task_id},
                 idle_timeout_seconds=self.idle_timeout_seconds,
                 env=self.hook.instance_env(self.checkpoint_uri),
+                max_price_per_hour=self.gpus.max_price_per_hour,
             )
             try:
                 launched = backend.launch(spec)

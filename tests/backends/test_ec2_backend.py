@@ -1,6 +1,8 @@
 """The ec2 backend against moto's server on 127.0.0.1, through the Airflow ``aws_default`` connection."""
 from __future__ import annotations
 
+import dataclasses
+
 import asyncio
 
 import pytest
@@ -112,6 +114,15 @@ def test_on_demand_offer_launches_without_spot_options(hook):
     info = hook.get_backend().launch(spec(offer(market=Market.ON_DEMAND, zone="us-east-1", price=1.006)))
     seen = hook.get_backend().describe([info.instance_id])[info.instance_id]
     assert seen.offer.market is Market.ON_DEMAND
+    capped = dataclasses.replace(spec(offer(market=Market.ON_DEMAND, zone="us-east-1")), max_price_per_hour=0.5)
+    assert "InstanceMarketOptions" not in hook.get_backend().launch_parameters(capped)
+
+
+def test_a_spot_price_cap_is_the_instances_max_price(hook):
+    backend = hook.get_backend()
+    assert "MaxPrice" not in backend.launch_parameters(spec())["InstanceMarketOptions"]["SpotOptions"]
+    capped = backend.launch_parameters(dataclasses.replace(spec(), max_price_per_hour=0.4))
+    assert capped["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] == "0.400000"
 
 
 def test_spot_reclaim_is_preempted_and_our_terminate_is_user(hook):

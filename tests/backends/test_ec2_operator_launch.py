@@ -99,3 +99,34 @@ def test_a_request_over_the_price_cap_names_the_problem(operator):
         planning.plan(market, request, now=now, done_steps=0, total_steps=10, job_started_at=now, deadline=None,
                       ledger_rows=[])
     assert "price cap" in request.describe_mismatch(market.offers(GpuRequest(count=1, markets=(Market.SPOT,))))
+
+
+def test_the_price_cap_travels_with_the_launch_and_a_pool_now_above_it_falls_to_the_next(endpoint, tmp_path):
+    """With ``max_price_per_hour`` the spot launch asks EC2 for that MaxPrice, so the running instance never
+    pays more (EC2 interrupts it, with its notice, when the pool's price passes the cap). A pool whose price
+    rose past the cap since the market's quote is refused (SpotMaxPriceTooLow; moto prices nothing, so the
+    refusal is played here as EC2 answers it) and the launch takes the next pool."""
+    from airflow.sdk import DAG
+
+    from airflow_spot.operators.segment import SpotSegmentOperator
+
+    moto_ec2.reset(endpoint)
+    with DAG("ec2_cap", schedule=None, start_date=datetime(2024, 1, 1)):
+        op = SpotSegmentOperator(
+            task_id="segment_000", command=["python", "train.py"], checkpoint_uri=f"file://{tmp_path}/job",
+            start_step=0, end_step=10, total_steps=10,
+            gpus=GpuRequest(count=1, markets=(Market.SPOT,), max_price_per_hour=0.045),
+            backend="ec2", backend_options={"regions": ["us-east-1"], "image_id": "ami-12345678"},
+            market_options={"regions": ["us-east-1"], "spot_prices": "catalog", "price_overrides": PRICES},
+        )
+    asked = []
+
+    def now_above_cap(body):
+        asked.append((body.get("Placement.AvailabilityZone"), body.get("InstanceMarketOptions.SpotOptions.MaxPrice")))
+        return body.get("Placement.AvailabilityZone") == "us-east-1a"  # its price is 0.05 now: over 0.045
+
+    moto_ec2.refuse(op.hook.get_backend().client("us-east-1"), "RunInstances", "SpotMaxPriceTooLow",
+                    when=now_above_cap)
+    _, (info, _) = launch(op, tmp_path)
+    assert asked == [("us-east-1a", "0.045000"), ("us-east-1b", "0.045000")]
+    assert op.hook.get_backend().describe([info.instance_id])[info.instance_id].offer.pool == "g5.xlarge@us-east-1b"
