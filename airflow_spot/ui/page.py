@@ -129,6 +129,7 @@ def _attempt_rows(attempts: list[dict[str, Any]]) -> str:
             f"<td>{escape(a.get('attempt_id') or '')}</td><td>{escape(a.get('instance_type') or '–')}</td>"
             f"<td>{escape(a.get('zone') or '–')}</td>"
             f"<td><span class='tag {escape(market)}'>{escape(market)}</span></td>"
+            f"<td class=n>{'–' if a.get('price_per_hour') is None else _money(a['price_per_hour']) + '/h'}</td>"
             f"<td>{_time(a.get('started_at'))}</td><td>{_time(a.get('ended_at'))}</td>"
             f"<td>{escape(outcome)}{mark}</td><td class=n>{steps}</td>"
             f"<td class=n>{'–' if a.get('steps_done') is None else a['steps_done']}</td>"
@@ -217,7 +218,7 @@ def job_page(dag_id: str, run_id: str, snap: dict[str, Any], offers: list[dict[s
     attempts = snap.get("attempts") or []
     timeline = (
         "<table id=attempts><tr><th>segment</th><th>attempt</th><th>instance</th><th>zone</th><th>market</th>"
-        "<th>start (UTC)</th><th>end (UTC)</th><th>outcome</th><th>steps</th><th>kept</th><th>lost</th>"
+        "<th title='a finished spot attempt: the price in effect over its run'>price</th><th>start (UTC)</th><th>end (UTC)</th><th>outcome</th><th>steps</th><th>kept</th><th>lost</th>"
         "<th>cost</th></tr>"
         + _attempt_rows(attempts) + "</table>"
         if attempts else "<p class=muted id=attempts>No attempt yet.</p>"

@@ -172,6 +172,18 @@ def test_the_cost_card_shows_the_checkpoint_transfers_in_it():
     assert "of which checkpoint transfers $1.2500" in job_page("d", "r", {**snap, "transfer_dollars": 1.25}, [])
 
 
+def test_each_attempt_shows_the_price_it_paid():
+    """A finished attempt's row carries the price in effect over its run (the ledger's), which may differ
+    from the price it was launched at; the page shows it beside the cost."""
+    from airflow_spot.ui.page import job_page
+
+    attempts = [{"attempt_id": "a.try1", "outcome": "completed", "market": "spot", "price_per_hour": 0.3125,
+                 "cost": 0.3125}, {"attempt_id": "a.try2", "outcome": "running", "market": "spot"}]
+    html = job_page("d", "r", {"state": "running", "attempts": attempts, "checkpoints": [], "series": []}, [])
+    assert "<th title='a finished spot attempt: the price in effect over its run'>price</th>" in html
+    assert "<td class=n>$0.3125/h</td>" in html and "<td class=n>–</td><td>" in html
+
+
 # ------------------------------------------------------------------ before the job's first attempt
 PRESTART_DAG = "ui_api_not_started"
 PROFILE = {"T4": 0.5}  # seconds per step the job declares it measured on a T4
