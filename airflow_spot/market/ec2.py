@@ -35,6 +35,8 @@ from airflow_spot.policy.offers import GpuRequest, Market, Offer
 log = logging.getLogger(__name__)
 
 PRODUCT = "Linux/UNIX"
+#: how far back DescribeSpotPriceHistory answers (90 days), less a minute for the call's own time
+HISTORY_SECONDS = 90 * 86400.0 - 60.0
 
 
 class MarketError(RuntimeError):
@@ -64,6 +66,7 @@ class Ec2Market(MarketSource):
     :param architectures: CPU architectures the job's image runs on (an x86_64 AMI cannot boot a Graviton
         ``g5g``); default ``["x86_64"]``.
     :param clock: monotonic seconds (tests pass their own).
+    :param wall_clock: epoch seconds, to keep a price-history window within what EC2 answers.
     """
 
     uses_clients = True  # built with the Airflow layer's clients (get_market), as the ec2 backend is
@@ -81,6 +84,7 @@ class Ec2Market(MarketSource):
         catalog_path: str | None = None,
         architectures: Iterable[str] = ("x86_64",),
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.architectures = tuple(architectures)
         if not self.architectures or not set(self.architectures) <= {"x86_64", "arm64"}:
@@ -104,6 +108,7 @@ class Ec2Market(MarketSource):
             clients = default_clients()
         self.clients = clients
         self.clock = clock
+        self.wall_clock = wall_clock
         rows = read_catalog(catalog_path or CATALOG_PATH)
         self._on_demand = {(r.instance_type, r.region): r.on_demand_price for r in rows}
         self._catalog_spot = {(r.instance_type, r.region): r.spot_price for r in rows if r.spot_price is not None}
@@ -216,7 +221,13 @@ class Ec2Market(MarketSource):
     def price_changes(self, offer: Offer, start: float, end: float) -> list[tuple[float, float]]:
         """``[(epoch seconds, $/h)]``: the spot price changes of ``offer``'s pool from ``start`` to ``end``,
         and the change before ``start`` still in effect then (DescribeSpotPriceHistory returns it with
-        the window's own changes). AWS keeps 90 days of history."""
+        the window's own changes). EC2 answers for the last 90 days up to now: the window is clipped to
+        them (before them the price then in effect is taken for the older part)."""
+        now = self.wall_clock()
+        start, end = max(start, now - HISTORY_SECONDS), min(end, now)
+        if end <= start:
+            return []
+
         def read() -> list[tuple[float, float]]:
             out: list[tuple[float, float]] = []
             paginator = self._client(offer.region).get_paginator("describe_spot_price_history")
@@ -236,7 +247,8 @@ class Ec2Market(MarketSource):
         """The spot price in effect over the run, time-weighted (:func:`~airflow_spot.policy.ledger.mean_price`).
 
         On-demand offers, ``spot_prices="catalog"`` and pools with a what-if price (``price_overrides``) have
-        no history: they pay the price they were launched at."""
+        no history: they pay the price they were launched at. Which pools have a what-if price is read now,
+        at the end of the run (``price_overrides_path`` is re-read): a file changed during it decides."""
         if (not offer.is_spot or self.spot_prices == "catalog" or end <= start
                 or f"{offer.instance_type}@{offer.zone}" in self._overrides()):
             return offer.price_per_hour

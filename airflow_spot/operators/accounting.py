@@ -31,17 +31,17 @@ def billing_market(hook):
         return None
 
 
-def billed_price(market, offer, start: float, end: float) -> float:
-    """The $/h the attempt pays: the market's price over its run (``MarketSource.billed_price``), or the
-    launch price without a market or when the market cannot say (logged: the row is still written)."""
+def billed_price(market, offer, start: float, end: float) -> float | None:
+    """The $/h the attempt pays by the market's price over its run (``MarketSource.billed_price``); the
+    launch price without a market; None when the market cannot say now (logged)."""
     if market is None:
         return offer.price_per_hour
     try:
         return float(market.billed_price(offer, start, end))
     except Exception as exc:  # noqa: BLE001 - a row at the launch price beats no row
-        log.warning("could not read the price of %s %s over the attempt (%s); billing the launch price "
-                    "$%.4f/h", offer.pool, offer.market, exc, offer.price_per_hour)
-        return offer.price_per_hour
+        log.warning("could not read the price of %s (%s) over the attempt (%s); billing the launch price "
+                    "$%.4f/h", offer.pool, getattr(offer.market, "value", offer.market), exc, offer.price_per_hour)
+        return None
 
 
 def record_attempt(
@@ -58,20 +58,30 @@ def record_attempt(
 
     Kept progress is the job's newest checkpoint now minus where the attempt resumed; lost steps are
     the ones its last heartbeat reported beyond that checkpoint. ``market`` prices the run
-    (:func:`billed_price`); without one the row keeps the launch price.
+    (:func:`billed_price`); without one the row keeps the launch price. When the market cannot say now,
+    a row already written for the attempt keeps its price (a second write changes nothing), else the
+    launch price is billed.
     """
     offer = launch.offer_obj
     ended = float(event.get("ended_at") or now)
     committed = max(steps_after if steps_after is not None else 0, launch.resume_step)
     last_step = event.get("last_step")
     ended = max(ended, launch.billed_from)
+    ledger = LedgerStore(store)
+    price = billed_price(market, offer, launch.billed_from, ended)
+    if price is None:  # the history is out of reach now: a row written before (the trigger's) keeps its price
+        try:
+            earlier = ledger.read(launch.attempt_id)
+        except ValueError:  # an unreadable row is rewritten whole
+            earlier = None
+        price = earlier.price_per_hour if earlier is not None else offer.price_per_hour
     row = LedgerRow(
         attempt_id=launch.attempt_id,
         instance_id=launch.instance_id,
         instance_type=offer.instance_type,
         zone=offer.zone,
         market=offer.market,
-        price_per_hour=billed_price(market, offer, launch.billed_from, ended),
+        price_per_hour=price,
         on_demand_price_per_hour=offer.on_demand_price_per_hour,
         started_at=launch.billed_from,
         ended_at=ended,
@@ -86,7 +96,7 @@ def record_attempt(
         notice_at=event.get("notice_at"),
         transfer_dollars=launch.transfer_dollars + (ended - launch.billed_from) / 3600.0 * launch.remote_dollars_per_hour,
     )
-    LedgerStore(store).write(row)
+    ledger.write(row)
     return row.to_dict()
 
 

@@ -26,6 +26,7 @@ import functools
 import hashlib
 import math
 import os
+import re
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -76,41 +77,56 @@ def _quota_cores(read, dirs: list[str], v2: bool) -> int | None:
     return best
 
 
-def _lineage(root: str, path: str) -> list[str]:
-    """``root/path`` and each parent up to ``root`` (a container often mounts its own cgroup as the root,
-    so the path from ``/proc/self/cgroup`` may not exist below it: only the ones that do are read)."""
+def _lineage(mount_point: str, path: str) -> list[str]:
+    """``mount_point/path`` and each parent up to the mount point (the cgroups above it are not visible)."""
     parts = [p for p in path.split("/") if p and p not in (".", "..")]
-    return [root + "".join("/" + p for p in parts[:i]) for i in range(len(parts), -1, -1)]
+    return [mount_point + "".join("/" + p for p in parts[:i]) for i in range(len(parts), -1, -1)]
 
 
-def cgroup_cpu_cores(cgroup_root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int | None:
+def _cgroup_mounts(mountinfo: str) -> list[tuple[str, str, str, set[str]]]:
+    """``(fstype, root, mount point, super options)`` of each cgroup / cgroup2 mount in ``/proc/self/mountinfo``
+    (fields: id, parent, dev, root, mount point, options, optional fields, ``-``, fstype, source, super options)."""
+    def unescape(field: str) -> str:  # a space is written \040
+        return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+    out = []
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if sep and len(fields) >= 5 and tail and tail[0] in ("cgroup", "cgroup2"):
+            out.append((tail[0], unescape(fields[3]), unescape(fields[4]),
+                        set(tail[2].split(",")) if len(tail) > 2 else set()))
+    return out
+
+
+def cgroup_cpu_cores(proc_cgroup: str = "/proc/self/cgroup", mountinfo: str = "/proc/self/mountinfo") -> int | None:
     """Whole cores the process's CPU quota allows (cgroup v2 ``cpu.max``, or v1 ``cpu.cfs_quota_us``
-    / ``cpu.cfs_period_us``), the tightest of its cgroup and their parents; None without a quota."""
+    / ``cpu.cfs_period_us``), the tightest of its cgroup and the parents visible; None without a quota.
+
+    The cgroup's directory is its path (``/proc/self/cgroup``) below the mount's own root (``mountinfo``):
+    a container without a cgroup namespace mounts its own cgroup (root ``/docker/<id>``) at
+    ``/sys/fs/cgroup``, with a namespace the path and the root are both ``/``."""
     def read(path: str) -> str:
         with open(path) as f:
             return f.read()
 
     try:
-        lines = read(proc_cgroup).splitlines()
+        lines, mounts = read(proc_cgroup).splitlines(), _cgroup_mounts(read(mountinfo))
     except OSError:
-        lines = []
+        return None
     found = []
     for line in lines:
         hierarchy, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
-        if hierarchy == "0" and controllers == "":  # the v2 (unified) hierarchy
-            for root in (cgroup_root, f"{cgroup_root}/unified"):
-                if os.path.exists(f"{root}/cgroup.controllers"):
-                    found.append(_quota_cores(read, _lineage(root, path), v2=True))
-                    break
-        elif "cpu" in controllers.split(","):
-            for name in (controllers, "cpu", "cpu,cpuacct", "cpuacct,cpu"):
-                root = f"{cgroup_root}/{name}"
-                if os.path.isdir(root):
-                    found.append(_quota_cores(read, _lineage(root, path), v2=False))
-                    break
-    if not lines:  # no /proc/self/cgroup: the v2 root alone, as a namespaced container mounts it
-        found.append(_quota_cores(read, [cgroup_root], v2=True))
+        v2 = hierarchy == "0" and controllers == ""
+        if not v2 and "cpu" not in controllers.split(","):
+            continue
+        for fstype, root, point, options in mounts:
+            if (fstype == "cgroup2") if v2 else (fstype == "cgroup" and "cpu" in options):
+                top = root.rstrip("/")
+                below = path[len(top):] if path == top or path.startswith(top + "/") else ""
+                found.append(_quota_cores(read, _lineage(point, below), v2))
+                break
     limits = [c for c in found if c is not None]
     return min(limits) if limits else None
 

@@ -35,8 +35,22 @@ from airflow_spot.storage.protocol import AttemptStatus, Heartbeat, JobLayout, O
 from airflow_spot.storage.read_cache import CachedReads, ReadCache
 from airflow_spot.triggers.poller import Subscription, subscribe
 
-#: SpotHooks shared by the triggers of this process (see SegmentTrigger._hook)
-_HOOKS: dict[tuple[str, str, str | None], Any] = {}
+#: SpotHooks shared by the triggers of this process (see SegmentTrigger._hook):
+#: (backend, backend options, connection id, market options) -> hook
+_HOOKS: dict[tuple[str, str, str | None, str], Any] = {}
+
+#: threads that account for completed attempts in the triggerer (see SegmentTrigger._complete_here)
+ACCOUNTING_THREADS = 4
+_ACCOUNTING_POOL = None
+
+
+def _accounting_pool():
+    global _ACCOUNTING_POOL
+    if _ACCOUNTING_POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _ACCOUNTING_POOL = ThreadPoolExecutor(ACCOUNTING_THREADS, thread_name_prefix="airflow-spot-accounting")
+    return _ACCOUNTING_POOL
 
 #: Between the describe rounds a trigger reads its attempt's status object every so often, so an attempt
 #: that ended is seen within about a second instead of up to one poll interval later (each second is the
@@ -183,7 +197,8 @@ class SegmentTrigger(BaseTrigger):
         self.backend = backend
         self.backend_options = dict(backend_options or {})
         self.aws_conn_id = aws_conn_id
-        self.market_options = dict(market_options or {})
+        #: None: serialised by a version that did not carry them (its attempts keep their launch price)
+        self.market_options = None if market_options is None else dict(market_options)
         self.poll_interval = float(poll_interval)
         self.startup_timeout = float(startup_timeout)
         self.heartbeat_timeout = float(heartbeat_timeout)
@@ -229,12 +244,12 @@ class SegmentTrigger(BaseTrigger):
         from airflow_spot.hooks.spot import SpotHook
 
         key = (self.backend, json.dumps(self.backend_options, sort_keys=True, default=str), self.aws_conn_id,
-               json.dumps(self.market_options, sort_keys=True, default=str))
+               json.dumps(self.market_options or {}, sort_keys=True, default=str))
         hook = _HOOKS.get(key)
         if hook is None:
             hook = _HOOKS[key] = SpotHook(
                 backend=self.backend, backend_options=self.backend_options, aws_conn_id=self.aws_conn_id,
-                market_options=self.market_options)
+                market_options=self.market_options or {})
         return hook
 
     def _read_store(self, layout: JobLayout) -> tuple[AttemptStatus | None, Heartbeat | None]:
@@ -416,11 +431,16 @@ class SegmentTrigger(BaseTrigger):
         def account() -> dict[str, Any] | None:
             from airflow_spot.operators.accounting import billing_market
 
+            # a trigger serialised before it carried market_options cannot rebuild the job's market: the
+            # launch price then (the defaults could be another market's, e.g. API prices for a catalog job)
+            market = billing_market(hook) if self.market_options is not None else None
             return complete_attempt(store, self.attempt_id, event, segment_index=self.segment_index,
-                                    end_step=self.end_step, now=time.time(), market=billing_market(hook))
+                                    end_step=self.end_step, now=time.time(), market=market)
 
         try:
-            summary = await asyncio.to_thread(account)
+            # its own few threads: a price-history read that EC2 throttles (retried, seconds) must not hold
+            # the default pool that every trigger's store reads share
+            summary = await asyncio.get_running_loop().run_in_executor(_accounting_pool(), account)
         except Exception as exc:  # noqa: BLE001 - the worker's execute_complete does it again
             self.log.warning("attempt %s: accounting in the triggerer failed (%s); resuming on a worker",
                              self.attempt_id, exc)

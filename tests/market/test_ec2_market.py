@@ -169,12 +169,27 @@ def test_a_finished_spot_run_pays_the_price_in_effect_over_it_not_the_launch_pri
         "describe_spot_price_history",
         # the change in effect at the start (a day old), one 30 minutes in, and another zone's (not this pool)
         {"SpotPriceHistory": [entry("us-east-1a", "0.80", start + 1800), entry("us-east-1b", "5.0", start + 60),
-                              entry("us-east-1a", "0.40", start - 86400)]},
+                              entry("us-east-1a", "0.20", start - 86400)]},
         {"InstanceTypes": ["g5.xlarge"], "ProductDescriptions": ["Linux/UNIX"], "AvailabilityZone": "us-east-1a",
          "StartTime": datetime.fromtimestamp(start, UTC), "EndTime": datetime.fromtimestamp(end, UTC)},
     )
-    market = Ec2Market(regions=["us-east-1"], clients=clients)
-    assert market.billed_price(_pool_offer(price=0.40), start, end) == pytest.approx(0.60)
+    market = Ec2Market(regions=["us-east-1"], clients=clients, wall_clock=lambda: end + 60)
+    # launched at a quote of $0.40/h (cached); $0.20/h was in effect at the start, $0.80/h from 30 min in
+    assert market.billed_price(_pool_offer(price=0.40), start, end) == pytest.approx(0.50)
+
+
+def test_the_history_window_stays_within_what_ec2_answers(stubbed):
+    """EC2 answers from 90 days back up to now: an end past the clock (a clock ahead on the instance) is
+    clipped to now, and a start older than 90 days to 90 days back."""
+    from datetime import UTC, datetime
+
+    stub, clients = stubbed
+    now = 1_790_000_000.0
+    stub.add_response("describe_spot_price_history", {"SpotPriceHistory": []}, {
+        "InstanceTypes": ["g5.xlarge"], "ProductDescriptions": ["Linux/UNIX"], "AvailabilityZone": "us-east-1a",
+        "StartTime": datetime.fromtimestamp(now - 90 * 86400 + 60, UTC), "EndTime": datetime.fromtimestamp(now, UTC)})
+    market = Ec2Market(regions=["us-east-1"], clients=clients, wall_clock=lambda: now)
+    assert market.billed_price(_pool_offer(price=0.40), now - 100 * 86400, now + 300) == 0.40  # no change known
 
 
 def test_runs_without_a_price_history_pay_their_launch_price_without_asking(stubbed, tmp_path):
@@ -195,10 +210,10 @@ def test_a_refused_history_read_says_what_is_missing_and_the_row_keeps_the_launc
     stub, clients = stubbed
     stub.add_client_error("describe_spot_price_history", service_error_code="UnauthorizedOperation",
                           service_message="not authorized to perform ec2:DescribeSpotPriceHistory")
-    market = Ec2Market(regions=["us-east-1"], clients=clients)
+    market = Ec2Market(regions=["us-east-1"], clients=clients, wall_clock=lambda: 1_790_003_700.0)
     offer = _pool_offer(price=0.40)
     with pytest.raises(MarketError, match="iam_policy.json"):
         market.billed_price(offer, 1_790_000_000.0, 1_790_003_600.0)
     stub.add_client_error("describe_spot_price_history", service_error_code="UnauthorizedOperation")
-    assert billed_price(market, offer, 1_790_000_000.0, 1_790_003_600.0) == 0.40
-    assert "billing the launch price" in caplog.text
+    assert billed_price(market, offer, 1_790_000_000.0, 1_790_003_600.0) is None  # the caller bills the launch price
+    assert "g5.xlarge@us-east-1a (spot)" in caplog.text and "billing the launch price $0.4000/h" in caplog.text

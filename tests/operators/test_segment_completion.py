@@ -75,9 +75,30 @@ def test_the_row_pays_the_spot_price_in_effect_over_the_run(store):
              "Timestamp": datetime.fromtimestamp(130.0, UTC)},
         ]}, {"InstanceTypes": ["g5.xlarge"], "ProductDescriptions": ["Linux/UNIX"], "AvailabilityZone": "use1-az1",
              "StartTime": datetime.fromtimestamp(100.0, UTC), "EndTime": datetime.fromtimestamp(160.0, UTC)})
-        market = Ec2Market(regions=["us-east-1"], clients=Clients(ec2=lambda region: client))
+        market = Ec2Market(regions=["us-east-1"], clients=Clients(ec2=lambda region: client), wall_clock=lambda: 999.0)
         summary = complete_attempt(store, "seg.try1", event, segment_index=1, end_step=20, now=999.0, market=market)
         stub.assert_no_pending_responses()
     (row,) = LedgerStore(store).rows()
     assert row.price_per_hour == pytest.approx(0.60) and summary["price_per_hour"] == pytest.approx(0.60)
     assert row.cost == pytest.approx(60 / 3600 * 0.60)  # a reused instance: the 60 s it ran, no minimum
+
+
+def test_a_second_write_that_cannot_read_the_history_keeps_the_rows_price(store, caplog):
+    """The trigger wrote the row from the price history; a later write of the same attempt (a triggerer
+    restart, dag.test's resume) whose read fails keeps that price instead of the launch price."""
+    class Flaky:
+        def __init__(self, answer):
+            self.answer = answer
+
+        def billed_price(self, offer, start, end):
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return self.answer
+
+    CheckpointStore(store.child("checkpoints"), writer="seg.try1").save(20, lambda f: f.write(b"state"))
+    event = SpotSegmentOperator._event_from_store(store, "seg.try1")
+    first = complete_attempt(store, "seg.try1", event, segment_index=1, end_step=20, now=999.0, market=Flaky(0.6))
+    again = complete_attempt(store, "seg.try1", event, segment_index=1, end_step=20, now=999.0,
+                             market=Flaky(RuntimeError("RequestLimitExceeded")))
+    assert again == first and LedgerStore(store).read("seg.try1").price_per_hour == 0.6
+    assert "RequestLimitExceeded" in caplog.text

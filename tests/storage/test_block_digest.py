@@ -226,38 +226,56 @@ def test_a_finished_block_keeps_only_its_digest():
     assert len(h._digests) == 40 and all(isinstance(d, bytes) and len(d) == 32 for d in h._digests)
 
 
-def _tree(tmp_path, files: dict[str, str], proc: str):
+def _tree(tmp_path, files: dict[str, str], proc: str, mounts: list[tuple[str, str, str]]):
+    """A cgroup tree under ``tmp_path/cg``, ``/proc/self/cgroup`` and a mountinfo whose mounts are
+    ``(fstype, root, super options)`` at ``tmp_path/cg``, one mount each (v1: one per controller set)."""
+    base = tmp_path / "cg"
     for rel, text in files.items():
-        path = tmp_path / "cg" / rel
+        path = base / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+    lines = []
+    for i, (fstype, root, options) in enumerate(mounts):
+        point = base / options.split(",", 1)[1] if fstype == "cgroup" else base
+        point.mkdir(parents=True, exist_ok=True)
+        lines.append(f"{30 + i} 23 0:{28 + i} {root} {point} rw,nosuid - {fstype} {fstype} {options}")
+    lines.insert(0, "22 1 0:21 / /proc rw - proc proc rw")
     (tmp_path / "proc").write_text(proc)
-    return str(tmp_path / "cg"), str(tmp_path / "proc")
+    (tmp_path / "mountinfo").write_text("\n".join(lines) + "\n")
+    return str(tmp_path / "proc"), str(tmp_path / "mountinfo")
 
 
 def test_cpu_quota_is_the_tightest_of_the_cgroup_and_its_parents_v2(tmp_path):
-    root, proc = _tree(tmp_path, {
-        "cgroup.controllers": "cpu",
+    paths = _tree(tmp_path, {
         "kubepods/cpu.max": "200000 100000\n",  # the pod: 2 cores
         "kubepods/c1/cpu.max": "max 100000\n",  # the container: no limit of its own
-    }, "0::/kubepods/c1\n")
-    assert block_digest.cgroup_cpu_cores(root, proc) == 2
-    root, proc = _tree(tmp_path / "b", {"cgroup.controllers": "cpu", "cpu.max": "250000 100000\n"},
-                       "0::/docker/abc\n")  # a namespaced container: its own cgroup mounted as the root
-    assert block_digest.cgroup_cpu_cores(root, proc) == 3
-    root, proc = _tree(tmp_path / "c", {"cgroup.controllers": "cpu", "x/cpu.max": "max 100000\n"}, "0::/x\n")
-    assert block_digest.cgroup_cpu_cores(root, proc) is None
+    }, "0::/kubepods/c1\n", [("cgroup2", "/", "rw")])
+    assert block_digest.cgroup_cpu_cores(*paths) == 2
+    # a container with a cgroup namespace: its own cgroup is the mount's root, and its path is /
+    paths = _tree(tmp_path / "b", {"cpu.max": "250000 100000\n"}, "0::/\n", [("cgroup2", "/", "rw")])
+    assert block_digest.cgroup_cpu_cores(*paths) == 3
+    paths = _tree(tmp_path / "c", {"x/cpu.max": "max 100000\n"}, "0::/x\n", [("cgroup2", "/", "rw")])
+    assert block_digest.cgroup_cpu_cores(*paths) is None
 
 
-def test_cpu_quota_of_cgroup_v1(tmp_path):
-    root, proc = _tree(tmp_path, {
-        "cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
-        "cpu,cpuacct/job/cpu.cfs_quota_us": "150000\n", "cpu,cpuacct/job/cpu.cfs_period_us": "100000\n",
-        "unified/cgroup.controllers": "",
-    }, "4:memory:/job\n2:cpu,cpuacct:/job\n0::/\n")
-    assert block_digest.cgroup_cpu_cores(root, proc) == 2
-    root, proc = _tree(tmp_path / "b", {
-        "cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n",
-    }, "1:cpu:/\n")
-    assert block_digest.cgroup_cpu_cores(root, proc) is None
+def test_cpu_quota_of_cgroup_v1_below_the_mounts_own_root(tmp_path):
+    # no cgroup namespace: the container's cgroup /docker/abc is mounted at the mount point, and the
+    # process sits in a child of it (systemd inside the container) with the tighter quota
+    paths = _tree(tmp_path, {
+        "cpu,cpuacct/cpu.cfs_quota_us": "400000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+        "cpu,cpuacct/system.slice/x/cpu.cfs_quota_us": "150000\n",
+        "cpu,cpuacct/system.slice/x/cpu.cfs_period_us": "100000\n",
+    }, "4:memory:/docker/abc/system.slice/x\n2:cpu,cpuacct:/docker/abc/system.slice/x\n0::/\n",
+        [("cgroup", "/docker/abc", "rw,cpu,cpuacct"), ("cgroup", "/docker/abc", "rw,memory")])
+    assert block_digest.cgroup_cpu_cores(*paths) == 2
+    # the controllers listed the other way round, and no quota (-1) anywhere
+    paths = _tree(tmp_path / "b", {
+        "cpuacct,cpu/cpu.cfs_quota_us": "-1\n", "cpuacct,cpu/cpu.cfs_period_us": "100000\n",
+    }, "3:cpuacct,cpu:/\n", [("cgroup", "/", "rw,cpuacct,cpu")])
+    assert block_digest.cgroup_cpu_cores(*paths) is None
+    # a cgroup outside the mount's root: only the mount point can be read
+    paths = _tree(tmp_path / "c", {
+        "cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n",
+    }, "3:cpu:/elsewhere/y\n", [("cgroup", "/docker/abc", "rw,cpu")])
+    assert block_digest.cgroup_cpu_cores(*paths) == 1
     assert block_digest.cgroup_cpu_cores(str(tmp_path / "none"), str(tmp_path / "none")) is None

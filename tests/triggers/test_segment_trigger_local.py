@@ -188,3 +188,24 @@ def test_interim_reads_share_a_budget_and_stop_past_the_poll_interval(job, monke
     assert trigger._interim_read_seconds() == pytest.approx(4.0)
     monkeypatch.setattr(trigger_module, "_RUNNING", 1000)  # past the poll interval: rounds only
     assert trigger._interim_read_seconds() is None
+
+
+@pytest.mark.parametrize("market_options, priced", [({}, True), (None, False)])
+def test_the_trigger_prices_the_run_with_the_jobs_market(job, monkeypatch, market_options, priced):
+    """The trigger rebuilds the job's market from its market_options to price the completed run; one
+    serialised before it carried them (None) bills the launch price rather than guess another market."""
+    from airflow.triggers.base import TaskSuccessEvent
+
+    from airflow_spot.market.catalog import CatalogMarket
+    from airflow_spot.storage.ledger_store import LedgerStore
+
+    monkeypatch.setattr(CatalogMarket, "billed_price", lambda self, offer, start, end: 0.123)
+    _, start = job
+    info, trigger = start([sys.executable, SCRIPT, "--step-seconds", "0.01"])
+    trigger.end_from_trigger, trigger.end_step, trigger.market_options = True, 20, market_options
+    write_launch(trigger, info.instance_id)
+    event = first_event_object(trigger)
+    assert isinstance(event, TaskSuccessEvent)
+    (row,) = LedgerStore(open_store(trigger.job_uri)).rows()
+    assert OFFER.price_per_hour != 0.123 and row.price_per_hour == (0.123 if priced else OFFER.price_per_hour)
+    assert event.xcoms["attempt"]["price_per_hour"] == row.price_per_hour

@@ -37,6 +37,14 @@ def test_round_trip(trigger):
     assert rebuilt.serialize() == trigger.serialize()
 
 
+def test_a_trigger_serialised_before_market_options_keeps_them_unknown():
+    classpath, kwargs = TRIGGERS[1].serialize()
+    kwargs.pop("market_options")  # as an older version wrote it
+    module, _, name = classpath.rpartition(".")
+    rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
+    assert rebuilt.market_options is None and TRIGGERS[0].market_options == {"catalog_path": "/tmp/prices.csv"}
+
+
 def test_serialised_through_airflows_encoder():
     from airflow.serialization.serialized_objects import BaseSerialization
 
