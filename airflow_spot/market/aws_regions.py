@@ -1,8 +1,11 @@
 """AWS region names, checked against botocore's endpoint data (no API call), shared by the EC2 market and backend."""
 from __future__ import annotations
 
+import functools
 
-def known_regions() -> set[str]:
+
+@functools.lru_cache(maxsize=1)
+def known_regions() -> frozenset[str]:
     """EC2 regions botocore knows in every partition (no API call)."""
     import botocore.session
 
@@ -10,7 +13,7 @@ def known_regions() -> set[str]:
     regions: set[str] = set()
     for partition in session.get_available_partitions():
         regions.update(session.get_available_regions("ec2", partition_name=partition))
-    return regions
+    return frozenset(regions)
 
 
 def validate_regions(regions: list[str]) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import csv
 import logging
+import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -142,6 +143,13 @@ def read_pool_mtbf_hours(path: str | Path = POOL_PREEMPTIONS_PATH) -> dict[tuple
     return {k: sum(v) / len(v) for k, v in per.items()}
 
 
+def instance_architecture(instance_type: str) -> str:
+    """``arm64`` for Graviton instance types, else ``x86_64``: AWS marks Graviton families with a ``g``
+    among the letters after the generation (``g5g``, ``c7gd``; ``g4dn``, ``g6e`` and ``gr6`` are x86_64)."""
+    match = re.fullmatch(r"[a-z]+\d+([a-z-]*)", instance_type.split(".", 1)[0])
+    return "arm64" if match and "g" in match.group(1) else "x86_64"
+
+
 class CatalogMarket(MarketSource):
     """Offers from the bundled price snapshot.
 
@@ -149,6 +157,8 @@ class CatalogMarket(MarketSource):
     :param catalog_path: another catalog file with the same columns.
     :param throughput_overrides: GPU name -> relative throughput per GPU, replacing the estimates.
     :param default_mtbf_hours: MTBF of pools without a measurement.
+    :param architectures: CPU architectures offered (default ``["x86_64"]``, as the EC2 market's: an x86_64
+        image cannot boot a Graviton ``g5g``); add ``"arm64"`` to see them.
     """
 
     def __init__(
@@ -157,10 +167,15 @@ class CatalogMarket(MarketSource):
         catalog_path: str | Path | None = None,
         throughput_overrides: dict[str, float] | None = None,
         default_mtbf_hours: float = DEFAULT_MTBF_HOURS,
+        architectures: Iterable[str] = ("x86_64",),
     ) -> None:
         if default_mtbf_hours <= 0:
             raise ValueError(f"default_mtbf_hours must be positive, got {default_mtbf_hours!r}")
-        rows = read_catalog(catalog_path or CATALOG_PATH)
+        self.architectures = tuple(architectures)
+        if not self.architectures or not set(self.architectures) <= {"x86_64", "arm64"}:
+            raise ValueError(f"architectures must be a non-empty subset of ['x86_64', 'arm64'], got {architectures!r}")
+        rows = [r for r in read_catalog(catalog_path or CATALOG_PATH)
+                if instance_architecture(r.instance_type) in self.architectures]
         self.regions = tuple(regions) if regions else ()
         if self.regions:
             known = {r.region for r in rows}

@@ -40,7 +40,9 @@ from airflow_spot.links.attempt import SpotAttemptLink, SpotJobLink
 from airflow_spot.operators import accounting, planning
 from airflow_spot.operators.attempt_record import AttemptLaunch, read_job, write_job
 from airflow_spot.operators.retry import segment_retry_policy
-from airflow_spot.operators.validation import validate_gpus, validate_option_names, validate_step_profile
+from airflow_spot.operators.validation import (
+    validate_gpus, validate_option_names, validate_places, validate_step_profile,
+)
 from airflow_spot.policy.offers import GpuRequest, Market
 from airflow_spot.policy.transfer import TransferCost, saves_per_hour, transfer_cost
 from airflow_spot.storage.checkpoint import DIGEST_ENV, NoUsableCheckpointError, digest_setting
@@ -231,6 +233,8 @@ class SpotSegmentOperator(BaseOperator):
         self.market_options = dict(market_options or {})
         # here, not in SpotTraining: every segment is built through this, and a segment may be used alone
         validate_option_names(backend, self.backend_options, self.market_options)
+        if self.gpus.regions or self.gpus.zones:
+            validate_places(self.gpus, backend, self.market_options)
         self.env = dict(env or {})
         self.cwd = cwd
         self.warm_start_uri = warm_start_uri

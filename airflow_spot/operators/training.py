@@ -37,6 +37,7 @@ from airflow_spot.operators.validation import (
     validate_env,
     validate_gpus,
     validate_gpus_offered,
+    validate_places,
     validate_json_options,
     validate_optional_str,
     validate_retry_delay,
@@ -194,6 +195,18 @@ _SECONDS_OPTIONS = ("poll_interval", "startup_timeout", "heartbeat_timeout", "ma
 MIN_HEARTBEAT_TIMEOUT = 10.0
 
 
+def _check_segment_switches(options: dict[str, Any]) -> None:
+    """An on/off option (``deferrable``, ``probe_spot``...: the operator's arguments that default to True or
+    False) takes True or False: a string such as ``"false"`` would read as true."""
+    import inspect
+
+    switches = {name for name, p in inspect.signature(SpotSegmentOperator.__init__).parameters.items()
+                if isinstance(p.default, bool)} | {"deferrable"}  # None there: the deployment's default
+    for name in sorted(switches & set(options)):
+        if options[name] is not None and not isinstance(options[name], bool):
+            raise SpotTrainingConfigError(f"segment_options[{name!r}] must be True or False, got {options[name]!r}")
+
+
 def _check_segment_numbers(options: dict[str, Any]) -> None:
     for name in _SECONDS_OPTIONS:
         value = options.get(name)
@@ -260,6 +273,7 @@ def _check_segment_options(options: dict[str, Any], task_kwargs: dict[str, Any])
     if both:
         raise SpotTrainingConfigError(f"{both} given both in segment_options and as SpotTraining arguments; keep one")
     _check_segment_numbers(options)
+    _check_segment_switches(options)
     policy = options.get("retry_policy", task_kwargs.get("retry_policy"))
     if policy is not None and not isinstance(policy, RetryPolicy):
         raise SpotTrainingConfigError(
@@ -324,6 +338,7 @@ def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup
     validate_json_options("market_options", market_options)
     validate_json_options("segment_options", segment_options)
     validate_gpus_offered(gpu_request, market_options)
+    validate_places(gpu_request, backend, market_options)
     validate_env(env)
     validate_optional_str("cwd", cwd, "/home/ubuntu/project")
     validate_optional_str("aws_conn_id", aws_conn_id, "aws_default")

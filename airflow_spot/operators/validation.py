@@ -6,7 +6,9 @@ the fix, so a typo shows up as a DAG import error instead of an expensive failed
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import re
 import shlex
 from datetime import timedelta
 from typing import Any
@@ -230,7 +232,7 @@ def validate_gpus_offered(request: GpuRequest, market_options: dict[str, Any] | 
 
     catalog_path = (market_options or {}).get("catalog_path")
     try:
-        market = CatalogMarket(catalog_path=catalog_path)
+        market = CatalogMarket(catalog_path=catalog_path, architectures=("x86_64", "arm64"))
         offers = market.offers_of_every_count()
     except (OSError, ValueError) as exc:
         raise SpotTrainingConfigError(f"market_options: cannot read the catalog {catalog_path!r}: {exc}") from exc
@@ -249,6 +251,64 @@ def validate_gpus_offered(request: GpuRequest, market_options: dict[str, Any] | 
         + f"; instance types come with {counts} GPUs, the largest is "
         f"{biggest[0]} x {biggest[2]} with {biggest[1]:g} GiB each: lower gpus count or min_memory_gib"
     )
+
+
+#: an availability zone's name (``us-east-1a``, a Local Zone ``us-west-2-lax-1a``) and its id (``use1-az1``)
+_ZONE_NAME = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+(-[a-z]+-\d+)?[a-z]")
+_ZONE_ID = re.compile(r"[a-z]{2,6}\d+(-[a-z]+\d+)?-az\d+")
+
+
+@functools.lru_cache(maxsize=4)
+def _catalog_zones(catalog_path: str | None) -> dict[str, str]:
+    """``{zone id: region}`` of the catalog."""
+    from airflow_spot.market.catalog import CATALOG_PATH, read_catalog
+
+    return {r.zone_id: r.region for r in read_catalog(catalog_path or CATALOG_PATH)}
+
+
+def validate_places(request: GpuRequest, backend: str = "local", market_options: dict[str, Any] | None = None) -> None:
+    """Fail at parse time on a region or zone no offer can ever be in: an unknown AWS region, a zone
+    that is neither a name nor an id, or one named the way the job's market does not name zones (the
+    bundled catalog, the ``local`` backend's market, names zones by id, ``use1-az1``; the ``ec2`` market
+    by name, ``us-east-1a``, as EC2 reports them to the account). Without this a spot zone that matches
+    nothing leaves only on-demand offers, silently."""
+    from airflow_spot.market.aws_regions import known_regions
+
+    unknown = sorted(set(request.regions) - known_regions())
+    if unknown:
+        raise SpotTrainingConfigError(f"gpus: unknown AWS region(s) {unknown} in regions; valid regions include "
+                                      f"{', '.join(sorted(known_regions()))}")
+    if not request.zones:
+        return
+    odd = [z for z in request.zones if not (_ZONE_NAME.fullmatch(z) or _ZONE_ID.fullmatch(z))]
+    if odd:
+        raise SpotTrainingConfigError(f"gpus: zones {odd} are neither zone names (us-east-1a) nor zone ids (use1-az1)")
+    options = market_options or {}
+    kind = options.get("kind") or ("ec2" if backend == "ec2" else "catalog")
+    if kind == "ec2":
+        ids = [z for z in request.zones if _ZONE_ID.fullmatch(z)]
+        if ids:
+            raise SpotTrainingConfigError(
+                f"gpus: zones {ids} are zone ids; the ec2 market names zones as EC2 reports them to this account "
+                "(us-east-1a), and ids map to different names in each account: give zone names "
+                "(aws ec2 describe-availability-zones lists both)")
+        return
+    try:
+        known = _catalog_zones(options.get("catalog_path"))
+    except (OSError, ValueError):
+        return  # validate_gpus_offered reports an unreadable catalog
+    missing = [z for z in request.zones if z not in known]
+    if missing:
+        # the regions meant: a zone name's, a zone id's (by its prefix, use1-), the request's
+        regions = ({r for z in missing for r in known_regions() if z.startswith(r + "-") or z[:-1] == r}
+                   | {region for zone, region in known.items() for z in missing
+                      if zone.split("-az")[0] == z.split("-az")[0]}
+                   | set(request.regions))
+        near = sorted(z for z, region in known.items() if region in regions)
+        raise SpotTrainingConfigError(
+            f"gpus: zones {missing} are not zones of the {backend} backend's catalog, which names zones by id"
+            + (f"; its zones there: {near[:24]}" if near else "")
+            + " (airflow-spot offers lists the zones of each offer)")
 
 
 def segment_bounds(total_steps: int, steps_per_segment: int) -> list[tuple[int, int]]:

@@ -74,8 +74,9 @@ class GpuRequest:
     :param regions: allowed regions; empty means any.
     :param markets: allowed markets; on-demand is allowed by default so a deadline can fall back to it.
     :param exclude_names: GPU names never to take (applied after ``names``).
-    :param zones: allowed availability zones (names like ``us-east-1a`` or ids like ``use1-az1``); empty
-        means any. On-demand offers are regional and pass when their region has an allowed zone.
+    :param zones: allowed availability zones, named as the job's market names them: ids like ``use1-az1``
+        for the bundled catalog (the ``local`` backend), names like ``us-east-1a`` for the ``ec2`` market;
+        empty means any. On-demand offers are regional and pass when their region has an allowed zone.
     """
 
     count: int = 1

@@ -64,3 +64,18 @@ def test_bundled_catalog_is_what_derive_catalog_makes(tmp_path):
     bundled = Path(__file__).resolve().parents[2] / "airflow_spot" / "market" / "data" / "aws_gpu_catalog.csv"
     assert out.read_text() == bundled.read_text()
     assert n == len(read_catalog(out))
+
+
+def test_graviton_types_are_offered_only_to_arm64_images():
+    """As the EC2 market: an x86_64 image (the default) cannot boot a Graviton g5g, so the local catalog
+    does not rank one first either; ``architectures`` opens them."""
+    from airflow_spot.market.catalog import CatalogMarket, instance_architecture
+
+    assert [instance_architecture(t) for t in ("g5g.xlarge", "c7gd.large", "g4dn.xlarge", "g6e.xlarge", "gr6.4xlarge",
+                                               "p4de.24xlarge")] == ["arm64", "arm64"] + ["x86_64"] * 4
+    default = CatalogMarket().offers(GpuRequest(count=1))
+    assert default and not [o for o in default if o.instance_type.startswith("g5g")]
+    both = CatalogMarket(architectures=["x86_64", "arm64"]).offers(GpuRequest(count=1))
+    assert {o.instance_type.split(".")[0] for o in both} - {o.instance_type.split(".")[0] for o in default} == {"g5g"}
+    with pytest.raises(ValueError, match="subset of"):
+        CatalogMarket(architectures=["sparc"])

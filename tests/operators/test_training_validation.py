@@ -149,6 +149,15 @@ def test_an_explicit_deployment_setting_wins(monkeypatch):
          "checkpoint_min_interval=60 is above checkpoint_max_interval=30"),
         (dict(segment_options={"keep_checkpoints": 0}), "keep_checkpoints'] must be an integer >= 1"),
         (dict(segment_options={"reuse_tolerance": 0.25}), "is now the policy's decision, the same the simulator"),
+        # an on/off option given as a string would read as true
+        (dict(segment_options={"probe_spot": "false"}), "segment_options['probe_spot'] must be True or False"),
+        (dict(segment_options={"deferrable": "no"}), "segment_options['deferrable'] must be True or False"),
+        # a region or zone no offer can be in would leave only on-demand offers, silently
+        (dict(gpus={"regions": ["mars-1"]}), "unknown AWS region(s) ['mars-1']"),
+        (dict(gpus={"zones": ["a1"]}), "zones ['a1'] are neither zone names (us-east-1a) nor zone ids"),
+        (dict(gpus={"zones": ["us-east-1a"]}), "zones ['us-east-1a'] are not zones of the local backend's catalog, "
+                                               "which names zones by id; its zones there: ['use1-az1',"),
+        (dict(backend="ec2", gpus={"zones": ["use1-az1"]}), "zones ['use1-az1'] are zone ids; the ec2 market names"),
     ],
 )
 def test_more_bad_arguments_fail_at_parse_time(overrides, message):
@@ -177,3 +186,9 @@ def test_the_biggest_real_request_is_accepted_and_segments_get_the_retry_policy(
     dag = build(retry_policy=mine)
     policy = dag.task_dict["train.segment_001"].retry_policy
     assert isinstance(policy, UserFirstRetryPolicy) and policy.user is mine
+
+
+def test_zones_named_the_way_the_market_names_them_are_accepted():
+    build(gpus={"zones": ["use1-az1", "usw2-az2"]})  # the local catalog: zone ids
+    build(backend="ec2", backend_options={"image_id": "ami-12345678"}, gpus={"zones": ["us-east-1a"]})
+    build(segment_options={"probe_spot": False, "deferrable": True})
