@@ -9,7 +9,9 @@
 
 * ``show URI``: per pool, what the decision would conclude now from the whole log (up / down / unknown,
   seen up or down since when, the outages measured and their mean), and the events of the log's last
-  ``--hours`` (24; 0: all of it), their count and the newest, for the pools that have any.
+  ``--hours`` (24; 0: all of it), their count and the newest, for the pools that have any. On a job's root
+  an observation its log and its ledger both hold (a launch; an instance running on into the next
+  attempt) is counted once, and the ledger's events are the job's own.
 * ``compact URI``: delete the events no decision reads (the repeats inside a run of one pool's events
   that all say it held capacity, but one every 6 h; :meth:`AvailabilityLog.compact`) older than
   ``--older-than-hours`` (6). Each job's finish task does this to the deployment's log; given a job's
@@ -25,12 +27,20 @@ import datetime as dt
 import statistics
 import sys
 import time
+from collections import Counter
+from urllib.parse import urlparse
 
 from airflow_spot.policy.decision import DecisionParams
-from airflow_spot.policy.observations import ledger_events, pool_views
+from airflow_spot.policy.observations import PoolEvent, ledger_events, pool_views
 from airflow_spot.storage.availability import COMPACT_AFTER_HOURS, AvailabilityLog
 from airflow_spot.storage.ledger_store import LedgerStore
-from airflow_spot.storage.object_store import ObjectStore, StoreConfigError, open_existing_store, store_errors
+from airflow_spot.storage.object_store import (
+    ObjectStore,
+    StoreConfigError,
+    open_existing_store,
+    store_errors,
+    uri_problem,
+)
 from airflow_spot.storage.protocol import JobLayout
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -62,6 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def open_log(uri: str, endpoint_url: str | None = None) -> tuple[AvailabilityLog, ObjectStore | None]:
     """The log at ``uri``; for a job's root, its own log (``control/availability/``) and the job's store
     (whose ledger holds its instances' launches and preemptions)."""
+    scheme = urlparse(uri).scheme if isinstance(uri, str) else ""
+    if scheme and scheme not in ("file", "s3"):
+        raise StoreConfigError(f"unsupported availability log URI scheme {scheme!r} in {uri!r}; give file:///path, "
+                               "s3://bucket/prefix or a path")
+    problem = uri_problem(uri) if isinstance(uri, str) and uri else None
+    if problem:  # its other messages speak of a checkpoint URI
+        raise StoreConfigError(problem.replace("checkpoint URI", "availability log URI"))
     store = open_existing_store(uri, endpoint_url, "the availability log (e.g. the _availability folder beside "
                                                    "the job roots) or a job's root")
     own = store.child(JobLayout.AVAILABILITY_PREFIX)
@@ -111,17 +128,56 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds < 86400 else f"{seconds / 86400:.1f} d"
 
 
+def _own_events(log_events: list, ledger: list, own_job: str, tolerance: float = 120.0) -> list:
+    """A job root's events, each once: its own log's, and of its ledger's what the log lacks.
+
+    The job's log holds every launch of a new spot instance (and its refusals and probes); its ledger a row
+    per attempt, which :func:`ledger_events` turns into an event where the instance started (the same
+    launch again, a few seconds apart, or ``running`` for a reused instance) and one where it ended
+    (``running`` again at the instant the next attempt on that instance starts, or ``preempted``, which
+    the job's own log lacks). Read together for counting, these would be the same observations twice:
+    a ledger launch is left out when the log has a launch of the pool within ``tolerance`` seconds (each
+    log launch stands for one ledger launch), and repeats of one pool, kind and time are left out. The
+    ledger's events are ``own_job``'s."""
+    out = list(log_events)
+    launches: dict[str, list[float]] = {}
+    for e in log_events:
+        if e.kind == "launched":
+            launches.setdefault(e.pool, []).append(e.at)
+    seen = {(e.pool, e.kind, e.at) for e in log_events}
+    for e in sorted(ledger, key=lambda e: e.at):
+        if e.kind == "launched":
+            near = [t for t in launches.get(e.pool, ()) if abs(t - e.at) <= tolerance]
+            if near:
+                launches[e.pool].remove(min(near, key=lambda t: abs(t - e.at)))
+                continue
+        if (e.pool, e.kind, e.at) in seen:
+            continue
+        seen.add((e.pool, e.kind, e.at))
+        out.append(PoolEvent(e.pool, e.kind, e.at, own_job))
+    return out
+
+
 def _show(log: AvailabilityLog, job_store: ObjectStore | None, now: float, hours: float) -> int:
     # the states come from the whole log, as a decision reads it (a pool up for days, its repeats compacted,
     # is up since days); ``hours`` limits only the events listed and counted
     since = now - hours * 3600 if hours else None
     history = log.read(until=now)
     where = log.store.uri
+    own_job = None  # on a job root: the job's id in its own log ("" when it has none)
     if job_store is not None:
-        history += [e for e in ledger_events(LedgerStore(job_store).rows()) if e.at <= now]
+        ledger = [e for e in ledger_events(LedgerStore(job_store).rows()) if e.at <= now]
+        own_job = Counter(e.job for e in history).most_common(1)[0][0] if history else ""
+        # a decision reads the ledger's events beside the log's (so the states below do too), but they
+        # repeat the log's launches and each other: each observation is counted and listed once
+        counted = _own_events(history, ledger, own_job)
+        history += ledger
         history.sort(key=lambda e: (e.at, e.pool, e.kind))
+        counted.sort(key=lambda e: (e.at, e.pool, e.kind))
         where = f"{where} and the job's ledger"
-    events = [e for e in history if since is None or e.at >= since]
+    else:
+        counted = history
+    events = [e for e in counted if since is None or e.at >= since]
     span = f"the last {hours:g} h" if hours else "all of it"
     if not events:
         print(f"no events under {where} in {span}")
@@ -142,9 +198,10 @@ def _show(log: AvailabilityLog, job_store: ObjectStore | None, now: float, hours
         evs = by_pool[pool]
         newest = evs[-1]
         mean = _ago(statistics.mean(v.outages)) if v.outages else "-"
+        who = "this job" if not newest.job or newest.job == own_job else newest.job
         print(f"  {pool:<32} {v.state:<8} {_when(v.up_since, now):<24} {_when(v.down_since, now):<24} "
               f"{len(v.outages):>7} {mean:>7} {len(evs):>6}  {newest.kind} {_ago(now - newest.at)} ago "
-              f"({newest.job or 'this job'})")
+              f"({who})")
     return EXIT_OK
 
 

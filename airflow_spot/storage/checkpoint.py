@@ -328,7 +328,9 @@ class CheckpointStore:
 
     def fetch_verified(self, manifest: Manifest, entry: FileEntry, use: Callable[[str], Any]) -> Any:
         """Fetch one payload file, verify it and pass its local path to ``use``. A missing or mismatching
-        file raises :class:`CheckpointError`; a store that cannot be read raises its own error."""
+        file raises :class:`CheckpointError`; a store that cannot be read raises its own error. A
+        ``FileNotFoundError`` that ``use`` raises is reported as the payload missing too: a ``use`` that
+        writes elsewhere wraps its own errors (``checkpoints restore --to`` does)."""
         hasher = entry.new_hasher()
         try:
             with self.store.reading(f"{manifest.directory}/{entry.name}", hasher=hasher) as path:

@@ -5,26 +5,36 @@ prefix itself; ``file://``, plain paths and ``s3://`` work (S3 through boto3, so
 or ``--endpoint-url`` point it at MinIO or moto).
 
 * ``list URI``: one line per checkpoint, oldest first: step, save time (UTC), size, writer, payload digest
-  (``block 8 MiB`` or ``sha256``: an airflow-spot from before block digests reads only the latter), ``ok``
-  or what is wrong, and which one a resume would use. Payloads are re-hashed unless ``--quick``.
+  (``block 8 MiB`` or ``sha256``: an airflow-spot from before block digests reads only the latter; ``--verbose``
+  says what that means for an upgrade or a rollback), ``ok`` or what is wrong, and which one a resume would
+  use. Payloads are re-hashed unless ``--quick``, which checks manifests and payload sizes only (status
+  ``ok (quick)``: ``verify`` may still find a payload whose digest is wrong).
 * ``verify URI``: exit 0 when every checkpoint verifies (manifest checksum, directory name, payload size
   and sha256); otherwise print each broken one and exit 1.
 * ``restore --step N URI``: make the newest verified checkpoint at step N the one the next resume uses, by
   moving every newer checkpoint (and every broken one at step N) under ``quarantine/`` in the same store.
   Nothing is deleted: move a directory back from ``quarantine/`` to undo. Stop the job first, or its next
   save lands after step N again. ``--dry-run`` only prints the moves. With ``--to PATH`` the store is left
-  as it is and step N's payload is copied to ``PATH`` (a file, or a directory to hold ``state.pt``).
+  as it is and step N's payload is copied to ``PATH`` (a file in an existing folder, or a directory to hold
+  ``state.pt``).
+
+A URI that holds no job store (neither ``checkpoints/`` nor ``control/`` under it, and no checkpoint of its
+own) is an error (exit 2) naming the expected layout, rather than an empty store.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import os
+import re
 import shutil
 import sys
+import uuid
+from urllib.parse import urlparse
 
-from airflow_spot.storage.checkpoint import DIGEST_ENV, QUARANTINE, CheckpointStatus, CheckpointStore
-from airflow_spot.storage.object_store import StoreConfigError, open_existing_store, store_errors
+from airflow_spot.storage.checkpoint import DIGEST_ENV, MANIFEST, QUARANTINE, CheckpointStatus, CheckpointStore
+from airflow_spot.storage.object_store import ObjectNotFound, StoreConfigError, open_existing_store, store_errors
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 
@@ -40,7 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("uri", metavar="URI", help="the job's checkpoint_uri (file:///path, a path, or s3://bucket/prefix)")
         p.add_argument("--endpoint-url", default=None, help="S3 endpoint (default: AWS_ENDPOINT_URL_S3 / boto3's)")
         if name == "list":
-            p.add_argument("--quick", action="store_true", help="check manifests only, do not re-hash the payloads")
+            p.add_argument("--quick", action="store_true",
+                           help="check manifests and payload sizes only, do not re-hash the payloads")
+            p.add_argument("--verbose", action="store_true",
+                           help="also say what the payload digests mean for upgrading or rolling back airflow-spot")
         if name == "restore":
             p.add_argument("--step", type=int, required=True, metavar="N", help="the step to resume from")
             p.add_argument("--to", default=None, metavar="PATH",
@@ -48,19 +61,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--dry-run", action="store_true", help="print what would move, move nothing")
 
 
+#: a key of a checkpoint store: a checkpoint's directory (committed or not) or the quarantine
+_CHECKPOINT_KEY = re.compile(rf"^(\d{{12}}-[^/]+|{QUARANTINE})/")
+#: a key that marks the folder before it as a job store (for the hint when a URI names a folder above one)
+_JOB_KEY = re.compile(rf"^(.+)/(?:control/job\.json|checkpoints/\d{{12}}-[^/]+/{MANIFEST})$")
+
+
 def open_checkpoints(uri: str, endpoint_url: str | None = None) -> CheckpointStore:
-    """The checkpoint store for a job URI, or for a URI that already is a job's ``checkpoints/`` prefix."""
+    """The checkpoint store for a job URI, or for a URI that already is a job's ``checkpoints/`` prefix.
+
+    :raises StoreConfigError: when ``uri`` holds no job store (no ``checkpoints/``, no ``control/``, no
+        checkpoint directory of its own), naming the layout expected and any job stores found under it."""
     store = open_existing_store(uri, endpoint_url, "the job's checkpoint_uri (the folder that holds its "
                                                    "checkpoints/) or that checkpoints/ folder")
     nested = store.child("checkpoints")
-    return CheckpointStore(nested if nested.list() else store, writer="cli")
+    if nested.list():
+        return CheckpointStore(nested, writer="cli")
+    if store.list("control/"):
+        return CheckpointStore(nested, writer="cli")  # a job that has not saved yet
+    if urlparse(uri).path.rstrip("/").rsplit("/", 1)[-1] == "checkpoints":
+        return CheckpointStore(store, writer="cli")  # a job's checkpoints/ folder, still empty
+    keys = store.list()
+    if any(_CHECKPOINT_KEY.match(k) for k in keys):
+        return CheckpointStore(store, writer="cli")  # the checkpoints/ prefix itself
+    found = sorted({m.group(1) for m in map(_JOB_KEY.match, keys) if m})
+    hint = ""
+    if found:
+        more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+        hint = "; job stores under it: " + ", ".join(f"{store.uri}/{f}" for f in found[:3]) + more
+    raise StoreConfigError(
+        f"{store.uri} is not a job store: it holds neither checkpoints/ nor control/. Give the job's "
+        "checkpoint_uri as rendered for its run, usually <root>/<dag_id>/<run_id> (the folder that holds "
+        f"checkpoints/ and control/), or its checkpoints/ folder{hint}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         ckpts = open_checkpoints(args.uri, args.endpoint_url)
         if args.action == "list":
-            return _list(ckpts, verify_payloads=not args.quick)
+            return _list(ckpts, verify_payloads=not args.quick, verbose=args.verbose)
         if args.action == "verify":
             return _verify(ckpts)
         return _restore(ckpts, args.step, args.to, args.dry_run)
@@ -77,33 +117,66 @@ def _resume_choice(statuses: list[CheckpointStatus]) -> CheckpointStatus | None:
     return good[-1] if good else None
 
 
-def _list(ckpts: CheckpointStore, verify_payloads: bool) -> int:
+def _list(ckpts: CheckpointStore, verify_payloads: bool, verbose: bool = False) -> int:
     statuses = ckpts.inspect(verify_payloads=verify_payloads)
+    if not verify_payloads:  # as a resume's planning does: a payload that is missing or cut short is broken
+        statuses = [dataclasses.replace(s, problem=_size_problem(ckpts, s)) if s.ok else s for s in statuses]
     if not statuses:
-        print(f"no checkpoints under {ckpts.store.uri}")
+        print(f"no checkpoints yet under {ckpts.store.uri}")
         return EXIT_OK
     chosen = _resume_choice(statuses)
-    print(f"checkpoints under {ckpts.store.uri} (oldest first; '*' = the one a resume uses)")
-    print(f"  {'STEP':>10}  {'SAVED (UTC)':<19}  {'SIZE':>10}  {'WRITER':<20}  {'DIGEST':<15}  STATUS")
+    ok = "ok" if verify_payloads else "ok (quick)"
+    rows = []
     blocks = 0
     for s in statuses:
         m = s.manifest
-        saved = dt.datetime.fromtimestamp(m.created_at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if m else "?"
-        size = _human(m.size) if m else "?"
-        writer = m.writer if m else "?"
         block = max((f.sha256_block for f in m.files), default=0) if m else 0
         blocks += bool(block)
-        digest = ("?" if m is None else f"block {_human(block).replace('.0 ', ' ')}" if block else "sha256")
-        state = "ok" if s.ok else f"BROKEN: {s.problem}"
-        mark = "*" if s is chosen else " "
-        print(f"{mark} {s.step:>10}  {saved:<19}  {size:>10}  {writer:<20}  {digest:<15}  {state}  [{s.directory}]")
+        rows.append((
+            "*" if s is chosen else " ",
+            str(s.step),
+            dt.datetime.fromtimestamp(m.created_at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if m else "?",
+            _human(m.size) if m else "?",
+            m.writer if m else "?",
+            "?" if m is None else f"block {_human(block).replace('.0 ', ' ')}" if block else "sha256",
+            ok if s.ok else f"BROKEN: {s.problem}",
+            s.directory,
+        ))
+    header = ("", "STEP", "SAVED (UTC)", "SIZE", "WRITER", "DIGEST", "STATUS", "")
+    # every column as wide as its widest cell; STATUS (free text when broken) and the directory follow unpadded
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(6)]
+    right = (False, True, False, True, False, False)
+
+    def cells(r: tuple[str, ...]) -> str:
+        return "  ".join(c.rjust(w) if rj else c.ljust(w) for c, w, rj in zip(r[1:6], widths[1:], right[1:]))
+
+    print(f"checkpoints under {ckpts.store.uri} (oldest first; '*' = the one a resume uses)")
+    print(f"  {cells(header)}  STATUS")
+    for r in rows:
+        print(f"{r[0]} {cells(r)}  {r[6]}  [{r[7]}]")
     if chosen is None:
         print("no checkpoint verifies: a resume refuses to start (see `airflow-spot checkpoints verify`)")
-    if blocks:
+    if not verify_payloads:
+        print(f"'{ok}': manifest and payload size checked, payload digest not read; "
+              f"`airflow-spot checkpoints verify {ckpts.store.uri}` re-hashes the payloads")
+    if verbose and blocks:
         print(f"{blocks} checkpoint(s) name a block SHA-256 (manifest schema 3), which an airflow-spot from before "
               f"block digests cannot read; while such versions remain, set {DIGEST_ENV}=sha256 on the Airflow "
               "workers so that new saves name a whole-file sha256")
     return EXIT_OK
+
+
+def _size_problem(ckpts: CheckpointStore, status: CheckpointStatus) -> str | None:
+    """What is wrong with a checkpoint's payload files short of their digests: missing, or another size."""
+    for entry in status.manifest.files:
+        key = f"{status.directory}/{entry.name}"
+        try:
+            size = ckpts.store.size(key)
+        except ObjectNotFound:
+            return f"checkpoint {key}: file is missing"
+        if size != entry.size:
+            return f"checkpoint {key}: size {size} != {entry.size} in manifest"
+    return None
 
 
 def _verify(ckpts: CheckpointStore) -> int:
@@ -134,12 +207,12 @@ def _restore(ckpts: CheckpointStore, step: int, to: str | None, dry_run: bool) -
         return EXIT_USAGE
     chosen = at_step[-1]
     if to is not None:
-        target = os.path.join(to, chosen.manifest.files[0].name) if os.path.isdir(to) else to
-        entry = chosen.manifest.files[0]
-        ckpts.fetch_verified(chosen.manifest, entry, lambda path: shutil.copyfile(path, target))
-        print(f"copied step {step} ({chosen.directory}/{entry.name}, verified) to {target}; the store is unchanged")
-        return EXIT_OK
+        return _copy_out(ckpts, chosen, to)
     doomed = [s for s in statuses if s.step > step or (s.step == step and not s.ok)]
+    if not doomed:
+        print(f"step {step} ({chosen.directory}) is already the newest usable checkpoint under {ckpts.store.uri}: "
+              "a resume starts from it; nothing was moved")
+        return EXIT_OK
     for s in doomed:
         why = "broken" if not s.ok else "newer"
         print(f"{'would move' if dry_run else 'moving'} step {s.step} [{s.directory}] ({why}) "
@@ -155,6 +228,46 @@ def _restore(ckpts: CheckpointStore, step: int, to: str | None, dry_run: bool) -
         return EXIT_BROKEN
     print(f"a resume now starts from step {step} ({chosen.directory}); moved {len(doomed)} checkpoint(s) under "
           f"{ckpts.store.uri}/{QUARANTINE}/ (move them back to undo)")
+    return EXIT_OK
+
+
+class _TargetError(Exception):
+    """The copy's target could not be written (kept apart from the store's own errors)."""
+
+
+def _copy_out(ckpts: CheckpointStore, chosen: CheckpointStatus, to: str) -> int:
+    """``restore --to``: copy ``chosen``'s verified payload to ``to`` (a file, or a folder to hold it),
+    through a temporary file beside the target, so a failed copy leaves any file already there as it was."""
+    entry = chosen.manifest.files[0]
+    target = os.path.abspath(os.path.join(to, entry.name) if os.path.isdir(to) else to)
+    folder = os.path.dirname(target)
+    step = chosen.step
+    if not os.path.isdir(folder):
+        what = "is not a folder" if os.path.exists(folder) else "does not exist"
+        print(f"error: cannot write {target}: its folder {folder} {what}; create it (mkdir -p {folder}) or give "
+              f"--to an existing folder. Nothing was copied; step {step} verifies and the store is unchanged",
+              file=sys.stderr)
+        return EXIT_USAGE
+    partial = os.path.join(folder, f".{os.path.basename(target)}.partial-{uuid.uuid4().hex[:8]}")
+
+    def copy(path: str) -> None:
+        try:
+            shutil.copyfile(path, partial)
+            os.replace(partial, target)
+        except OSError as exc:
+            raise _TargetError(exc) from exc
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+
+    try:
+        ckpts.fetch_verified(chosen.manifest, entry, copy)
+    except _TargetError as exc:
+        cause = exc.__cause__
+        print(f"error: cannot write {target}: {getattr(cause, 'strerror', None) or cause}; give --to a path you "
+              f"can write. Nothing was copied; step {step} verifies and the store is unchanged", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"copied step {step} ({chosen.directory}/{entry.name}, verified) to {target}; the store is unchanged")
     return EXIT_OK
 
 

@@ -55,6 +55,9 @@ def test_list_shows_every_checkpoint_and_what_is_wrong(job, capsys):
     assert broken in lines[2] and "BROKEN" in lines[2] and "sha256 mismatch" in lines[2]
     assert "seg.try1" in lines[0] and "B " in lines[0]  # writer and size
     assert all("block 64 KiB" in line for line in lines)  # the digest, as build_store saves it
+    assert "AIRFLOW_SPOT_CHECKPOINT_DIGEST" not in out  # the upgrade hint only when asked
+    assert main(["checkpoints", "list", "--verbose", uri]) == 0
+    out = capsys.readouterr().out
     assert "3 checkpoint(s) name a block SHA-256" in out and "AIRFLOW_SPOT_CHECKPOINT_DIGEST=sha256" in out
     ckpts.block_bytes = 0  # what a deployment mid-upgrade saves
     ckpts.save(400, lambda f: f.write(payload_for(400)))
@@ -133,6 +136,7 @@ def test_a_local_path_that_does_not_exist_is_an_error_not_an_empty_store(tmp_pat
         assert main(["checkpoints", *action, str(missing)]) == 2
         assert f"{missing} does not exist; give the job's checkpoint_uri" in capsys.readouterr().err
     assert not missing.exists()  # reading creates nothing
-    missing.mkdir()  # an existing folder without checkpoints is an empty store: no error
+    (missing / "control").mkdir(parents=True)  # a job store without checkpoints is an empty store: no error
+    (missing / "control" / "job.json").write_text("{}")
     assert main(["checkpoints", "list", str(missing)]) == 0
-    assert "no checkpoints under" in capsys.readouterr().out
+    assert "no checkpoints yet under" in capsys.readouterr().out
