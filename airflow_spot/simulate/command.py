@@ -18,7 +18,11 @@ the hindsight optimum; with a deadline every result is also given as ``cost / hi
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import math
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -33,6 +37,21 @@ from airflow_spot.simulate.report import (
     HINDSIGHT, build_pools, distribution, format_distributions, format_table, hindsight_distribution, offsets_for,
     plot, policy_names, read_prices, run_one, run_policies,
 )
+
+#: JobSpec's field -> the flag that sets it, to word JobSpec's messages in the command's terms
+_FLAGS = {
+    "work_hours": "--work-hours", "deadline_hours": "--deadline-hours", "save_cost_seconds": "--save-cost-seconds",
+    "restart_overhead_hours": "--restart-overhead-hours", "notice_seconds": "--notice-seconds", "nodes": "--nodes",
+    "transfer_seconds": "--transfer-seconds", "transfer_dollars": "--transfer-dollars",
+    "store_region": "--store-region", "segment_seconds": "--segment-minutes (x 60)", "probe_miss": "--probe-miss",
+    "remote_dollars_per_hour": "--transfer-dollars-per-gib (with --store-region)",
+}
+_FLAG_WORDS = re.compile(r"\b(" + "|".join(sorted(_FLAGS, key=len, reverse=True)) + r")\b")
+
+
+def _cli_words(message: str) -> str:
+    """A JobSpec message (Python names, for API users) with the command's flag names."""
+    return _FLAG_WORDS.sub(lambda m: _FLAGS[m.group(1)], message)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,7 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", default=",".join(controllers.names()),
                    help=f"comma-separated, from: {', '.join(policy_names())}")
     p.add_argument("--prices", default=None,
-                   help="CSV file of per-zone prices, lines zone,spot,on_demand ($/h; overrides --spot-price)")
+                   help="CSV file of per-zone prices, lines zone,spot,on_demand ($/h; instead of --spot-price and "
+                        "--on-demand-price)")
     p.add_argument("--mean-prices", action="store_true",
                    help="replay a trace's per-tick spot price series at its mean (default: the price of each tick)")
     p.add_argument("--transfer-seconds", type=float, default=0.0,
@@ -90,6 +110,55 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="json_out", default=None, help="write the figures as JSON to this file")
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """``--png`` and ``--json`` name files that can be written, checked before the replay (which can take
+    minutes): a missing folder is created when the file is written (for both), but a path whose folder
+    cannot be made (a part of it is a file) or written, or that is a folder, is refused now."""
+    outs = [(flag, value) for flag, value in (("--png", args.png), ("--json", args.json_out)) if value]
+    if len(outs) == 2 and Path(outs[0][1]).resolve() == Path(outs[1][1]).resolve():
+        raise ValueError(f"--png and --json both name {outs[0][1]}; give each its own file")
+    for flag, value in outs:
+        path = Path(value)
+        if path.is_dir():
+            raise ValueError(f"{flag} {value} is a folder; give a file path (e.g. {path / ('sim.' + flag[2:])})")
+        if path.exists() and not os.access(path, os.W_OK):
+            raise ValueError(f"{flag} {value} cannot be written (no permission); give another path")
+        folder = path.absolute().parent
+        existing = folder
+        while not existing.exists() and existing != existing.parent:  # the deepest part that exists
+            existing = existing.parent
+        if not existing.is_dir():
+            raise ValueError(f"{flag} {value} cannot be written: {existing} is a file, not a folder; give another path")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            what = "its folder" if existing == folder else f"its folder {folder} cannot be created in"
+            raise ValueError(f"{flag} {value} cannot be written: {what} {existing} is not writable; "
+                             "give another path")
+    if args.png and importlib.util.find_spec("matplotlib") is None:
+        raise ValueError("--png needs matplotlib (pip install matplotlib); leave --png out, or use --json")
+
+
+def _write_json(path: str, out: dict) -> Path:
+    """The figures as JSON; a figure that is not a number (the hindsight optimum's hours, an infeasible
+    optimum's cost) is ``null``: JSON has no NaN or Infinity."""
+    def clean(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(clean(out), indent=2, default=str))
+    return p
+
+
+def _warn(message: str) -> None:
+    print(f"airflow-spot simulate: warning: {message}", file=sys.stderr)
+
+
 def _trace_paths(args: list[str] | None) -> list[Path]:
     if not args:
         return [default_traces_dir() / PREEMPTION_TRACES_SUBDIR]
@@ -97,7 +166,30 @@ def _trace_paths(args: list[str] | None) -> list[Path]:
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
-    """Argument checks JobSpec does not make (it validates the job itself); ``ValueError`` says the fix."""
+    """Argument checks JobSpec does not make, and the job's own in the command's terms (JobSpec validates
+    the job again, in its field names); ``ValueError`` says the fix."""
+    if not args.work_hours > 0:  # also NaN
+        raise ValueError(f"--work-hours must be positive (hours of training on one V100), got {args.work_hours}")
+    if not args.restart_overhead_hours >= 0:
+        raise ValueError(f"--restart-overhead-hours must be >= 0, got {args.restart_overhead_hours}")
+    if args.deadline_hours is not None:
+        if not (args.deadline_hours > 0 and math.isfinite(args.deadline_hours)):
+            raise ValueError(f"--deadline-hours must be a positive number of hours (from the job's start; leave it "
+                             f"out for no deadline), got {args.deadline_hours}")
+        least = args.work_hours + args.restart_overhead_hours
+        if args.deadline_hours < least - 1e-9:  # the work and the first instance's restart, at the least
+            raise ValueError(
+                f"--deadline-hours {args.deadline_hours:g} cannot be met by any policy: the work "
+                f"(--work-hours {args.work_hours:g}) and one restart (--restart-overhead-hours "
+                f"{args.restart_overhead_hours:g}) take {least:g} h; the smallest feasible deadline is "
+                f"--deadline-hours {least:g} (checkpoint stalls add to it), or shrink the job")
+    if args.prices is not None:
+        given = [f for f, v in (("--spot-price", args.spot_price), ("--on-demand-price", args.on_demand_price))
+                 if v is not None]
+        if given:
+            raise ValueError(f"--prices gives every zone its spot and on-demand price, so {' and '.join(given)} "
+                             f"would be ignored; drop {' and '.join(given)}, or drop --prices to price every "
+                             "zone alike")
     for flag, value in (("--spot-price", args.spot_price), ("--on-demand-price", args.on_demand_price)):
         if value is not None and not value > 0:  # also NaN
             raise ValueError(f"{flag} is $/h of an instance and must be > 0, got {value}")
@@ -160,38 +252,78 @@ def _replay_notes(args: argparse.Namespace, traces: list, results: list) -> list
     return notes
 
 
+def _spot_above_on_demand(pools: list) -> None:
+    """Warn (one line) where a zone's spot price is above its on-demand price: the figures follow, since
+    the policies compare offers by price per work, but the input is most likely not what was meant."""
+    above = [p.offer for p in pools if p.offer.price_per_hour > p.offer.on_demand_price_per_hour]
+    if above:
+        if len({(o.price_per_hour, o.on_demand_price_per_hour) for o in above}) == 1:
+            zones = (f"{', '.join(o.zone for o in above)} (spot ${above[0].price_per_hour:.4g}/h, on-demand "
+                     f"${above[0].on_demand_price_per_hour:.4g}/h)")
+        else:
+            zones = ", ".join(f"{o.zone} (spot ${o.price_per_hour:.4g}/h, on-demand "
+                              f"${o.on_demand_price_per_hour:.4g}/h)" for o in above)
+        _warn(f"spot is priced above on-demand for zones {zones}: a spot run there costs more than on-demand, "
+              "and the figures below show it; check --spot-price / --on-demand-price (or --prices)")
+
+
+def _deadline_reachable(args: argparse.Namespace, spec: JobSpec, od_run) -> None:
+    """The on-demand replay (launched at once, never preempted) is the fastest a job can finish: a deadline
+    it misses (the checkpoint stalls on top of the work and one restart) no policy can meet."""
+    if spec.deadline_hours is None or od_run.deadline_met is not False:
+        return
+    needs = od_run.completion_hours
+    raise ValueError(
+        f"--deadline-hours {args.deadline_hours:g} cannot be met by any policy: on-demand from the start, never "
+        f"preempted, finishes at {needs:.2f} h (--work-hours {args.work_hours:g}, one restart of "
+        f"--restart-overhead-hours {args.restart_overhead_hours:g}, and checkpoint stalls of --save-cost-seconds "
+        f"{args.save_cost_seconds:g}); the smallest feasible deadline is --deadline-hours "
+        f"{math.ceil(needs * 100) / 100:g}")
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         _check_arguments(args)
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        names = [n.strip() for n in args.policies.split(",") if n.strip()]
+        for n in names:
+            if n not in policy_names():
+                raise ValueError(f"unknown simulated controller policy {n!r} in --policies; valid policies: "
+                                 f"{', '.join(policy_names())}")
+        if HINDSIGHT in names and args.deadline_hours is None:
+            raise ValueError("the hindsight optimum needs a deadline: pass --deadline-hours, or leave hindsight "
+                             "out of --policies")
+        _check_outputs(args)
         transfer = _transfer(args)
-        spec = JobSpec(work_hours=args.work_hours, deadline_hours=args.deadline_hours,
-                       save_cost_seconds=args.save_cost_seconds, restart_overhead_hours=args.restart_overhead_hours,
-                       notice_seconds=args.notice_seconds, nodes=args.nodes, transfer_seconds=transfer.seconds,
-                       transfer_dollars=transfer.dollars, segment_seconds=args.segment_minutes * 60.0,
-                       probe_miss=args.probe_miss, store_region=args.store_region or None,
-                       remote_dollars_per_hour=transfer.dollars_per_hour)
+        try:
+            spec = JobSpec(work_hours=args.work_hours, deadline_hours=args.deadline_hours,
+                           save_cost_seconds=args.save_cost_seconds,
+                           restart_overhead_hours=args.restart_overhead_hours, notice_seconds=args.notice_seconds,
+                           nodes=args.nodes, transfer_seconds=transfer.seconds, transfer_dollars=transfer.dollars,
+                           segment_seconds=args.segment_minutes * 60.0, probe_miss=args.probe_miss,
+                           store_region=args.store_region or None, remote_dollars_per_hour=transfer.dollars_per_hour)
+        except ValueError as exc:
+            raise ValueError(_cli_words(str(exc))) from None
         traces = load_traces(_trace_paths(args.traces))
+        prices = read_prices(args.prices) if args.prices else None
+        if prices is not None:
+            stray = sorted(set(prices) - {t.zone for t in traces})
+            if stray:
+                _warn(f"the prices file {args.prices} lists zones {', '.join(stray)} that no trace covers; they are "
+                      f"ignored (the traces cover {', '.join(sorted({t.zone for t in traces}))})")
         if args.zones:
             wanted = [z.strip() for z in args.zones.split(",") if z.strip()]
             unknown = sorted(set(wanted) - {t.zone for t in traces})
             if unknown:
                 raise ValueError(f"zones {unknown} have no trace; traces cover {sorted(t.zone for t in traces)}")
             traces = [t for z in wanted for t in traces if t.zone == z]
-        names = [n.strip() for n in args.policies.split(",") if n.strip()]
-        for n in names:
-            if n != HINDSIGHT:
-                controllers.get(n)
-        if HINDSIGHT in names and args.deadline_hours is None:
-            raise ValueError("the hindsight optimum needs a deadline: pass --deadline-hours")
         check_node_count(traces, args.nodes)
         if args.store_region and args.store_region in {t.zone for t in traces}:
             raise ValueError(f"--store-region {args.store_region} is a zone; give its region "
                              f"({next(t.region for t in traces if t.zone == args.store_region)})")
         if args.store_region:
             check_region(args.store_region)
-        prices = read_prices(args.prices) if args.prices else None
         market = None
         if prices is None and (args.spot_price is None or args.on_demand_price is None):
             from airflow_spot.market import get_market
@@ -201,10 +333,14 @@ def run(args: argparse.Namespace) -> int:
                                        market=market, prices=prices, nodes=args.nodes, tick_prices=not args.mean_prices)
         start = int(args.start_hour * 3600 // traces[0].gap_seconds)
         _check_window(args, traces, start)
+        offs = offsets_for(spec, traces, args.offset_step_hours) if args.offsets else None
+        od_run = run_policies(spec, pools, on_demand, ["on-demand"], offset_ticks=start)[0]
+        _deadline_reachable(args, spec, od_run)
     except (TraceError, ValueError, KeyError) as exc:
         print(f"airflow-spot simulate: {exc}", file=sys.stderr)
         return 2
-    baseline = run_policies(spec, pools, on_demand, ["on-demand"], offset_ticks=start)[0].cost
+    _spot_above_on_demand(pools)
+    baseline = od_run.cost
     results = run_policies(spec, pools, on_demand, names, offset_ticks=start, jobs=args.jobs,
                            history_hours=args.history_hours)
     best = None
@@ -213,24 +349,26 @@ def run(args: argparse.Namespace) -> int:
         if best is None:
             best = run_one(spec, pools, on_demand, HINDSIGHT, start).cost
     given = args.prices is not None or args.spot_price is not None or args.on_demand_price is not None
-    for note in (read_notes(traces, tick_prices=not args.mean_prices, own_prices=not given)
-                 + _replay_notes(args, traces, results)):
+    notes = (read_notes(traces, tick_prices=not args.mean_prices, own_prices=not given)
+             + _replay_notes(args, traces, results))
+    if best is not None and not math.isfinite(best):
+        notes.append("the hindsight optimum found no schedule meeting the deadline on its 0.1 h grid (the work, "
+                     "restart and deadline rounded to whole steps): it is left out of the comparison")
+    for note in notes:
         print(f"note: {note}")
-    print(f"job: {spec.work_hours:g} GPU h x {spec.nodes} node(s), deadline {spec.deadline_hours} h, restart "
+    deadline = "no deadline" if spec.deadline_hours is None else f"deadline {spec.deadline_hours} h"
+    optimum = ""
+    if best is not None:
+        optimum = f"; hindsight optimum = ${best:.2f}" if math.isfinite(best) else "; hindsight optimum: infeasible"
+    print(f"job: {spec.work_hours:g} GPU h x {spec.nodes} node(s), {deadline}, restart "
           f"{spec.restart_overhead_hours:g} h, segments {spec.segment_seconds / 60:g} min, zones {', '.join(t.zone for t in traces)}, "
           f"start hour {args.start_hour:g}, "
           f"{args.jobs} job(s)" + (f" after {args.history_hours:g} h of history" if args.history_hours else "")
-          + f"; on-demand only = ${baseline:.2f}"
-          + (f"; hindsight optimum = ${best:.2f}" if best else ""))
+          + f"; on-demand only = ${baseline:.2f}" + optimum)
     print(format_table(results, baseline, best))
     out: dict = {"spec": spec.__dict__, "zones": [t.zone for t in traces], "on_demand_cost": baseline,
                  "runs": [r.to_dict() for r in results]}
-    if args.offsets:
-        try:
-            offs = offsets_for(spec, traces, args.offset_step_hours)
-        except ValueError as exc:
-            print(f"airflow-spot simulate: {exc}", file=sys.stderr)
-            return 2
+    if offs is not None:
         dists = [distribution(spec, pools, on_demand, n, offs, baseline, jobs=args.jobs, history_hours=args.history_hours)
                  for n in names]
         hs = None
@@ -244,5 +382,5 @@ def run(args: argparse.Namespace) -> int:
     if args.png:
         print(f"\nwrote {plot(results, args.png, spec)}")
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(out, indent=2, default=str))
+        print(("" if args.png else "\n") + f"wrote {_write_json(args.json_out, out)}")
     return 0

@@ -83,6 +83,9 @@ class JobSpec:
         if not self.work_hours > 0:
             raise ValueError(f"work_hours must be positive, got {self.work_hours!r}")
         if self.deadline_hours is not None and self.deadline_hours < self.work_hours:
+            if not self.deadline_hours > 0:
+                raise ValueError(f"deadline_hours must be positive (hours from the job's start; None for no "
+                                 f"deadline), got {self.deadline_hours!r}")
             raise ValueError(
                 f"deadline_hours {self.deadline_hours} is shorter than the work ({self.work_hours} h): "
                 "no policy can meet it; raise the deadline or shrink the job"

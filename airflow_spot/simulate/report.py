@@ -175,7 +175,9 @@ def run_jobs(spec, pools, on_demand, name: str, offset_ticks: int = 0, jobs: int
         from airflow_spot.simulate.hindsight import hindsight_cost
 
         cost = hindsight_cost(spec, pools, on_demand, offset_ticks=offset_ticks)
-        return [SimResult(HINDSIGHT, cost, math.nan, True, None, True, 0, 0.0, math.nan, math.nan)]
+        # an infinite cost: no schedule on the optimum's grid meets the deadline; it claims nothing then
+        met = True if math.isfinite(cost) else None
+        return [SimResult(HINDSIGHT, cost, math.nan, True, None, met, 0, 0.0, math.nan, math.nan)]
     first = controllers.get(name)()
     reads_log = hasattr(first, "shared")
     history = (deployment_history(spec, pools, on_demand, name, offset_ticks, history_hours)
@@ -232,12 +234,23 @@ def hindsight_distribution(spec, pools, on_demand, offsets, baseline_cost: float
     return Distribution(
         policy="hindsight", runs=len(ratios), mean_ratio=statistics.mean(ratios),
         p90_ratio=ratios[min(len(ratios) - 1, int(math.ceil(0.9 * len(ratios))) - 1)], worst_ratio=ratios[-1],
-        deadline_met=len(ratios), mean_lost_gpu_hours=math.nan, mean_preemptions=math.nan, ratios=in_order,
+        deadline_met=sum(math.isfinite(r) for r in ratios), mean_lost_gpu_hours=math.nan,
+        mean_preemptions=math.nan, ratios=in_order,
     )
 
 
+def _fmt(value: float, width: int, spec: str) -> str:
+    """``value`` right-aligned in ``width``, or ``-`` where it is not a number (NaN, infinite): a figure the
+    row does not have, never ``nan`` or ``inf``."""
+    return f"{value:>{width}{spec}}" if math.isfinite(value) else f"{'-':>{width}}"
+
+
 def format_table(results: list[SimResult], baseline_cost: float, hindsight_cost: float | None = None) -> str:
-    """One row per policy; ``x hindsight`` (cost / hindsight optimum) when ``hindsight_cost`` is given."""
+    """One row per policy; ``x hindsight`` (cost / hindsight optimum) when ``hindsight_cost`` is given (and
+    finite). The hindsight optimum's row has no completion time, preemptions or hours (``-``); where it found
+    no schedule that meets the deadline (an infinite cost) its cost reads ``infeasible``."""
+    if hindsight_cost is not None and not math.isfinite(hindsight_cost):
+        hindsight_cost = None
     hs = f"{'x hindsight':>13}" if hindsight_cost else ""
     head = (f"{'policy':<22}{'cost $':>10}{'x on-demand':>13}{hs}{'done (h)':>11}{'deadline':>10}{'preempt.':>10}"
             f"{'lost GPU h':>12}{'spot h':>9}{'od h':>8}")
@@ -247,11 +260,15 @@ def format_table(results: list[SimResult], baseline_cost: float, hindsight_cost:
         done = "-" if r.policy == HINDSIGHT else "unfinished"
         if r.completion_hours is not None:
             done = f"{r.completion_hours:.1f}"
-        ratio = f"{r.cost / hindsight_cost:>13.3f}" if hindsight_cost else ""
+        ratio = _fmt(r.cost / hindsight_cost, 13, ".3f") if hindsight_cost else ""
+        cost = f"{r.cost:>10.2f}" if math.isfinite(r.cost) else f"{'infeasible':>10}"
+        if r.policy == HINDSIGHT:  # the optimum is a cost, not a replay: no preemptions or hours to show
+            rest = f"{'-':>10}{'-':>12}{'-':>9}{'-':>8}"
+        else:
+            rest = (f"{r.preemptions:>10d}{_fmt(r.lost_gpu_hours, 12, '.2f')}{_fmt(r.spot_hours, 9, '.1f')}"
+                    f"{_fmt(r.on_demand_hours, 8, '.1f')}")
         lines.append(
-            f"{r.policy:<22}{r.cost:>10.2f}{r.cost / baseline_cost:>13.3f}{ratio}{done:>11}{met:>10}"
-            f"{r.preemptions:>10d}"
-            f"{r.lost_gpu_hours:>12.2f}{r.spot_hours:>9.1f}{r.on_demand_hours:>8.1f}"
+            f"{r.policy:<22}{cost}{_fmt(r.cost / baseline_cost, 13, '.3f')}{ratio}{done:>11}{met:>10}{rest}"
         )
     return "\n".join(lines)
 
@@ -263,7 +280,8 @@ def hindsight_ratios(d: Distribution, hindsight: Distribution) -> list[float]:
 
 def format_distributions(dists: list[Distribution], hindsight: Distribution | None = None) -> str:
     """Per policy: mean / p90 / worst cost as a multiple of on-demand, and with ``hindsight`` the mean,
-    p90 and worst of cost / hindsight over the same offsets."""
+    p90 and worst of cost / hindsight over the same offsets (those where the optimum found a schedule;
+    ``-`` where it found none). A figure that is not a number prints as ``-``."""
     hs = f"{'mean /hs':>10}{'p90 /hs':>9}{'worst /hs':>10}" if hindsight else ""
     head = (f"{'policy':<22}{'runs':>6}{'mean x':>9}{'p90 x':>9}{'worst x':>9}{hs}{'deadline met':>14}"
             f"{'lost GPU h':>12}{'preempt.':>10}")
@@ -271,11 +289,15 @@ def format_distributions(dists: list[Distribution], hindsight: Distribution | No
     for d in dists:
         extra = ""
         if hindsight:
-            rs = sorted(hindsight_ratios(d, hindsight))
-            extra = f"{statistics.mean(rs):>10.3f}{_p90(rs):>9.3f}{rs[-1]:>10.3f}"
+            rs = sorted(r for r, h in zip(hindsight_ratios(d, hindsight), hindsight.ratios, strict=True)
+                        if math.isfinite(h))
+            extra = (f"{_fmt(statistics.mean(rs), 10, '.3f')}{_fmt(_p90(rs), 9, '.3f')}{_fmt(rs[-1], 10, '.3f')}"
+                     if rs else f"{'-':>10}{'-':>9}{'-':>10}")
         lines.append(
-            f"{d.policy:<22}{d.runs:>6d}{d.mean_ratio:>9.3f}{d.p90_ratio:>9.3f}{d.worst_ratio:>9.3f}{extra}"
-            f"{f'{d.deadline_met}/{d.runs}':>14}{d.mean_lost_gpu_hours:>12.2f}{d.mean_preemptions:>10.1f}"
+            f"{d.policy:<22}{d.runs:>6d}{_fmt(d.mean_ratio, 9, '.3f')}{_fmt(d.p90_ratio, 9, '.3f')}"
+            f"{_fmt(d.worst_ratio, 9, '.3f')}{extra}"
+            f"{f'{d.deadline_met}/{d.runs}':>14}{_fmt(d.mean_lost_gpu_hours, 12, '.2f')}"
+            f"{_fmt(d.mean_preemptions, 10, '.1f')}"
         )
     return "\n".join(lines)
 

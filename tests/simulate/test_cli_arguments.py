@@ -32,12 +32,42 @@ def run(capsys, *argv: str) -> tuple[int | None, str]:
         (["--zones", "mars-1a"], "zones ['mars-1a'] have no trace"),
         (["--store-region", "mars-1"], "'mars-1' is not a region name like 'us-west-2' (AWS) or 'us-central1' (GCP)"),
         (["--policies", "cheapest"], "unknown simulated controller policy 'cheapest'"),
+        # the job's own checks, worded with the flags (JobSpec's field names are for API users)
+        (["--deadline-hours", "-5"], "--deadline-hours must be a positive number of hours"),
+        (["--deadline-hours", "nan"], "--deadline-hours must be a positive number of hours"),
+        (["--work-hours", "0"], "--work-hours must be positive"),
+        (["--notice-seconds", "-1"], "--notice-seconds must be >= 0, got -1.0"),
+        (["--save-cost-seconds", "-1"], "--save-cost-seconds must be >= 0, got -1.0"),
+        (["--restart-overhead-hours", "-1"], "--restart-overhead-hours must be >= 0, got -1.0"),
+        (["--nodes", "0"], "--nodes must be a whole number >= 1, got 0"),
+        (["--probe-miss", "1"], "--probe-miss is a probability in [0, 1)"),
+        # the work (1 h) and one restart (0.2 h, the default) do not fit in the deadline
+        (["--deadline-hours", "1.1"], "--deadline-hours 1.1 cannot be met by any policy: the work (--work-hours 1) "
+                                      "and one restart (--restart-overhead-hours 0.2) take 1.2 h; the smallest "
+                                      "feasible deadline is --deadline-hours 1.2"),
+        (["--prices", "p.csv", "--spot-price", "1"], "--prices gives every zone its spot and on-demand price, so "
+                                                     "--spot-price would be ignored"),
+        (["--prices", "p.csv", "--on-demand-price", "3"], "so --on-demand-price would be ignored"),
     ],
 )
 def test_simulate_rejects_bad_arguments_without_a_traceback(capsys, argv, message):
-    rc, text = run(capsys, "simulate", "--work-hours", "1", *argv)
+    if argv[:2] == ["--work-hours", "0"]:  # the flag's own value, not the default's
+        argv, base = argv[2:], ["--work-hours", "0"]
+    else:
+        base = ["--work-hours", "1"]
+    rc, text = run(capsys, "simulate", *base, *argv)
     assert rc == 2, text
     assert message in text and "Traceback" not in text, text
+    assert "_hours" not in text and "_seconds" not in text and "probe_miss" not in text, text  # no Python names
+    assert "shorter than the work" not in text, text  # -5 h is not a deadline at all
+
+
+def test_simulate_unknown_policy_lists_every_valid_one(capsys):
+    rc, text = run(capsys, "simulate", "--work-hours", "1", "--policies", "ours,cheapest")
+    assert rc == 2 and "unknown simulated controller policy 'cheapest'" in text, text
+    valid = text[text.index("valid"):]
+    for name in ("hindsight", "on-demand", "ours", "greedy", "rc-cr"):
+        assert name in valid, text
 
 
 def test_reap_bad_durations_name_their_own_flag(capsys):

@@ -398,7 +398,7 @@ def test_probe_miss_must_be_a_probability(bad, capsys):
     with pytest.raises(ValueError, match="probe_miss is a probability"):
         JobSpec(work_hours=1, probe_miss=bad)
     assert main(["simulate", "--work-hours", "1", "--probe-miss", str(bad)]) == 2
-    assert "probe_miss is a probability in [0, 1)" in capsys.readouterr().err
+    assert "--probe-miss is a probability in [0, 1)" in capsys.readouterr().err  # the flag, not the field
 
 
 def test_ours_moves_a_running_job_to_a_cheaper_pool_once_it_accepts():
