@@ -241,13 +241,18 @@ def economics_lines() -> str:
     sim = simulated_savings()
     if "error" in sim:
         return f"  at scale            (the trace replay could not run here: {sim['error']})"
+    pad = " " * 22
     return (
         f"  at scale            the same policy ('{sim['policy']}') on the bundled AWS traces "
         f"({len(sim['zones'])} zones),"
         f" a {sim['work_hours']:g} GPU-hour job with a {sim['deadline_hours']:g} h deadline:\n"
-        f"                      ${sim['cost']:.2f} against ${sim['on_demand_cost']:.2f} on demand, "
-        f"{100 * sim['savings_fraction']:.0f} % saved through {sim['preemptions']} preemptions "
-        f"(replayed in {sim['seconds']:.1f} s; `airflow-spot simulate --work-hours 48 --deadline-hours 52` for more)"
+        f"{pad}started at each of {sim['starts']} hours, it costs {sim['mean_ratio']:.2f}x the on-demand cost "
+        f"on average ({sim['best_ratio']:.2f}x-{sim['worst_ratio']:.2f}x), deadline met {sim['deadlines_met']} "
+        f"of {sim['starts']};\n"
+        f"{pad}started at hour 0, ${sim['cost']:.2f} against ${sim['on_demand_cost']:.2f} on demand, "
+        f"{100 * sim['savings_fraction']:.0f} % saved through {sim['preemptions']} preemptions\n"
+        f"{pad}(replayed in {sim['seconds']:.1f} s; `airflow-spot simulate --work-hours 48 --deadline-hours 52 "
+        "--offsets` compares every policy)"
     )
 
 

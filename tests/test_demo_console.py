@@ -63,3 +63,7 @@ def test_the_48h_trace_figure_is_computed_by_the_simulator():
     assert "error" not in sim, sim
     assert sim["completed"] and 0 < sim["cost"] < sim["on_demand_cost"]
     assert sim["savings_fraction"] == 1 - sim["cost"] / sim["on_demand_cost"]
+    # every hourly start, so one lucky or unlucky start is not the figure a user takes away
+    assert sim["starts"] > 100 and 0 < sim["best_ratio"] <= sim["mean_ratio"] <= sim["worst_ratio"] < 1
+    assert sim["best_ratio"] <= sim["cost"] / sim["on_demand_cost"] <= sim["worst_ratio"]
+    assert sim["deadlines_met"] == sim["starts"]
