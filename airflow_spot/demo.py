@@ -119,16 +119,19 @@ def build_demo_dag(
 # ---------------------------------------------------------------------------------------- command
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="out/demo", help="directory for the Airflow home, checkpoints and logs")
-    parser.add_argument("--total-steps", type=int, default=600)
-    parser.add_argument("--steps-per-segment", type=int, default=200)
+    parser.add_argument("--total-steps", type=int, default=600, help="training steps of the whole job")
+    parser.add_argument("--steps-per-segment", type=int, default=200,
+                        help="steps per segment (one Airflow task each)")
     parser.add_argument("--step-sleep", type=float, default=0.03, help="seconds per step on top of the compute")
     parser.add_argument(
-        "--preempt-after", default=[4.0] * 5, type=_seconds_list,
-        help="comma-separated seconds after which the 1st, 2nd, ... launched instance is preempted",
+        "--preempt-after", default=None, type=_seconds_list,
+        help="comma-separated seconds after which the 1st, 2nd, ... launched instance is preempted "
+             "(default: 4,4,4,4,4)",
     )
     parser.add_argument(
         "--mtbf", type=float, default=None,
-        help="instead of the schedule: preempt at random (Poisson, seeded) with this mean time between preemptions",
+        help="instead of the schedule: preempt at random (Poisson, seeded) with this mean time between "
+             "preemptions, in seconds",
     )
     parser.add_argument("--verify", action="store_true", help="also train uninterrupted and compare the weights")
     parser.add_argument("--backend", choices=("local", "ec2"), default="local",
@@ -151,7 +154,26 @@ def _seconds_list(text: str) -> list[float]:
     return values
 
 
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the demo's arguments (None when nothing is): checked before anything runs."""
+    if args.mtbf is not None and not args.mtbf > 0:
+        return f"--mtbf is the mean seconds between random preemptions and must be > 0, got {args.mtbf:g}"
+    if args.mtbf is not None and args.preempt_after is not None:
+        return "--mtbf (random preemptions) and --preempt-after (a schedule) exclude each other; give one"
+    if not args.step_sleep >= 0:
+        return f"--step-sleep is seconds per step and must be >= 0, got {args.step_sleep:g}"
+    if args.moto and getattr(args, "backend", "local") != "ec2":
+        return "--moto plays EC2 and applies to --backend ec2 only; add --backend ec2 or drop --moto"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    problem = _argument_problem(args)
+    if problem:
+        print(f"airflow-spot demo: {problem}", file=sys.stderr)
+        return 2
+    if args.preempt_after is None:
+        args.preempt_after = [4.0] * 5
     if getattr(args, "backend", "local") != "local":
         if not args.moto:
             print("airflow-spot demo: --backend ec2 runs only against moto here; add --moto", file=sys.stderr)
@@ -201,7 +223,8 @@ def run(args: argparse.Namespace) -> int:
         dag_run, wall = run_quietly(dag, out, log_file, setup=db.resetdb, plan=plan)
     summary = read_summary(out, dag.dag_id, dag_run.run_id)
     weights = job_dir(out, dag.dag_id, dag_run.run_id) / FINAL_WEIGHTS
-    print(report(dag_run.state, summary, wall, time.monotonic() - started))
+    print(report(dag_run.state, summary, wall, time.monotonic() - started,
+                 logs="on the terminal above" if args.verbose else f"in {log_file}"))
     print(economics_lines())
     print(f"  job store           {job_dir(out, dag.dag_id, dag_run.run_id)}")
     print(f"  instance logs       {out / 'instances' / 'instances'}/<instance>/attempts/<attempt>.log")
@@ -283,13 +306,13 @@ def read_summary(root: Path, dag_id: str, run_id: str) -> dict[str, Any]:
         return {}
 
 
-def report(state: Any, s: dict[str, Any], wall: float, total: float) -> str:
+def report(state: Any, s: dict[str, Any], wall: float, total: float, logs: str = "in the task logs") -> str:
     from airflow_spot.operators.training import format_summary
 
     state = getattr(state, "value", state)
     lines = [f"\nDAG run: {state}   (wall time {wall:.1f} s; with DB setup {total:.1f} s)"]
     if not s:
-        return "\n".join(lines + ["  no job summary was written (see the task logs above)"])
+        return "\n".join(lines + [f"  no job summary was written: the tasks' errors are {logs}"])
     lines.append(format_summary(s))
     rows = s.get("rows") or []
     same_time_on_demand = sum(r["billed_seconds"] * r["on_demand_price_per_hour"] / 3600.0 for r in rows)

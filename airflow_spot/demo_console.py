@@ -70,8 +70,9 @@ def attempt_line(a: dict[str, Any], total_steps: int | None, cost_so_far: float,
             f"{a.get('steps_lost') or 0} lost"
         )
     if a.get("outcome") == "failed":
-        return (f"  x failure     segment {a.get('segment_index')} failed on {where} after {took:.1f} s "
-                "(see the log file)")
+        return (f"  x failure     segment {a.get('segment_index')} failed on {where} after {took:.1f} s; "
+                f"its output: instances/{a.get('instance_id')}/attempts/{a.get('attempt_id')}.log "
+                "under the instance logs printed at the end")
     done = resume + kept
     pct = f"{100 * done / total_steps:5.1f} %" if total_steps else "?"
     speed = f"{rate:.1f} steps/s" if rate else "? steps/s"

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from airflow_spot.demo_console import ProgressPrinter, attempt_line, quiet_output, simulated_savings
 from airflow_spot.policy.ledger import LedgerRow
 from airflow_spot.storage.ledger_store import LedgerStore
@@ -67,3 +69,25 @@ def test_the_48h_trace_figure_is_computed_by_the_simulator():
     assert sim["starts"] > 100 and 0 < sim["best_ratio"] <= sim["mean_ratio"] <= sim["worst_ratio"] < 1
     assert sim["best_ratio"] <= sim["cost"] / sim["on_demand_cost"] <= sim["worst_ratio"]
     assert sim["deadlines_met"] == sim["starts"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mtbf", "-1"], "--mtbf is the mean seconds between random preemptions and must be > 0"),
+    (["--mtbf", "0"], "--mtbf is the mean seconds between random preemptions and must be > 0"),
+    (["--mtbf", "30", "--preempt-after", "5,5"], "--mtbf (random preemptions) and --preempt-after (a schedule)"),
+    (["--step-sleep", "-1"], "--step-sleep is seconds per step and must be >= 0"),
+    (["--moto"], "--moto plays EC2 and applies to --backend ec2 only"),
+])
+def test_bad_demo_arguments_fail_before_anything_runs(tmp_path, capsys, argv, message):
+    from airflow_spot.cli import main
+
+    assert main(["demo", "--out", str(tmp_path / "out"), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing was set up
+
+
+def test_a_failed_attempt_line_says_where_its_output_is():
+    line = attempt_line({"outcome": "failed", "segment_index": 1, "instance_type": "g4dn.xlarge", "zone": "z",
+                         "market": "spot", "started_at": 0.0, "ended_at": 2.0, "instance_id": "local-0003",
+                         "attempt_id": "train.segment_001.try1"}, 600, 0.0, None)
+    assert "instances/local-0003/attempts/train.segment_001.try1.log" in line
