@@ -245,6 +245,27 @@ def _check_segment_numbers(options: dict[str, Any]) -> None:
         raise SpotTrainingConfigError(f"segment_options['keep_checkpoints'] must be an integer >= 1, got {keep!r}")
 
 
+def _check_task_kwargs(task_kwargs: dict[str, Any]) -> None:
+    """An argument SpotTraining does not know fails here, named as SpotTraining's, not later as the first
+    segment operator's TypeError."""
+    import inspect
+
+    from airflow.sdk import BaseOperator as SdkBaseOperator
+
+    base = set(inspect.signature(SdkBaseOperator.__init__).parameters) - {"self", "kwargs"}
+    unknown = sorted(set(task_kwargs) - base)
+    if not unknown:
+        return
+    own = sorted(set(inspect.signature(SpotTraining).parameters) - {"task_kwargs"})
+    segment = sorted(set(inspect.signature(SpotSegmentOperator.__init__).parameters) - base - _SET_BY_SPOT_TRAINING
+                     - {"self", "kwargs"})
+    hint = [name for name in unknown if name in segment]
+    raise SpotTrainingConfigError(
+        f"SpotTraining got unknown arguments {unknown}; its own are {', '.join(own)}, and every task takes "
+        "Airflow's BaseOperator arguments (pool, queue, ...)"
+        + (f"; {hint} are segment operator arguments: pass them in segment_options" if hint else ""))
+
+
 def _check_segment_options(options: dict[str, Any], task_kwargs: dict[str, Any]) -> None:
     """Unknown or doubled ``segment_options`` and a wrong ``retry_policy`` fail now, naming the fix."""
     import inspect
@@ -344,6 +365,7 @@ def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup
     validate_optional_str("aws_conn_id", aws_conn_id, "aws_default")
     validate_retry_delay(retry_delay)
     options = dict(segment_options or {})
+    _check_task_kwargs(task_kwargs)
     _check_segment_options(options, task_kwargs)
     bounds = segment_bounds(total_steps, steps_per_segment)
     group_kwargs = {"dag": task_kwargs["dag"]} if task_kwargs.get("dag") is not None else {}

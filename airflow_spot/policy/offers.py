@@ -106,6 +106,12 @@ class GpuRequest:
         object.__setattr__(self, "regions", tuple(self.regions))
         object.__setattr__(self, "exclude_names", tuple(self.exclude_names))
         object.__setattr__(self, "zones", tuple(self.zones))
+        if isinstance(self.markets, (str, Market)):
+            raise ValueError(f"GpuRequest.markets must be a list, e.g. ['spot', 'on-demand'], got {self.markets!r}")
+        wrong = [m for m in self.markets if m not in {*Market, *(x.value for x in Market)}]
+        if wrong:
+            raise ValueError(f"GpuRequest.markets {wrong} are not markets; valid: "
+                             f"{', '.join(repr(x.value) for x in Market)}")
         object.__setattr__(self, "markets", tuple(Market(m) for m in self.markets))
         if not self.markets:
             raise ValueError("GpuRequest.markets must allow at least one of 'spot', 'on-demand'")
@@ -186,5 +192,6 @@ class GpuRequest:
         d["regions"] = tuple(d.get("regions", ()))
         d["exclude_names"] = tuple(d.get("exclude_names", ()))
         d["zones"] = tuple(d.get("zones", ()))
-        d["markets"] = tuple(Market(m) for m in d.get("markets", ("spot", "on-demand")))
+        markets = d.get("markets", ("spot", "on-demand"))  # checked and converted in __post_init__
+        d["markets"] = markets if isinstance(markets, str) else tuple(markets)
         return cls(**d)

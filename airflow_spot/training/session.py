@@ -175,6 +175,8 @@ class SpotSession:
         end = int(e[E.END_STEP]) if E.END_STEP in e else total_steps
         if end is None:
             raise ValueError(f"{E.END_STEP} is not set: pass total_steps= when running outside airflow-spot")
+        if E.END_STEP not in e and (isinstance(end, bool) or not isinstance(end, int) or end < 1):
+            raise ValueError(f"total_steps must be a positive number of training steps, got {end!r}")
         sources: list[NoticeSource] = [SigtermNotice()]
         poll = float(e.get(E.NOTICE_POLL_SECONDS, "0") or 0)
         if e.get(E.NOTICE_FILE):

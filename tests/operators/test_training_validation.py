@@ -158,6 +158,10 @@ def test_an_explicit_deployment_setting_wins(monkeypatch):
         (dict(gpus={"zones": ["us-east-1a"]}), "zones ['us-east-1a'] are not zones of the local backend's catalog, "
                                                "which names zones by id; its zones there: ['use1-az1',"),
         (dict(backend="ec2", gpus={"zones": ["use1-az1"]}), "zones ['use1-az1'] are zone ids; the ec2 market names"),
+        # an argument SpotTraining does not take is named as SpotTraining's
+        (dict(totl_steps=5), "SpotTraining got unknown arguments ['totl_steps']; its own are"),
+        (dict(poll_interval=5.0), "['poll_interval'] are segment operator arguments: pass them in segment_options"),
+        (dict(gpus={"markets": ["spto"]}), "GpuRequest.markets ['spto'] are not markets; valid: 'spot', 'on-demand'"),
     ],
 )
 def test_more_bad_arguments_fail_at_parse_time(overrides, message):

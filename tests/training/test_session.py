@@ -239,3 +239,10 @@ def test_from_env_reads_the_notice_window_and_names_a_bad_number(tmp_path, monke
     monkeypatch.setenv("SPOT_NOTICE_WINDOW_SECONDS", "two minutes")
     with pytest.raises(ValueError, match="SPOT_NOTICE_WINDOW_SECONDS='two minutes' is not a number of seconds"):
         SpotSession.from_env(job_uri=str(tmp_path))
+
+
+@pytest.mark.parametrize("total_steps", [0, -3, 2.5])
+def test_from_env_by_hand_names_a_bad_total_steps(tmp_path, monkeypatch, total_steps):
+    monkeypatch.delenv("SPOT_END_STEP", raising=False)
+    with pytest.raises(ValueError, match="total_steps must be a positive number of training steps"):
+        SpotSession.from_env(total_steps=total_steps, job_uri=str(tmp_path))
