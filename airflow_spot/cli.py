@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+#: exit status after stdout was closed by the reader (``airflow-spot ... | head``): 128 + SIGPIPE, what a
+#: program that the shell sees killed by SIGPIPE reports
+EXIT_BROKEN_PIPE = 141
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("airflow_spot.demo", "train a small torch model through injected preemptions under Airflow"),
@@ -21,8 +26,24 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _description() -> str:
+    """The module docstring's first line as plain text (no reST ``literal`` markup)."""
+    return __doc__.splitlines()[0].replace("``", "")
+
+
+def _version() -> str:
+    """The installed distribution's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("airflow-spot")
+    except PackageNotFoundError:
+        return "unknown (the airflow-spot distribution is not installed)"
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="airflow-spot", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="airflow-spot", description=_description())
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (module, help_text) in SUBCOMMANDS.items():
@@ -37,7 +58,25 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
-    return int(args._run(args) or 0)
+    try:
+        code = int(args._run(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit, while it can still be handled
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: what is still buffered for a reader that went away (``| head``) is
+    dropped instead of failing again, with a traceback, when Python flushes stdout at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # a stdout without a file descriptor (tests)
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

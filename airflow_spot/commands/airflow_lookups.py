@@ -5,10 +5,28 @@ from airflow_spot.backends.base import Clients
 
 
 def clients_for(aws_conn_id: str | None) -> Clients:
-    """Clients of the Amazon provider's hooks on ``aws_conn_id`` (as the operators get them)."""
+    """Clients of the Amazon provider's hooks on ``aws_conn_id`` (as the operators get them); ``None``: boto3's
+    default credential chain.
+
+    :raises ValueError: ``aws_conn_id`` is empty, or names a connection that is not defined (the message says
+        how to define it, or to pass ``--aws-conn-id none``).
+    """
     from airflow_spot.hooks.spot import SpotHook
 
-    return SpotHook(aws_conn_id=aws_conn_id).clients
+    if aws_conn_id is not None and not aws_conn_id.strip():
+        raise ValueError("--aws-conn-id must name an Airflow AWS connection, or be 'none' for boto3's default "
+                         "credential chain; got an empty string")
+    hook = SpotHook(aws_conn_id=aws_conn_id)
+    if aws_conn_id is not None:
+        try:
+            hook._check_connection()  # now, to say it in the command line's terms
+        except ValueError:
+            raise ValueError(
+                f"the AWS connection {aws_conn_id!r} is not defined; create it (airflow connections add "
+                f"{aws_conn_id} --conn-type aws ..., or the environment variable "
+                f"AIRFLOW_CONN_{aws_conn_id.upper()}), or pass --aws-conn-id none to use boto3's default "
+                "credential chain") from None
+    return hook.clients
 
 
 def dag_run_states(keys: list[tuple[str, str]]) -> dict[tuple[str, str], str | None]:

@@ -2,7 +2,7 @@
 
 Examples::
 
-    airflow-spot offers --gpus 1 --min-memory 16                          # local: the bundled catalog
+    airflow-spot offers --gpus 1 --min-memory-gib 16                      # local: the bundled catalog
     airflow-spot offers --backend ec2 --gpus 1 --regions us-east-1,us-west-2 --limit 10
     airflow-spot offers --backend ec2 --gpus 1 --gpu-names A10G,L4 --max-price 1.5 --market-options '{...}'
 
@@ -18,7 +18,7 @@ import sys
 from airflow_spot.backends.base import backend_class, backend_names
 from airflow_spot.policy.offer_ranking import cost_per_step, rank_offers
 from airflow_spot.policy.offers import GpuRequest, Market
-from airflow_spot.cli_types import json_object
+from airflow_spot.cli_types import AWS_CONN_ID_HELP, aws_conn_id, canonical_gpu_names, json_object, known_gpu_names
 
 
 def _names(text: str) -> list[str]:
@@ -32,11 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="local",
                         help=f"backend whose market to ask ({', '.join(backend_names())})")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs per instance (exact)")
-    parser.add_argument("--min-memory", type=float, default=0.0, metavar="GIB", help="minimum memory per GPU")
+    parser.add_argument("--min-memory-gib", dest="min_memory", type=float, default=0.0, metavar="GIB",
+                        help="minimum memory per GPU (--min-memory is the same)")
+    parser.add_argument("--min-memory", dest="min_memory", type=float, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)  # the older spelling; `estimate` has --min-memory-gib
     parser.add_argument("--regions", type=_names, default=[], help="comma-separated regions, e.g. us-east-1,us-west-2")
     parser.add_argument("--zones", type=_names, default=[], help="comma-separated zones, e.g. us-east-1a")
-    parser.add_argument("--gpu-names", type=_names, default=[], help="allowed GPU models, e.g. A10G,L4")
-    parser.add_argument("--exclude-gpus", type=_names, default=[], help="GPU models never to take, e.g. K80,T4")
+    parser.add_argument("--gpu-names", type=_names, default=[], help="allowed GPU models, e.g. A10G,L4 (any case)")
+    parser.add_argument("--exclude-gpus", type=_names, default=[], help="GPU models never to take, e.g. K80,T4 (any case)")
     parser.add_argument("--max-price", type=float, default=None, metavar="USD_PER_HOUR", help="cap on $/h")
     parser.add_argument("--spot-only", action="store_true", help="leave out on-demand offers")
     parser.add_argument("--step-seconds", type=float, default=1.0,
@@ -44,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=20, help="print at most this many offers (default 20)")
     parser.add_argument("--market-options", type=json_object("--market-options"), default={}, metavar="JSON",
                         help="the market's kwargs, e.g. '{\"price_ttl_seconds\": 60}'")
-    parser.add_argument("--aws-conn-id", default="aws_default", help="Airflow AWS connection for cloud backends")
+    parser.add_argument("--aws-conn-id", type=aws_conn_id, default="aws_default", help=AWS_CONN_ID_HELP)
 
 
 def _request(args: argparse.Namespace, *, filters: bool) -> GpuRequest:
@@ -69,12 +72,30 @@ def _nothing_offered(args: argparse.Namespace, market) -> str:
     return f"the market offers nothing with {asked}; its instances there have {sorted({o.gpu_count for o in there})} GPUs"
 
 
+def _check(args: argparse.Namespace) -> None:
+    """Refuse what no market could answer, naming the flag; spell GPU names as the markets do."""
+    from airflow_spot.operators.validation import SpotTrainingConfigError, validate_option_names
+
+    if not args.step_seconds > 0:  # also NaN
+        raise ValueError(f"--step-seconds is the seconds one step takes on one V100 and must be > 0, "
+                         f"got {args.step_seconds:g}")
+    if args.limit < 1:
+        raise ValueError(f"--limit is how many offers to print and must be at least 1, got {args.limit}")
+    try:
+        validate_option_names(args.backend, None, args.market_options)
+    except SpotTrainingConfigError as exc:
+        raise ValueError(str(exc).replace("market_options:", "--market-options:", 1)) from None
+    overrides = args.market_options.get("throughput_overrides")
+    known = known_gpu_names(overrides if isinstance(overrides, dict) else ())
+    args.gpu_names = canonical_gpu_names("--gpu-names", args.gpu_names, known)
+    args.exclude_gpus = canonical_gpu_names("--exclude-gpus", args.exclude_gpus, known)
+
+
 def run(args: argparse.Namespace) -> int:
     from airflow_spot.market import get_market
 
     try:
-        if args.step_seconds <= 0 or args.limit < 1:
-            raise ValueError("--step-seconds must be > 0 and --limit >= 1")
+        _check(args)
         request = _request(args, filters=True)
         options = dict(args.market_options)
         if args.regions and "regions" not in options and getattr(backend_class(args.backend), "uses_clients", False):

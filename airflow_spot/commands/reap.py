@@ -11,12 +11,12 @@ import sys
 
 from airflow_spot.backends import reap as base
 from airflow_spot.backends.base import LaunchError, backend_class, get_backend
+from airflow_spot.cli_types import AWS_CONN_ID_HELP, aws_conn_id
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     base.add_arguments(parser)
-    parser.add_argument("--aws-conn-id", default="aws_default",
-                        help="Airflow AWS connection for cloud backends (default: aws_default)")
+    parser.add_argument("--aws-conn-id", type=aws_conn_id, default="aws_default", help=AWS_CONN_ID_HELP)
     parser.add_argument("--runs", choices=("finished", "any"), default=None,
                         help="'finished': only instances whose DAG run is finished or deleted (default for cloud "
                              "backends); 'any': every live instance (default for local)")

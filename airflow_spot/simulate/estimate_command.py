@@ -22,7 +22,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from airflow_spot.market.throughput import RELATIVE_THROUGHPUT_PER_GPU, instance_throughput
+from airflow_spot.cli_types import canonical_gpu_name
+from airflow_spot.market.throughput import instance_throughput
 from airflow_spot.policy.estimate import WARMUP_STEPS, fit_step_time, rank_offers_for_job
 from airflow_spot.policy.offers import GpuRequest, Market
 
@@ -37,7 +38,8 @@ class EstimateError(ValueError):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, required=True, help="training steps of the whole job")
     p.add_argument("--measured", action="append", default=[], metavar="GPU=SECONDS",
-                   help="seconds per step measured on one GPU of that type (repeat for several types)")
+                   help="seconds per step measured on one GPU of that type, e.g. V100=0.42 (any case; repeat "
+                        "for several types)")
     p.add_argument("--profile-command", default=None,
                    help="measure here: run this training command (a SpotSession script) for --profile-steps steps")
     p.add_argument("--profile-as", default=None, metavar="GPU",
@@ -45,7 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile-steps", type=int, default=200, help="steps of the profiling run")
     p.add_argument("--profile-timeout", type=float, default=600.0, help="seconds the profiling run may take")
     p.add_argument("--gpus", type=int, default=1, help="GPUs per instance")
-    p.add_argument("--min-memory-gib", type=float, default=0.0)
+    p.add_argument("--min-memory-gib", dest="min_memory_gib", type=float, default=0.0, metavar="GIB",
+                   help="minimum memory per GPU (--min-memory is the same)")
+    p.add_argument("--min-memory", dest="min_memory_gib", type=float, default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)  # the spelling of `offers`
     p.add_argument("--regions", default="", help="comma-separated regions (default: all)")
     p.add_argument("--restart-overhead-seconds", type=float, default=600.0)
     p.add_argument("--top", type=int, default=15, help="show this many offers, cheapest expected cost first")
@@ -60,9 +65,10 @@ def parse_measured(items: list[str]) -> dict[str, float]:
         gpu = gpu.strip()
         if not sep or not gpu:
             raise EstimateError(f"--measured {item!r}: expected GPU=SECONDS, e.g. V100=0.42")
-        if gpu not in RELATIVE_THROUGHPUT_PER_GPU:
-            known = ", ".join(RELATIVE_THROUGHPUT_PER_GPU)
-            raise EstimateError(f"--measured {item!r}: unknown GPU {gpu!r}; known: {known}")
+        try:
+            gpu = canonical_gpu_name(gpu)
+        except ValueError as exc:
+            raise EstimateError(f"--measured {item!r}: {exc}") from None
         try:
             value = float(secs)
         except ValueError:
@@ -144,10 +150,11 @@ def rank(args: argparse.Namespace) -> tuple[list, object]:
     if args.profile_command:
         if not args.profile_as:
             raise EstimateError("--profile-command needs --profile-as GPU: which GPU model the run stands for")
-        if args.profile_as not in RELATIVE_THROUGHPUT_PER_GPU:
-            raise EstimateError(f"--profile-as {args.profile_as!r}: unknown GPU; known: "
-                                f"{', '.join(RELATIVE_THROUGHPUT_PER_GPU)}")
-        measured[args.profile_as] = profile_step_seconds(
+        try:
+            profile_as = canonical_gpu_name(args.profile_as)
+        except ValueError as exc:
+            raise EstimateError(f"--profile-as: {exc}") from None
+        measured[profile_as] = profile_step_seconds(
             shlex.split(args.profile_command), args.profile_steps, timeout=args.profile_timeout)
     if not measured:
         raise EstimateError("give a step time: --measured GPU=SECONDS, or --profile-command CMD --profile-as GPU")

@@ -49,9 +49,9 @@ def test_no_match_says_which_constraint_to_relax(endpoint, capsys):
 
 
 def test_local_no_match_names_what_the_market_does_have(capsys):
-    assert main(["offers", "--gpu-names", "NOPE"]) == 1
+    assert main(["offers", "--gpu-names", "K80"]) == 1  # a GPU the markets know, but the catalog does not sell
     err = capsys.readouterr().err
-    assert "after the gpu names filter (names=['NOPE'])" in err and "'A10G'" in err and "'V100'" in err
+    assert "after the gpu names filter (names=['K80'])" in err and "'A10G'" in err and "'V100'" in err
     assert main(["offers", "--gpus", "3", "--regions", "us-east-1"]) == 1
     err = capsys.readouterr().err
     assert "nothing with 3 GPU(s) per instance in regions ['us-east-1']" in err and "[1, 4, 8] GPUs" in err  # 2: Graviton only
@@ -65,3 +65,88 @@ def test_bad_inputs_are_refused(endpoint, capsys):
     assert "unknown AWS region" in capsys.readouterr().err
     assert main(["offers", "--backend", "ec2", "--aws-conn-id", "missing"]) == 2
     assert "'missing' is not defined" in capsys.readouterr().err
+
+
+def test_an_undefined_connection_names_the_flag_for_the_default_chain(endpoint, capsys):
+    assert main(["offers", "--backend", "ec2", "--aws-conn-id", "missing"]) == 2
+    err = capsys.readouterr().err
+    assert "'missing' is not defined" in err and "--aws-conn-id none" in err and "aws_conn_id=None" not in err
+
+
+def test_aws_conn_id_none_uses_boto3s_default_credential_chain(endpoint, monkeypatch, capsys):
+    monkeypatch.delenv("AIRFLOW_CONN_AWS_DEFAULT")  # no connection: the environment alone leads to the server
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)  # the endpoint fixture sets fake credentials and a region
+    options = json.dumps({"spot_prices": "catalog"})
+    assert main(["offers", "--backend", "ec2", "--aws-conn-id", "none", "--regions", "us-east-1",
+                 "--market-options", options, "--limit", "3"]) == 0
+    assert {r[1][:9] for r in rows(capsys.readouterr().out)} == {"us-east-1"}
+    assert "'none'" in subcommand_help("offers", capsys)  # documented
+
+
+def subcommand_help(name: str, capsys) -> str:
+    with pytest.raises(SystemExit):
+        main([name, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("command", ["offers", "reap"])
+def test_an_empty_connection_id_is_refused(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--backend", "ec2", "--aws-conn-id", ""])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--aws-conn-id must name an Airflow AWS connection" in err and "'none'" in err
+    assert "is not defined" not in err
+
+
+def test_min_memory_has_both_spellings_and_help_shows_one(capsys):
+    tables = {}
+    for flag in ("--min-memory", "--min-memory-gib"):
+        assert main(["offers", flag, "40", "--regions", "us-east-1", "--limit", "1000"]) == 0
+        tables[flag] = rows(capsys.readouterr().out)
+    assert tables["--min-memory"] == tables["--min-memory-gib"]
+    gpus = {r[3].split("x", 1)[1] for r in tables["--min-memory"]}
+    assert gpus and gpus.isdisjoint({"T4", "V100", "A10G", "L4"})  # 16-24 GiB GPUs
+    text = subcommand_help("offers", capsys)
+    assert "--min-memory-gib GIB" in text and "--min-memory GIB" not in text
+
+
+def test_gpu_names_are_matched_case_insensitively(capsys):
+    assert main(["offers", "--gpu-names", "v100", "--regions", "us-east-1", "--spot-only"]) == 0
+    table = rows(capsys.readouterr().out)
+    assert table and all(r[3] == "1xV100" for r in table)
+    assert main(["offers", "--exclude-gpus", "t4,T4G,a10g,l4,l40s", "--regions", "us-east-1", "--limit", "100"]) == 0
+    assert {r[3].split("x", 1)[1] for r in rows(capsys.readouterr().out)}.isdisjoint({"T4", "T4g", "A10G", "L4", "L40S"})
+
+
+@pytest.mark.parametrize("flag", ["--gpu-names", "--exclude-gpus"])
+def test_an_unknown_gpu_name_is_a_usage_error_listing_the_valid_ones(flag, capsys):
+    assert main(["offers", flag, "FOO"]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag}: unknown GPU 'FOO'" in err and "valid GPU names: K80, T4," in err and "H200" in err
+    assert main(["offers", flag, "V10"]) == 2
+    assert "did you mean 'V100'" in capsys.readouterr().err
+
+
+def test_a_gpu_of_the_markets_throughput_overrides_is_known(capsys):
+    options = json.dumps({"throughput_overrides": {"B200": 8.0}})
+    assert main(["offers", "--gpu-names", "b200", "--market-options", options]) == 1  # known, but not sold
+    assert "names=['B200']" in capsys.readouterr().err
+
+
+def test_an_unknown_market_option_names_the_valid_ones(capsys):
+    assert main(["offers", "--market-options", '{"nope": 1}']) == 2
+    err = capsys.readouterr().err
+    assert "--market-options: unknown keys ['nope']" in err and "valid: " in err and "throughput_overrides" in err
+    assert "__init__()" not in err
+
+
+@pytest.mark.parametrize(("argv", "flag", "other"), [
+    (["--limit", "0"], "--limit", "--step-seconds"),
+    (["--step-seconds", "0"], "--step-seconds", "--limit"),
+    (["--step-seconds", "nan"], "--step-seconds", "--limit"),
+])
+def test_each_flag_has_its_own_message(argv, flag, other, capsys):
+    assert main(["offers", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"offers: {flag} " in err and other not in err

@@ -33,6 +33,8 @@ def test_estimate_json_scales_the_measured_gpu_to_the_others(capsys):
     ("argv", "message"),
     [
         (["--steps", "10", "--measured", "Z80=1"], "unknown GPU 'Z80'"),
+        (["--steps", "10", "--measured", "V10=1"], "unknown GPU 'V10' (did you mean 'V100'?); valid GPU names: K80"),
+        (["--steps", "10", "--profile-command", "python x.py", "--profile-as", "Z80"], "--profile-as: unknown GPU 'Z80'"),
         (["--steps", "10", "--measured", "V100"], "expected GPU=SECONDS"),
         (["--steps", "10", "--measured", "V100=fast"], "is not a number"),
         (["--steps", "10", "--measured", "V100=-1"], "must be positive"),
@@ -53,6 +55,34 @@ def test_estimate_json_scales_the_measured_gpu_to_the_others(capsys):
 def test_estimate_bad_arguments_say_what_to_fix(capsys, argv, message):
     assert main(["estimate", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_gpu_names_are_matched_case_insensitively(capsys):
+    assert main(["estimate", "--steps", "3600", "--measured", "V100=0.5", "--json", "--top", "300"]) == 0
+    exact = json.loads(capsys.readouterr().out)
+    assert main(["estimate", "--steps", "3600", "--measured", "v100=0.5", "--json", "--top", "300"]) == 0
+    assert json.loads(capsys.readouterr().out) == exact
+    # --profile-as is checked before the profiling run starts: a known name in any case gets that far
+    assert main(["estimate", "--steps", "10", "--profile-command", "no-such-program-xyz", "--profile-as", "t4g"]) == 2
+    assert "not found on PATH" in capsys.readouterr().err
+
+
+def test_min_memory_has_both_spellings_and_help_shows_one(capsys):
+    import argparse
+
+    from airflow_spot.simulate import estimate_command
+
+    # a real alias, not argparse's prefix matching (which another --min-memory-* flag would make ambiguous)
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    estimate_command.add_arguments(parser)
+    base = ["--steps", "10", "--measured", "V100=1"]
+    assert parser.parse_args([*base, "--min-memory", "40"]).min_memory_gib == 40.0
+    assert parser.parse_args([*base, "--min-memory-gib", "40"]).min_memory_gib == 40.0
+    assert parser.parse_args(base).min_memory_gib == 0.0
+    text = " ".join(parser.format_help().split())
+    assert "--min-memory-gib GIB minimum memory per GPU" in text and "--min-memory GIB" not in text
+    assert main(["estimate", *base, "--min-memory", "-1"]) == 2
+    assert "--min-memory-gib must be >= 0" in capsys.readouterr().err
 
 
 def test_profiling_measures_a_real_training_run_past_its_warm_up():

@@ -1,0 +1,25 @@
+"""``airflow-spot reap`` and its AWS connection: a named one, or none (boto3's default credential chain)."""
+from __future__ import annotations
+
+import pytest
+
+from airflow_spot.cli import main
+from airflow_spot.testing.moto_s3 import moto_server
+
+
+def test_an_undefined_connection_names_the_flag_for_the_default_chain(monkeypatch, capsys):
+    monkeypatch.delenv("AIRFLOW_CONN_MISSING", raising=False)
+    assert main(["reap", "--backend", "ec2", "--aws-conn-id", "missing", "--runs", "any", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "'missing' is not defined" in err and "--aws-conn-id none" in err and "aws_conn_id=None" not in err
+
+
+def test_aws_conn_id_none_uses_boto3s_default_credential_chain(monkeypatch, capsys):
+    monkeypatch.delenv("AIRFLOW_CONN_AWS_DEFAULT", raising=False)  # no connection: the environment leads to moto
+    with moto_server() as endpoint:  # which also sets fake credentials and a region in the environment
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        assert main(["reap", "--backend", "ec2", "--aws-conn-id", "None", "--runs", "any", "--dry-run"]) == 0
+    assert "no live instances match" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["reap", "--help"])
+    assert "'none': no connection, boto3's default credential chain" in " ".join(capsys.readouterr().out.split())
