@@ -36,6 +36,13 @@ costs ``transfer_seconds`` of restart and ``transfer_dollars`` (:class:`Decision
 ranking adds per unit of work left; with the checkpoints in one store, running outside its region also
 costs ``remote_dollars_per_hour`` (the saves written back), added to the offer's price.
 
+A spot offer that costs at least as much per unit of work as on-demand (:func:`dearer_than_on_demand`:
+its price with the saves written back and any checkpoint move, against the cheapest on-demand offer's)
+is no spot opportunity: the decision leaves it out. While cheaper pools
+are offered but down, the deadline rule waits for them as for any outage; when no cheaper one is offered
+at all, the job runs on-demand, deadline or not (found by a user's check: with a store in another region,
+the saves written back made every spot pool there dearer than on-demand, and the job ran on them anyway).
+
 Moving a running spot job to a cheaper pool (:func:`move_targets`): at a segment boundary, a job on a
 spot instance that is still up moves when another pool's long-run cost per unit of work is lower by
 enough that, over the work left but at most the target's expected lifetime (its prior MTBF, shortened
@@ -193,6 +200,23 @@ def _cost_per_step(offer: Offer, params: DecisionParams, age: float | None = Non
     return cost
 
 
+def dearer_than_on_demand(spot: Sequence[Offer], on_demand: Sequence[Offer], params: DecisionParams,
+                          work_left: float) -> list[Offer]:
+    """The spot offers whose price per unit of work (with the saves written back and a checkpoint move, not
+    their preemptions' expected overhead: a price that is higher, not a guess that it may be) is at least
+    the cheapest on-demand offer's; none without on-demand."""
+    if not on_demand:
+        return []
+
+    def price(o: Offer) -> float:
+        remote = (params.remote_dollars_per_hour if params.remote_dollars_per_hour and params.home_region
+                  and o.region != params.home_region else 0.0)
+        return (o.price_per_hour + remote) / o.relative_throughput + _move_penalty(o, params, work_left)
+
+    floor = min(price(o) for o in on_demand)
+    return [o for o in spot if price(o) >= floor]
+
+
 def _risk_age(offer: Offer, view: PoolView | None, now: float) -> float | None:
     """The up-time a spot pool's risk is priced with: observed, or for a pool last seen down, the most it
     can have been up since."""
@@ -276,8 +300,10 @@ def decide_attempt(
     params = params or DecisionParams()
     state = state or DeadlineState()
     now = obs.now
-    spot = [o for o in obs.offers if o.is_spot]
     on_demand = [o for o in obs.offers if not o.is_spot]
+    dear = dearer_than_on_demand([o for o in obs.offers if o.is_spot], on_demand, params,
+                                 obs.work_total - obs.work_done)
+    spot = [o for o in obs.offers if o.is_spot and o not in dear]
     events = list(obs.events)
     running = Market(obs.running) if obs.running else None
     if running is Market.SPOT and obs.running_pool:
@@ -323,6 +349,10 @@ def decide_attempt(
         deadline_params = replace(deadline_params, restart_overhead_seconds=(
             deadline_params.restart_overhead_seconds + params.transfer_seconds))
     d = decide(state, dobs, now, deadline_params, params.policy)
+    if not spot and on_demand and (dear or d.market == WAIT):
+        # no spot offer is cheaper than on-demand (or none is offered): waiting buys nothing
+        d = replace(d, market=Market.ON_DEMAND.value,
+                    reason="no spot offer costs less than on-demand per unit of work" if dear else d.reason)
     if settled_by is not None and d.market == Market.SPOT.value and running is Market.ON_DEMAND:
         d = replace(d, reason=f"{d.reason} (the up-time of {settled_by}, down a moment ago; the next pool "
                               "that accepts is taken)")

@@ -332,12 +332,13 @@ def test_the_operator_records_refusals_and_plans_again_with_them(tmp_path):
 
     context = {"ti": SimpleNamespace(try_number=1), "run_id": "manual__1"}
     backend = op.hook.get_backend()
+    before = len(rec.deployment_log.read())
     try:
         info, reused = op._get_instance(context, store, first, [], recorder=rec, replan=replan)
         assert Market(info.offer.market) is Market.ON_DEMAND and not reused
         refused = [e.pool for e in rec.job_events() if e.kind == "refused" and e.at >= now]
         assert sorted(refused) == sorted(o.pool for o in first.ranked if o.is_spot)
-        assert len(rec.deployment_log.read()) == 2 * len(refused)
+        assert len(rec.deployment_log.read()) == before + len(refused)
     finally:
         backend.terminate([i.instance_id for i in backend.list_instances({})
                            if not InstanceState(i.state).is_terminal()])
@@ -636,3 +637,27 @@ def test_the_tasks_own_digest_setting_wins_and_numbers_are_checked_as_sent(tmp_p
     for number in (0, 1, 0.0):
         with pytest.raises(AirflowFailException, match=f"'{number}' is not a checkpoint digest"):
             op({DIGEST_ENV: number})._check_command()
+
+
+def test_where_every_spot_offer_costs_more_than_on_demand_the_plan_is_on_demand(market):
+    """A market whose spot prices stand above on-demand (a price spike, or saves written back across
+    regions): the operator plans on-demand, with a deadline or without, rather than launch dear spot."""
+    from dataclasses import replace
+
+    from airflow_spot.market.base import MarketSource
+
+    class SpikedMarket(MarketSource):
+        def offers(self, request):
+            return [replace(o, price_per_hour=2 * o.on_demand_price_per_hour) if o.is_spot else o
+                    for o in market.offers(request)]
+
+        def on_demand_price(self, instance_type, region):
+            return market.on_demand_price(instance_type, region)
+
+        def preemption_rate_per_hour(self, instance_type, region, zone=""):
+            return market.preemption_rate_per_hour(instance_type, region, zone)
+
+    for deadline in (None, timedelta(hours=100)):
+        p = make_plan(SpikedMarket(), deadline=deadline, step_seconds=18.0)
+        assert p.market is Market.ON_DEMAND and p.ranked and not any(o.is_spot for o in p.ranked)
+        assert "no spot offer costs less than on-demand per unit of work" in p.reason

@@ -425,3 +425,31 @@ def test_move_margin_none_never_moves_and_a_bad_margin_is_refused():
     assert decide_attempt(running_on_a(2 * H, offers=(A, cheap, ON_DEMAND), deadline_h=None), params=params).move_to == ()
     with pytest.raises(ValueError, match="move_margin"):
         DecisionParams(move_margin=0.0)
+
+
+def test_a_spot_offer_dearer_than_on_demand_per_unit_of_work_is_no_spot_opportunity():
+    """Spot at $3.5/h against $3/h on demand, or $1/h spot whose saves written back to a store in another
+    region cost $2.5/h more: neither is taken. With no cheaper spot offered the job runs on demand, with
+    a deadline or without; a cheaper pool that is down is waited for as any outage. A cheap pool next to
+    them is taken as before."""
+    dear = spot("us-west-2a", price=3.5)
+    for deadline_h in (52.0, None):
+        d = decide_attempt(job(0.0, offers=(dear, ON_DEMAND), deadline_h=deadline_h), params=PARAMS)
+        assert d.market == Market.ON_DEMAND.value and [o.pool for o in d.ranked] == [ON_DEMAND.pool]
+        assert d.reason == "no spot offer costs less than on-demand per unit of work"
+    home = spot("eu-west-1a", price=1.0)
+    home_on_demand = replace(ON_DEMAND, region="eu-west-1", zone="eu-west-1")  # no saves written back from it
+    saves = replace(PARAMS, home_region="eu-west-1", remote_dollars_per_hour=2.5)
+    d = decide_attempt(job(0.0, offers=(A, home_on_demand)), params=saves)
+    assert d.market == Market.ON_DEMAND.value and list(d.ranked) == [home_on_demand]
+    d = decide_attempt(job(0.0, offers=(A, home, home_on_demand)), params=saves)
+    assert d.market == Market.SPOT.value and d.ranked[0] == home and A not in d.ranked
+    # the store's region refused a moment ago: an outage of the only cheap pool, waited out with slack
+    d = decide_attempt(job(0.0, [PoolEvent(home.pool, "refused", 0.0)], offers=(A, home, home_on_demand)),
+                       params=saves)
+    assert d.market == WAIT and A not in d.ranked
+    # at $2/h more the west pool is still cheaper than on demand: taken when the store's region is down
+    cheaper = replace(saves, remote_dollars_per_hour=1.5)
+    d = decide_attempt(job(0.0, [PoolEvent(home.pool, "refused", 0.0)], offers=(A, home, home_on_demand)),
+                       params=cheaper)
+    assert d.market == Market.SPOT.value and d.ranked[0] == A
