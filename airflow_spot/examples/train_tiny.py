@@ -73,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
             spot.report(loss=loss.item(), lr=sched.get_last_lr()[0])
             if args.step_sleep:
                 time.sleep(args.step_sleep)
-        print(f"segment done at step {spot.step} loss={spot.metrics.get('loss', float('nan')):.5f}", flush=True)
+        if "loss" in spot.metrics:
+            print(f"segment done at step {spot.step} loss={spot.metrics['loss']:.5f}", flush=True)
+        else:  # no step to run: resumed at or past the segment's end (a finished job run again by hand)
+            print(f"nothing to train: resumed at step {spot.step}, the segment's end", flush=True)
         if args.final_weights and spot.step >= args.total_steps:
             torch.save(model.state_dict(), args.final_weights)
             torch.save(opt.state_dict(), args.final_weights + ".optim")

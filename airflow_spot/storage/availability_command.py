@@ -65,7 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                 "an event can be written late)")
             p.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
         else:
-            p.add_argument("--older-than-days", type=float, required=True, metavar="D")
+            p.add_argument("--older-than-days", type=float, required=True, metavar="D",
+                           help="delete the events older than D days")
             p.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
 
 
