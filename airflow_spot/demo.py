@@ -172,8 +172,6 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"airflow-spot demo: {problem}", file=sys.stderr)
         return 2
-    if args.preempt_after is None:
-        args.preempt_after = [4.0] * 5
     if getattr(args, "backend", "local") != "local":
         if not args.moto:
             print("airflow-spot demo: --backend ec2 runs only against moto here; add --moto", file=sys.stderr)
@@ -181,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
         from airflow_spot.demo_ec2 import run_on_moto
 
         return run_on_moto(args)
+    if args.preempt_after is None:
+        args.preempt_after = [4.0] * 5
     out = Path(args.out).resolve()
     home = out / "airflow"
     home.mkdir(parents=True, exist_ok=True)

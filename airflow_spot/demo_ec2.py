@@ -51,11 +51,9 @@ def run_on_moto(args: argparse.Namespace) -> int:
     home = out / "airflow"
     home.mkdir(parents=True, exist_ok=True)
     demo._configure_airflow(home)
-    schedule = list(args.preempt_after)
-    if schedule == [4.0] * 5:
-        # The local demo's default reclaims 4 s after start; an ec2 "instance" here first starts torch
-        # from its user data (about 10 s on a busy 2-core machine), so reclaim later and keep some steps.
-        schedule = list(EC2_DEFAULT_SCHEDULE)
+    # Without --preempt-after: the local demo's default reclaims 4 s after start, but an ec2 "instance" here
+    # first starts torch from its user data (about 10 s on a busy 2-core machine), so reclaim later.
+    schedule = list(args.preempt_after) if args.preempt_after is not None else list(EC2_DEFAULT_SCHEDULE)
     started = time.monotonic()
     from airflow.utils import db
 

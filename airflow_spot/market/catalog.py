@@ -145,8 +145,9 @@ def read_pool_mtbf_hours(path: str | Path = POOL_PREEMPTIONS_PATH) -> dict[tuple
 
 def instance_architecture(instance_type: str) -> str:
     """``arm64`` for Graviton instance types, else ``x86_64``: AWS marks Graviton families with a ``g``
-    among the letters after the generation (``g5g``, ``c7gd``; ``g4dn``, ``g6e`` and ``gr6`` are x86_64)."""
-    match = re.fullmatch(r"[a-z]+\d+([a-z-]*)", instance_type.split(".", 1)[0])
+    among the letters after the generation (``g5g``, ``c7gd``, Grace's ``p6e-gb200``; ``g4dn``, ``g6e`` and
+    ``gr6`` are x86_64)."""
+    match = re.match(r"[a-z]+\d+(.*)", instance_type.split(".", 1)[0])
     return "arm64" if match and "g" in match.group(1) else "x86_64"
 
 

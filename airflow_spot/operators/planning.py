@@ -32,6 +32,8 @@ class Plan:
     committed: bool = False
     #: the policy would rather wait than pay on-demand: when every spot offer refuses, retry later
     wait: bool = False
+    #: a warm spot instance's pool now costs as much as on-demand of its type: let it go, do not reuse it
+    leave_running: bool = False
     #: on on-demand, the spot pools' state is stale: probe them if the backend can
     probe: bool = False
     #: on a warm spot instance: cheaper pools worth moving to, best first (``decide_attempt``'s ``move_to``)
@@ -138,6 +140,7 @@ def plan(
         mtbf_seconds=mtbf,
         committed=decision.state.committed,
         wait=decision.market == WAIT,
+        leave_running=decision.leave_running,
         probe=decision.probe,
         move_to=list(decision.move_to),
         market_offers=market_offers,
@@ -218,6 +221,8 @@ def pick_warm(alive: Sequence[InstanceInfo], plan_: Plan) -> InstanceInfo | None
     good = []
     for i in alive:
         if Market(i.offer.market) is not plan_.market or (i.offer.instance_type, i.offer.region) not in takes:
+            continue
+        if plan_.leave_running and i.offer.is_spot:
             continue
         priced = priced_now(i, offers)
         if plan_.price_cap is None or priced.offer.price_per_hour <= plan_.price_cap:

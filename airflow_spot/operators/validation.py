@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import re
 import shlex
 from datetime import timedelta
 from typing import Any
@@ -228,9 +227,10 @@ def validate_gpus_offered(request: GpuRequest, market_options: dict[str, Any] | 
     :param request: what each instance needs.
     :param market_options: the job's market options; a ``catalog_path`` there replaces the bundled catalog.
     """
-    from airflow_spot.market.catalog import CatalogMarket
+    from airflow_spot.market.catalog import CatalogMarket, instance_architecture
 
     catalog_path = (market_options or {}).get("catalog_path")
+    architectures = (market_options or {}).get("architectures") or ("x86_64",)
     try:
         market = CatalogMarket(catalog_path=catalog_path, architectures=("x86_64", "arm64"))
         offers = market.offers_of_every_count()
@@ -239,8 +239,15 @@ def validate_gpus_offered(request: GpuRequest, market_options: dict[str, Any] | 
     loose = {"max_price_per_hour": None, "regions": (), "markets": tuple(Market)}
     loose.update({"zones": ()} if hasattr(request, "zones") else {})
     hardware = dataclasses.replace(request, **loose)
-    if any(hardware.matches(o) for o in offers):
+    fits = [o for o in offers if hardware.matches(o)]
+    if any(instance_architecture(o.instance_type) in architectures for o in fits):
         return
+    if fits:
+        raise SpotTrainingConfigError(
+            f"gpus: only Graviton (arm64) instance types offer {request.count} GPU(s)"
+            + (f" named {list(request.names)}" if request.names else "")
+            + f", e.g. {fits[0].instance_type}, and the job's image is {list(architectures)}: give the job an arm64 "
+            "image and market_options={'architectures': ['arm64']}, or ask for other GPUs")
     shapes = sorted({(o.gpu_count, o.gpu_memory_gib, o.gpu_name) for o in offers})
     biggest = max(shapes, key=lambda s: (s[0], s[1]))
     counts = sorted({s[0] for s in shapes})
@@ -253,11 +260,6 @@ def validate_gpus_offered(request: GpuRequest, market_options: dict[str, Any] | 
     )
 
 
-#: an availability zone's name (``us-east-1a``, a Local Zone ``us-west-2-lax-1a``) and its id (``use1-az1``)
-_ZONE_NAME = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+(-[a-z]+-\d+)?[a-z]")
-_ZONE_ID = re.compile(r"[a-z]{2,6}\d+(-[a-z]+\d+)?-az\d+")
-
-
 @functools.lru_cache(maxsize=4)
 def _catalog_zones(catalog_path: str | None) -> dict[str, str]:
     """``{zone id: region}`` of the catalog."""
@@ -267,40 +269,43 @@ def _catalog_zones(catalog_path: str | None) -> dict[str, str]:
 
 
 def validate_places(request: GpuRequest, backend: str = "local", market_options: dict[str, Any] | None = None) -> None:
-    """Fail at parse time on a region or zone no offer can ever be in: an unknown AWS region, a zone
-    that is neither a name nor an id, or one named the way the job's market does not name zones (the
-    bundled catalog, the ``local`` backend's market, names zones by id, ``use1-az1``; the ``ec2`` market
-    by name, ``us-east-1a``, as EC2 reports them to the account). Without this a spot zone that matches
-    nothing leaves only on-demand offers, silently."""
-    from airflow_spot.market.aws_regions import known_regions
-
-    unknown = sorted(set(request.regions) - known_regions())
-    if unknown:
-        raise SpotTrainingConfigError(f"gpus: unknown AWS region(s) {unknown} in regions; valid regions include "
-                                      f"{', '.join(sorted(known_regions()))}")
-    if not request.zones:
-        return
-    odd = [z for z in request.zones if not (_ZONE_NAME.fullmatch(z) or _ZONE_ID.fullmatch(z))]
-    if odd:
-        raise SpotTrainingConfigError(f"gpus: zones {odd} are neither zone names (us-east-1a) nor zone ids (use1-az1)")
+    """Fail at parse time on a region or zone no offer of the job's market can ever be in. The bundled
+    catalog (the ``local`` backend's market, or ``catalog_path``'s) knows its regions and names zones by id
+    (``use1-az1``); the ``ec2`` market takes AWS regions and names zones as EC2 reports them to the account
+    (``us-east-1a``, ``us-west-2-lax-1a``: a zone's name starts with its region's). Without this a spot
+    zone that matches nothing leaves only on-demand offers, silently."""
+    if not request.regions and not request.zones:
+        return  # nothing to check, and no botocore to load at every parse
     options = market_options or {}
     kind = options.get("kind") or ("ec2" if backend == "ec2" else "catalog")
     if kind == "ec2":
-        ids = [z for z in request.zones if _ZONE_ID.fullmatch(z)]
-        if ids:
+        from airflow_spot.market.aws_regions import known_regions
+
+        regions = known_regions()
+        unknown = sorted(set(request.regions) - regions)
+        if unknown:
+            raise SpotTrainingConfigError(f"gpus: unknown AWS region(s) {unknown} in regions; valid regions include "
+                                          f"{', '.join(sorted(regions))}")
+        unnamed = [z for z in request.zones if not any(z.startswith(r) and len(z) > len(r) for r in regions)]
+        if unnamed:
             raise SpotTrainingConfigError(
-                f"gpus: zones {ids} are zone ids; the ec2 market names zones as EC2 reports them to this account "
-                "(us-east-1a), and ids map to different names in each account: give zone names "
-                "(aws ec2 describe-availability-zones lists both)")
+                f"gpus: zones {unnamed} are not zone names of an AWS region; the ec2 market names zones as EC2 "
+                "reports them to this account (us-east-1a), and zone ids (use1-az1) map to different names in each "
+                "account: give zone names (aws ec2 describe-availability-zones lists both)")
         return
     try:
         known = _catalog_zones(options.get("catalog_path"))
     except (OSError, ValueError):
         return  # validate_gpus_offered reports an unreadable catalog
+    catalog_regions = set(known.values())
+    unknown = sorted(set(request.regions) - catalog_regions)
+    if unknown:
+        raise SpotTrainingConfigError(f"gpus: regions {unknown} are not in the {backend} backend's catalog; its "
+                                      f"regions: {', '.join(sorted(catalog_regions))}")
     missing = [z for z in request.zones if z not in known]
     if missing:
         # the regions meant: a zone name's, a zone id's (by its prefix, use1-), the request's
-        regions = ({r for z in missing for r in known_regions() if z.startswith(r + "-") or z[:-1] == r}
+        regions = ({r for z in missing for r in catalog_regions if z.startswith(r)}
                    | {region for zone, region in known.items() for z in missing
                       if zone.split("-az")[0] == z.split("-az")[0]}
                    | set(request.regions))

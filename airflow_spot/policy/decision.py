@@ -36,11 +36,11 @@ costs ``transfer_seconds`` of restart and ``transfer_dollars`` (:class:`Decision
 ranking adds per unit of work left; with the checkpoints in one store, running outside its region also
 costs ``remote_dollars_per_hour`` (the saves written back), added to the offer's price.
 
-A spot offer that costs at least as much per unit of work as on-demand (:func:`dearer_than_on_demand`:
-its price with the saves written back and any checkpoint move, against the cheapest on-demand offer's)
-is no spot opportunity: the decision leaves it out. While cheaper pools
-are offered but down, the deadline rule waits for them as for any outage; when no cheaper one is offered
-at all, the job runs on-demand, deadline or not (found by a user's check: with a store in another region,
+A spot offer that costs at least as much as on-demand of its own instance type (:func:`dearer_than_on_demand`:
+prices only, with the saves written back and any checkpoint move) is no spot opportunity: the decision
+leaves it out, and a job running in such a pool leaves it (``AttemptDecision.leave_running``). While
+cheaper pools are offered but down, the deadline rule waits for them as for any outage; when no cheaper
+one is offered at all, the job runs on-demand, deadline or not (found by a user's check: with a store in another region,
 the saves written back made every spot pool there dearer than on-demand, and the job ran on them anyway).
 
 Moving a running spot job to a cheaper pool (:func:`move_targets`): at a segment boundary, a job on a
@@ -182,6 +182,9 @@ class AttemptDecision:
     preemption_rate_per_hour: float | None = None
     #: a job on a spot instance that is up: cheaper pools worth moving to, best first (empty: stay)
     move_to: tuple[Offer, ...] = ()
+    #: the job's running spot instance is in a pool that now costs as much as on-demand of its type: let
+    #: it go and run as decided (``market``, ``ranked``), as an idle job would
+    leave_running: bool = False
 
 
 def _move_penalty(offer: Offer, params: DecisionParams, work_left: float) -> float:
@@ -202,19 +205,18 @@ def _cost_per_step(offer: Offer, params: DecisionParams, age: float | None = Non
 
 def dearer_than_on_demand(spot: Sequence[Offer], on_demand: Sequence[Offer], params: DecisionParams,
                           work_left: float) -> list[Offer]:
-    """The spot offers whose price per unit of work (with the saves written back and a checkpoint move, not
-    their preemptions' expected overhead: a price that is higher, not a guess that it may be) is at least
-    the cheapest on-demand offer's; none without on-demand."""
-    if not on_demand:
-        return []
-
+    """The spot offers that cost at least as much as on-demand of their own instance type (the cheapest
+    region's, with the saves written back and a checkpoint move on either side): one type against itself,
+    so no throughput estimate decides, only prices. A type not offered on-demand is never dearer."""
     def price(o: Offer) -> float:
         remote = (params.remote_dollars_per_hour if params.remote_dollars_per_hour and params.home_region
                   and o.region != params.home_region else 0.0)
         return (o.price_per_hour + remote) / o.relative_throughput + _move_penalty(o, params, work_left)
 
-    floor = min(price(o) for o in on_demand)
-    return [o for o in spot if price(o) >= floor]
+    floor: dict[str, float] = {}
+    for o in on_demand:
+        floor[o.instance_type] = min(price(o), floor.get(o.instance_type, float("inf")))
+    return [o for o in spot if o.instance_type in floor and price(o) >= floor[o.instance_type]]
 
 
 def _risk_age(offer: Offer, view: PoolView | None, now: float) -> float | None:
@@ -301,13 +303,17 @@ def decide_attempt(
     state = state or DeadlineState()
     now = obs.now
     on_demand = [o for o in obs.offers if not o.is_spot]
-    dear = dearer_than_on_demand([o for o in obs.offers if o.is_spot], on_demand, params,
-                                 obs.work_total - obs.work_done)
-    spot = [o for o in obs.offers if o.is_spot and o not in dear]
+    dear = {o.pool for o in dearer_than_on_demand([o for o in obs.offers if o.is_spot], on_demand, params,
+                                                  obs.work_total - obs.work_done)}
+    spot = [o for o in obs.offers if o.is_spot and o.pool not in dear]
     events = list(obs.events)
     running = Market(obs.running) if obs.running else None
     if running is Market.SPOT and obs.running_pool:
         events.append(PoolEvent(obs.running_pool, "running", now))
+    # a running spot instance whose pool now costs as much as on-demand has to go: decide as if idle
+    leave = running is Market.SPOT and obs.running_pool in dear
+    if leave:
+        running = None
     views = pool_views(events, now, [o.pool for o in spot], params.recheck_seconds, params.watch_seconds)
     spot_views = [views[o.pool] for o in spot]
     worth = [v for v in spot_views if v.state != "down"]
@@ -352,7 +358,10 @@ def decide_attempt(
     if not spot and on_demand and (dear or d.market == WAIT):
         # no spot offer is cheaper than on-demand (or none is offered): waiting buys nothing
         d = replace(d, market=Market.ON_DEMAND.value,
-                    reason="no spot offer costs less than on-demand per unit of work" if dear else d.reason)
+                    reason="no spot offer costs less than on-demand of its type" if dear
+                    else "no spot offer in the request")
+    if leave:
+        d = replace(d, reason=f"{d.reason}; leaving {obs.running_pool}, which now costs as much as on-demand")
     if settled_by is not None and d.market == Market.SPOT.value and running is Market.ON_DEMAND:
         d = replace(d, reason=f"{d.reason} (the up-time of {settled_by}, down a moment ago; the next pool "
                               "that accepts is taken)")
@@ -377,7 +386,8 @@ def decide_attempt(
         memory = None if prior is None else REGION_MEMORY_LIFETIMES * 3600.0 / prior
         moves = move_targets(ranked, obs.running_pool, views, now, move_params, work_left, affordable,
                              own_pool_losses(events, now, memory))
-    return AttemptDecision(d.market, tuple(ranked), d.reason, d.state, probe, spot_up, expected, rate, moves)
+    return AttemptDecision(d.market, tuple(ranked), d.reason, d.state, probe, spot_up, expected, rate, moves,
+                           leave_running=leave)
 
 
 def as_launch_market(decision: AttemptDecision) -> AttemptDecision:

@@ -188,7 +188,8 @@ class ObservedController:
             return None
         if d.market == Market.ON_DEMAND.value:
             return ("on-demand", 0)
-        if view.running is not None and view.running[0] == "spot" and view.up[view.running[1]]:
+        if (view.running is not None and view.running[0] == "spot" and view.up[view.running[1]]
+                and not d.leave_running):
             # a cheaper pool worth the move is tried first; the running instance is kept if all refuse
             return self._launch_first(d.move_to, view) or view.running
         return self._launch_first(d.ranked, view) or "refused"

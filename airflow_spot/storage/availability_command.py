@@ -110,6 +110,8 @@ def run(args: argparse.Namespace, now: float | None = None) -> int:
     except StoreConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        raise  # our reader went away (| head): not the store's fault; the command line ends quietly
     except store_errors() as exc:
         print(f"error: cannot read {args.uri}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -23,6 +23,7 @@ out with ``SpotSession.from_env(..., warm_process=False)`` (or the operator's ``
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import threading
 import time
@@ -175,8 +176,13 @@ class SpotSession:
         end = int(e[E.END_STEP]) if E.END_STEP in e else total_steps
         if end is None:
             raise ValueError(f"{E.END_STEP} is not set: pass total_steps= when running outside airflow-spot")
-        if E.END_STEP not in e and (isinstance(end, bool) or not isinstance(end, int) or end < 1):
-            raise ValueError(f"total_steps must be a positive number of training steps, got {end!r}")
+        if E.END_STEP not in e:
+            try:  # an int or an integer type (numpy's), not a float or a bool
+                end = operator.index(end) if not isinstance(end, bool) else None
+            except TypeError:
+                end = None
+            if end is None or end < 1:
+                raise ValueError(f"total_steps must be a positive number of training steps, got {total_steps!r}")
         sources: list[NoticeSource] = [SigtermNotice()]
         poll = float(e.get(E.NOTICE_POLL_SECONDS, "0") or 0)
         if e.get(E.NOTICE_FILE):

@@ -41,3 +41,24 @@ def test_a_closed_stdout_ends_the_command_quietly(argv):
         os.close(write)
     assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
     assert proc.returncode == 141  # 128 + SIGPIPE, as the shell reports a program SIGPIPE ended
+
+
+def test_a_closed_stdout_is_not_blamed_on_the_store(tmp_path):
+    """``airflow-spot checkpoints list JOB | head``: the closed pipe is an OSError, which the command's
+    store-error handler must not report as an unreadable store (exit 1, "broken checkpoints")."""
+    from airflow_spot.storage.checkpoint import CheckpointStore
+    from airflow_spot.storage.object_store import open_store
+
+    store = open_store(f"file://{tmp_path}/job")
+    for step in (1, 2, 3):
+        CheckpointStore(store.child("checkpoints"), writer="w").save(step, lambda f: f.write(b"state"))
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        # unbuffered: the first line written meets the closed pipe inside the command, as a long listing does
+        proc = subprocess.run([sys.executable, "-u", "-m", "airflow_spot.cli", "checkpoints", "list",
+                               str(tmp_path / "job")], stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write)
+    assert "cannot read" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 141

@@ -73,6 +73,7 @@ def test_graviton_types_are_offered_only_to_arm64_images():
 
     assert [instance_architecture(t) for t in ("g5g.xlarge", "c7gd.large", "g4dn.xlarge", "g6e.xlarge", "gr6.4xlarge",
                                                "p4de.24xlarge")] == ["arm64", "arm64"] + ["x86_64"] * 4
+    assert instance_architecture("p6e-gb200.36xlarge") == "arm64" and instance_architecture("p5en.48xlarge") == "x86_64"
     default = CatalogMarket().offers(GpuRequest(count=1))
     assert default and not [o for o in default if o.instance_type.startswith("g5g")]
     both = CatalogMarket(architectures=["x86_64", "arm64"]).offers(GpuRequest(count=1))

@@ -660,4 +660,17 @@ def test_where_every_spot_offer_costs_more_than_on_demand_the_plan_is_on_demand(
     for deadline in (None, timedelta(hours=100)):
         p = make_plan(SpikedMarket(), deadline=deadline, step_seconds=18.0)
         assert p.market is Market.ON_DEMAND and p.ranked and not any(o.is_spot for o in p.ranked)
-        assert "no spot offer costs less than on-demand per unit of work" in p.reason
+        assert "no spot offer costs less than on-demand of its type" in p.reason
+
+
+def test_a_warm_spot_instance_whose_pool_now_costs_as_much_as_on_demand_is_let_go(market):
+    """The plan says leave (decision.leave_running): the warm instance in that pool is not reused."""
+    from dataclasses import replace
+
+    from airflow_spot.operators.planning import Plan
+
+    o = next(o for o in market.offers(GPUS) if o.is_spot)
+    warm = InstanceInfo("i-warm", InstanceState.RUNNING, o, "file:///job")
+    base = Plan(ranked=[o], market=Market.SPOT, reason="", mtbf_seconds=None)
+    assert pick_warm([warm], base) is not None
+    assert pick_warm([warm], replace(base, leave_running=True)) is None

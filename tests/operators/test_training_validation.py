@@ -153,11 +153,14 @@ def test_an_explicit_deployment_setting_wins(monkeypatch):
         (dict(segment_options={"probe_spot": "false"}), "segment_options['probe_spot'] must be True or False"),
         (dict(segment_options={"deferrable": "no"}), "segment_options['deferrable'] must be True or False"),
         # a region or zone no offer can be in would leave only on-demand offers, silently
-        (dict(gpus={"regions": ["mars-1"]}), "unknown AWS region(s) ['mars-1']"),
-        (dict(gpus={"zones": ["a1"]}), "zones ['a1'] are neither zone names (us-east-1a) nor zone ids"),
+        (dict(gpus={"regions": ["mars-1"]}), "regions ['mars-1'] are not in the local backend's catalog; its regions: "),
+        (dict(backend="ec2", gpus={"regions": ["mars-1"]}), "unknown AWS region(s) ['mars-1']"),
+        (dict(backend="ec2", gpus={"zones": ["a1"]}), "zones ['a1'] are not zone names of an AWS region"),
         (dict(gpus={"zones": ["us-east-1a"]}), "zones ['us-east-1a'] are not zones of the local backend's catalog, "
                                                "which names zones by id; its zones there: ['use1-az1',"),
-        (dict(backend="ec2", gpus={"zones": ["use1-az1"]}), "zones ['use1-az1'] are zone ids; the ec2 market names"),
+        (dict(backend="ec2", gpus={"zones": ["use1-az1"]}), "zones ['use1-az1'] are not zone names of an AWS region; the ec2"),
+        # Graviton GPUs need an arm64 image: said at parse time, not as "no offer" in every segment
+        (dict(gpus={"names": ["T4g"]}), "only Graviton (arm64) instance types offer 1 GPU(s) named ['T4g']"),
         # an argument SpotTraining does not take is named as SpotTraining's
         (dict(totl_steps=5), "SpotTraining got unknown arguments ['totl_steps']; its own are"),
         (dict(poll_interval=5.0), "['poll_interval'] are segment operator arguments: pass them in segment_options"),
@@ -196,3 +199,6 @@ def test_zones_named_the_way_the_market_names_them_are_accepted():
     build(gpus={"zones": ["use1-az1", "usw2-az2"]})  # the local catalog: zone ids
     build(backend="ec2", backend_options={"image_id": "ami-12345678"}, gpus={"zones": ["us-east-1a"]})
     build(segment_options={"probe_spot": False, "deferrable": True})
+    build(gpus={"names": ["T4g"]}, market_options={"architectures": ["arm64"]})
+    build(backend="ec2", backend_options={"image_id": "ami-12345678"},
+          gpus={"zones": ["us-west-2-lax-1a", "us-east-1-wl1-bos-wlz-1"]})

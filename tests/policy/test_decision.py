@@ -436,7 +436,7 @@ def test_a_spot_offer_dearer_than_on_demand_per_unit_of_work_is_no_spot_opportun
     for deadline_h in (52.0, None):
         d = decide_attempt(job(0.0, offers=(dear, ON_DEMAND), deadline_h=deadline_h), params=PARAMS)
         assert d.market == Market.ON_DEMAND.value and [o.pool for o in d.ranked] == [ON_DEMAND.pool]
-        assert d.reason == "no spot offer costs less than on-demand per unit of work"
+        assert d.reason == "no spot offer costs less than on-demand of its type"
     home = spot("eu-west-1a", price=1.0)
     home_on_demand = replace(ON_DEMAND, region="eu-west-1", zone="eu-west-1")  # no saves written back from it
     saves = replace(PARAMS, home_region="eu-west-1", remote_dollars_per_hour=2.5)
@@ -448,8 +448,30 @@ def test_a_spot_offer_dearer_than_on_demand_per_unit_of_work_is_no_spot_opportun
     d = decide_attempt(job(0.0, [PoolEvent(home.pool, "refused", 0.0)], offers=(A, home, home_on_demand)),
                        params=saves)
     assert d.market == WAIT and A not in d.ranked
+    # a pool of another type dearer per unit of work by the catalog's throughput estimate stays: only
+    # prices of one type are compared, no estimate decides
+    other = Offer("g5.xlarge", "us-west-2", "us-west-2b", Market.SPOT, 0.9, 1.0, "A10G", 1, 24.0,
+                  relative_throughput=0.25, preemption_rate_per_hour=0.25)
+    d = decide_attempt(job(0.0, offers=(other, ON_DEMAND), deadline_h=None), params=PARAMS)
+    assert d.market == Market.SPOT.value and list(d.ranked) == [other]
     # at $2/h more the west pool is still cheaper than on demand: taken when the store's region is down
     cheaper = replace(saves, remote_dollars_per_hour=1.5)
     d = decide_attempt(job(0.0, [PoolEvent(home.pool, "refused", 0.0)], offers=(A, home, home_on_demand)),
                        params=cheaper)
     assert d.market == Market.SPOT.value and d.ranked[0] == A
+
+
+def test_a_job_whose_running_pool_became_dearer_than_on_demand_leaves_it():
+    """A's price rose to $3.2/h, above on-demand's $3: the job leaves A for the cheaper pool B (the
+    operator does not reuse the warm instance, the replay lets it go); with every cheaper pool down it
+    decides as an idle job would (wait with slack, else on-demand), never stays on A."""
+    dear_a = spot("us-west-2a", price=3.2)
+    cheap_b = spot("us-west-2b", price=1.0)
+    d = decide_attempt(running_on_a(2 * H, offers=(dear_a, cheap_b, ON_DEMAND)), params=PARAMS)
+    assert d.leave_running and d.market == Market.SPOT.value and d.ranked[0] == cheap_b
+    assert dear_a not in d.ranked and "leaving p3.2xlarge@us-west-2a" in d.reason
+    down = running_on_a(2 * H, PoolEvent(cheap_b.pool, "refused", 2 * H), offers=(dear_a, cheap_b, ON_DEMAND))
+    d = decide_attempt(down, params=PARAMS)
+    assert d.leave_running and d.market in (WAIT, Market.ON_DEMAND.value)
+    # at its old price it stays, as before
+    assert not decide_attempt(running_on_a(2 * H, offers=(A, cheap_b, ON_DEMAND)), params=PARAMS).leave_running

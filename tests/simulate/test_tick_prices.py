@@ -153,3 +153,17 @@ def test_simulate_replays_per_tick_prices_unless_told_to_use_their_mean(tmp_path
 def _cost(out: str, policy: str) -> float:
     line = next(x for x in out.splitlines() if x.split() and x.split()[0] == policy)
     return float(line.split()[1])  # the "cost $" column
+
+
+def test_ours_leaves_a_running_pool_whose_price_passes_on_demand():
+    """a: $1/h for 20 min, then $7/h, above on-demand's $6; b is down throughout. Running on a, ``ours``
+    lets it go at its next decision (a segment boundary, 15 min later) and runs as an idle job would,
+    rather than pay a's $7/h to the end."""
+    a = priced_pool("us-west-2a", [1.0] * 20 + [7.0] * 100)
+    b = priced_pool("us-west-2b", [1.0] * 120, values=[0] * 120)
+    spec = JobSpec(work_hours=60 / 60, deadline_hours=100 / 60, save_cost_seconds=0.0,
+                   restart_overhead_hours=1 / 60)
+    r = simulate(spec, [a, b], ON_DEMAND, controllers.get("ours")(), max_hours=2.0)
+    assert r.completed and r.deadline_met
+    on_a = [row for row in r.rows if row.zone == "us-west-2a"]
+    assert on_a and max(row.ended_at for row in on_a) <= 31 * 60  # gone by the boundary after minute 20
