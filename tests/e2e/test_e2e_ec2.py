@@ -150,8 +150,15 @@ def test_demo_dag_on_ec2_completes_through_three_reclaims_with_uninterrupted_wei
     outcomes = [(r.attempt_id, r.outcome, r.instance_id) for r in rows]
     assert len(reclaimed) == 3, (reclaimed, outcomes)
     interrupted = [r for r in rows if r.outcome in ("preempted", "lost")]
-    assert len(interrupted) >= 3, outcomes
-    assert {r.instance_id for r in interrupted} == set(reclaimed), outcomes
+    assert {r.instance_id for r in interrupted} <= set(reclaimed), outcomes
+    assert interrupted, outcomes
+    # A notice that reaches an instance as its segment completes (within the 8 s) leaves no interrupted
+    # attempt on it: the instance is reclaimed before the next segment starts, or that segment lets it go
+    # because the notice tripled its pool's price (at or above on-demand of its type: leave_running). Its
+    # attempts all completed, and the job still went through three reclaims.
+    for instance_id in set(reclaimed) - {r.instance_id for r in interrupted}:
+        on_it = [r for r in rows if r.instance_id == instance_id]
+        assert on_it and all(r.outcome == "completed" for r in on_it), (instance_id, outcomes)
     assert all(r.outcome in ("preempted", "lost", "completed") for r in rows), outcomes
 
     # every retry after a reclaim launched in another pool (the reclaimed one had become 3x dearer)
