@@ -195,12 +195,17 @@ def _move_penalty(offer: Offer, params: DecisionParams, work_left: float) -> flo
     return dollars / (work_left / 3600.0)
 
 
+def _remote_dollars_per_hour(offer: Offer, params: DecisionParams) -> float:
+    """What an hour on ``offer`` costs in saves written back to the store in another region (0 at home)."""
+    if params.remote_dollars_per_hour and params.home_region and offer.region != params.home_region:
+        return params.remote_dollars_per_hour
+    return 0.0
+
+
 def _cost_per_step(offer: Offer, params: DecisionParams, age: float | None = None) -> float:
     """:func:`cost_per_step`, with the saves written back to a store in another region."""
-    cost = cost_per_step(offer, params.ranking, age)
-    if params.remote_dollars_per_hour and params.home_region and offer.region != params.home_region:
-        cost += params.remote_dollars_per_hour / offer.relative_throughput
-    return cost
+    return (cost_per_step(offer, params.ranking, age)
+            + _remote_dollars_per_hour(offer, params) / offer.relative_throughput)
 
 
 def dearer_than_on_demand(spot: Sequence[Offer], on_demand: Sequence[Offer], params: DecisionParams,
@@ -209,9 +214,8 @@ def dearer_than_on_demand(spot: Sequence[Offer], on_demand: Sequence[Offer], par
     region's, with the saves written back and a checkpoint move on either side): one type against itself,
     so no throughput estimate decides, only prices. A type not offered on-demand is never dearer."""
     def price(o: Offer) -> float:
-        remote = (params.remote_dollars_per_hour if params.remote_dollars_per_hour and params.home_region
-                  and o.region != params.home_region else 0.0)
-        return (o.price_per_hour + remote) / o.relative_throughput + _move_penalty(o, params, work_left)
+        return ((o.price_per_hour + _remote_dollars_per_hour(o, params)) / o.relative_throughput
+                + _move_penalty(o, params, work_left))
 
     floor: dict[str, float] = {}
     for o in on_demand:
