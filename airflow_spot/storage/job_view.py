@@ -23,7 +23,7 @@ from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
 from airflow_spot.storage.overhead_history import job_name, prior_for
 from airflow_spot.storage.protocol import (
-    AttemptStatus, Heartbeat, JobLayout, Outcome, SchemaError, SegmentRequest, safe_id,
+    AttemptStatus, Heartbeat, JobLayout, LivePrice, Outcome, SchemaError, SegmentRequest, safe_id,
 )
 
 log = logging.getLogger(__name__)
@@ -121,9 +121,10 @@ class JobView:
         ids = {k[len(JobLayout.ATTEMPTS_PREFIX):].split("/", 1)[0] for k in self.store.list(JobLayout.ATTEMPTS_PREFIX)}
         return sorted(i for i in ids if i)
 
-    def launches(self) -> dict[str, dict[str, Any]]:
+    def launches(self, listing: list[str] | None = None) -> dict[str, dict[str, Any]]:
         out = {}
-        for key, raw in self.store.get_many(JobLayout.attempt_keys(self.store, JobLayout.LAUNCH_NAME)).items():
+        keys = JobLayout.attempt_keys(self.store, JobLayout.LAUNCH_NAME, listing)
+        for key, raw in self.store.get_many(keys).items():
             try:
                 data = json.loads(raw)
             except ValueError as exc:
@@ -133,9 +134,9 @@ class JobView:
                 out[data["attempt_id"]] = data
         return out
 
-    def _typed(self, name: str, cls) -> dict[str, Any]:
+    def _typed(self, name: str, cls, listing: list[str] | None = None) -> dict[str, Any]:
         out = {}
-        for raw in self.store.get_many(JobLayout.attempt_keys(self.store, name)).values():
+        for raw in self.store.get_many(JobLayout.attempt_keys(self.store, name, listing)).values():
             try:
                 obj = cls.from_json(raw)
             except SchemaError:
@@ -143,11 +144,15 @@ class JobView:
             out[obj.attempt_id] = obj
         return out
 
-    def statuses(self) -> dict[str, AttemptStatus]:
-        return self._typed(JobLayout.STATUS_NAME, AttemptStatus)
+    def statuses(self, listing: list[str] | None = None) -> dict[str, AttemptStatus]:
+        return self._typed(JobLayout.STATUS_NAME, AttemptStatus, listing)
 
-    def heartbeats(self) -> dict[str, Heartbeat]:
-        return self._typed(JobLayout.HEARTBEAT_NAME, Heartbeat)
+    def heartbeats(self, listing: list[str] | None = None) -> dict[str, Heartbeat]:
+        return self._typed(JobLayout.HEARTBEAT_NAME, Heartbeat, listing)
+
+    def live_prices(self, listing: list[str] | None = None) -> dict[str, LivePrice]:
+        """Running attempts' prices so far, where their market keeps a price history (the trigger's)."""
+        return self._typed(JobLayout.PRICE_NAME, LivePrice, listing)
 
     def requests(self) -> list[SegmentRequest]:
         """Every segment request of the job (all instances), oldest first."""
@@ -205,7 +210,9 @@ class JobView:
         """Every attempt of the job, oldest first, merged from launch record, status, heartbeat and ledger
         (and its committed checkpoints, for its pace past the warm-up: ``checkpoints`` as
         :meth:`checkpoints` returns them, read here when not given)."""
-        launches, statuses, beats = self.launches(), self.statuses(), self.heartbeats()
+        listing = self.store.list(JobLayout.ATTEMPTS_PREFIX)  # one listing for the four kinds of object
+        launches, statuses, beats = self.launches(listing), self.statuses(listing), self.heartbeats(listing)
+        live = self.live_prices(listing)
         rows = {r.attempt_id: r for r in self.ledger_rows()}
         checkpoints = self.checkpoints() if checkpoints is None else checkpoints
         marks = _checkpoint_marks(checkpoints)
@@ -218,7 +225,10 @@ class JobView:
             started = row.started_at if row else launch.get("billed_from") or (st.started_at if st else None)
             ended = row.ended_at if row else (st.ended_at if st else None)
             outcome = row.outcome if row else (st.outcome if st else "running")
-            price = row.price_per_hour if row else offer.get("price_per_hour")
+            # a running attempt is priced as its market's history had it at the trigger's last read, else
+            # at its launch; its ledger row then bills the whole run
+            price = row.price_per_hour if row else (
+                live[aid].price_per_hour if aid in live and outcome == "running" else offer.get("price_per_hour"))
             cost = row.cost if row else (
                 max(0.0, now - started) / 3600.0 * price if started is not None and price is not None
                 and outcome == "running" else None
@@ -360,7 +370,7 @@ class JobView:
         committed = max((c["step"] for c in checkpoints), default=None)
         running = [a for a in attempts if a.outcome == "running"]
         current = max([committed or 0] + [a.current_step or 0 for a in running])
-        # the running attempt's cost so far belongs in "cost so far", at its offer's price
+        # the running attempt's cost so far belongs in "cost so far", at its price so far (AttemptView.price_per_hour)
         live_cost = sum(a.cost or 0.0 for a in running)
         live_on_demand = sum(
             (a.steps_done or 0) * (a.step_seconds or 0.0) / 3600.0 * (a.on_demand_price_per_hour or 0.0)

@@ -153,6 +153,17 @@ class AttemptStatus(_Record):
         return Outcome(self.outcome)
 
 
+@dataclass
+class LivePrice(_Record):
+    """A running attempt's price so far, from its market's price history: the time-weighted mean $/h from
+    the attempt's billing start to ``through``. Written by the segment's trigger every so often, and only
+    for a market that keeps a history (the live EC2 market); the attempt's ledger row supersedes it."""
+
+    attempt_id: str
+    price_per_hour: float
+    through: float
+
+
 class JobLayout:
     """Keys of every object of one job in its store, and typed reads/writes of the protocol objects.
 
@@ -168,6 +179,7 @@ class JobLayout:
         control/attempts/<attempt_id>/launch.json         launch_key
         control/attempts/<attempt_id>/heartbeat.json      heartbeat_key
         control/attempts/<attempt_id>/status.json         status_key
+        control/attempts/<attempt_id>/price.json          price_key: a running attempt's price so far
         control/ledger/<attempt_id>.json                  ledger_key
         control/availability/<pool>/<time>-<job>-<n>.<tag>.<kind>.json
                                                           AVAILABILITY_PREFIX: the job's pool events
@@ -183,6 +195,7 @@ class JobLayout:
     HEARTBEAT_NAME = "heartbeat.json"
     STATUS_NAME = "status.json"
     LAUNCH_NAME = "launch.json"
+    PRICE_NAME = "price.json"
 
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
@@ -217,6 +230,10 @@ class JobLayout:
         return cls.attempt_prefix(attempt_id) + cls.LAUNCH_NAME
 
     @classmethod
+    def price_key(cls, attempt_id: str) -> str:
+        return cls.attempt_prefix(attempt_id) + cls.PRICE_NAME
+
+    @classmethod
     def ledger_key(cls, attempt_id: str) -> str:
         return f"{cls.LEDGER_PREFIX}{safe_id(attempt_id)}.json"
 
@@ -225,9 +242,11 @@ class JobLayout:
         return f"control/tries/{safe_id(ti_id)}.json"
 
     @classmethod
-    def attempt_keys(cls, store: ObjectStore, name: str) -> list[str]:
-        """Keys of one kind of per-attempt object (``HEARTBEAT_NAME``, ``STATUS_NAME``, ...) of every attempt."""
-        return [k for k in store.list(cls.ATTEMPTS_PREFIX) if k.endswith("/" + name)]
+    def attempt_keys(cls, store: ObjectStore, name: str, listing: list[str] | None = None) -> list[str]:
+        """Keys of one kind of per-attempt object (``HEARTBEAT_NAME``, ``STATUS_NAME``, ...) of every attempt
+        (from ``listing``, a listing of ``ATTEMPTS_PREFIX`` already made, when given)."""
+        keys = store.list(cls.ATTEMPTS_PREFIX) if listing is None else listing
+        return [k for k in keys if k.endswith("/" + name)]
 
     def checkpoint_store(self, writer: str = "local"):
         """The job's :class:`~airflow_spot.storage.checkpoint.CheckpointStore`."""
@@ -264,6 +283,9 @@ class JobLayout:
 
     def read_status(self, attempt_id: str) -> AttemptStatus | None:
         return self._read(self.status_key(attempt_id), AttemptStatus)
+
+    def write_live_price(self, price: LivePrice) -> None:
+        self.store.put_bytes(self.price_key(price.attempt_id), price.to_json())
 
     def _read(self, key: str, cls):
         try:

@@ -31,7 +31,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from airflow_spot.backends.base import InstanceInfo, InstanceState, TerminationReason
-from airflow_spot.storage.protocol import AttemptStatus, Heartbeat, JobLayout, Outcome
+from airflow_spot.storage.protocol import AttemptStatus, Heartbeat, JobLayout, LivePrice, Outcome
 from airflow_spot.storage.read_cache import CachedReads, ReadCache
 from airflow_spot.triggers.poller import Subscription, subscribe
 
@@ -51,6 +51,11 @@ def _accounting_pool():
 
         _ACCOUNTING_POOL = ThreadPoolExecutor(ACCOUNTING_THREADS, thread_name_prefix="airflow-spot-accounting")
     return _ACCOUNTING_POOL
+
+#: How often a waiting trigger prices its running attempt so far from the market's price history (the job
+#: page's and the progress line's live cost); spot prices move a few times a day at most, and each read is
+#: one DescribeSpotPriceHistory call
+LIVE_PRICE_EVERY_SECONDS = 900.0
 
 #: Between the describe rounds a trigger reads its attempt's status object every so often, so an attempt
 #: that ended is seen within about a second instead of up to one poll interval later (each second is the
@@ -214,6 +219,10 @@ class SegmentTrigger(BaseTrigger):
         self._notice_logged = False
         #: the poller's last round for this instance (an ended attempt seen between rounds reuses it)
         self._last_seen = None
+        #: the live price's last read (monotonic), the read in flight, and the $/h last written
+        self._price_read_at: float | None = None
+        self._price_read = None
+        self._live_price: float | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -403,6 +412,7 @@ class SegmentTrigger(BaseTrigger):
             if verdict is not None:
                 return verdict, obs
             await self._log_progress(store)
+            self._refresh_live_price(store)
         return None, obs
 
     async def _release(self, backend) -> bool:
@@ -472,6 +482,45 @@ class SegmentTrigger(BaseTrigger):
             self.log.debug("attempt %s: no progress line this time: %s", self.attempt_id, exc)
             return
         self.log.info("attempt %s %s", self.attempt_id, progress_line(snap))
+
+    def _refresh_live_price(self, store) -> None:
+        """Every ``LIVE_PRICE_EVERY_SECONDS``, price the running attempt so far from its market's history
+        (:class:`~airflow_spot.storage.protocol.LivePrice`), on the accounting threads and without awaiting
+        it: a throttled read must hold neither the wait nor the other triggers."""
+        if self.market_options is None or (self._price_read is not None and not self._price_read.done()):
+            return
+        now = time.monotonic()
+        if self._price_read_at is None:
+            self._price_read_at = now  # the launch price holds for the first interval
+            return
+        if now - self._price_read_at < LIVE_PRICE_EVERY_SECONDS:
+            return
+        self._price_read_at = now
+        self._price_read = asyncio.get_running_loop().run_in_executor(
+            _accounting_pool(), self._write_live_price, self._hook(), store)
+
+    def _write_live_price(self, hook, store) -> None:
+        from airflow_spot.market.base import MarketSource
+        from airflow_spot.operators.accounting import billing_market
+        from airflow_spot.operators.attempt_record import AttemptLaunch
+
+        try:
+            market = billing_market(hook)
+            if market is None or type(market).billed_price is MarketSource.billed_price:
+                return  # no price history: the launch price is the price
+            launch = AttemptLaunch.read(store, self.attempt_id)
+            now = time.time()
+            if launch is None or not launch.offer_obj.is_spot or now <= launch.billed_from:
+                return
+            offer = launch.offer_obj
+            price = float(market.billed_price(offer, launch.billed_from, now))
+            if price == (offer.price_per_hour if self._live_price is None else self._live_price):
+                return  # unchanged: nothing to write (a pool whose price never moved writes nothing)
+            JobLayout(store).write_live_price(LivePrice(self.attempt_id, price, now))
+            self._live_price = price
+        except Exception as exc:  # noqa: BLE001 - the page shows the last price read; the ledger row bills the run
+            self.log.info("attempt %s: could not read its price so far (%s); read again in %.0f s",
+                          self.attempt_id, exc, LIVE_PRICE_EVERY_SECONDS)
 
     def _classify(self, obs: Observation) -> tuple[Outcome, str] | None:
         verdict = classify(

@@ -57,6 +57,25 @@ def test_attempts_merge_launch_ledger_status_and_heartbeat(view):
     assert attempts["s0.try2"].outcome == "completed" and attempts["s0.try2"].ended_at == T0 + 170
 
 
+def test_a_running_attempt_is_priced_at_its_price_so_far_and_its_ledger_row_supersedes_it(view):
+    """The trigger's live price (its market's history so far) prices the running attempt on the page and in
+    the snapshot's cost; an ended attempt's ledger row bills the run whatever the live price said."""
+    from airflow_spot.storage.protocol import LivePrice
+
+    layout = JobLayout(view.store)
+    before = view.snapshot(now=T0 + 250)
+    layout.write_live_price(LivePrice("s1.try1", price_per_hour=0.72, through=T0 + 240))
+    layout.write_live_price(LivePrice("s0.try2", price_per_hour=9.0, through=T0 + 160))  # its row wins
+    attempts = {a.attempt_id: a for a in view.attempts(now=T0 + 250)}
+    assert attempts["s1.try1"].price_per_hour == 0.72
+    assert attempts["s1.try1"].cost == pytest.approx(50 / 3600 * 0.72)
+    assert attempts["s0.try2"].price_per_hour == 0.36
+    after = view.snapshot(now=T0 + 250)
+    assert after["cost"] == pytest.approx(before["cost"] + 50 / 3600 * (0.72 - 0.36), abs=1e-4)
+    view.store.put_bytes(JobLayout.price_key("s1.try1"), b"{not json")  # a torn object: the launch price
+    assert view.attempts(now=T0 + 250)[-1].price_per_hour == 0.36
+
+
 def test_totals_are_the_ledgers_and_counts_filter_by_outcome_segment_and_time(view):
     totals = view.totals(now=T0 + 250)
     assert totals["cost"] == pytest.approx(summarize(view.ledger_rows()).cost, abs=1e-6)

@@ -209,3 +209,40 @@ def test_the_trigger_prices_the_run_with_the_jobs_market(job, monkeypatch, marke
     (row,) = LedgerStore(open_store(trigger.job_uri)).rows()
     assert OFFER.price_per_hour != 0.123 and row.price_per_hour == (0.123 if priced else OFFER.price_per_hour)
     assert event.xcoms["attempt"]["price_per_hour"] == row.price_per_hour
+
+
+@pytest.mark.parametrize("market_options, history, written", [
+    ({}, lambda start, end: 0.9, 0.9),      # the price moved: the running attempt is priced at it
+    ({}, lambda start, end: 0.4, None),     # never moved from the launch price: nothing written
+    ({}, None, None),                       # the history cannot be read: the wait goes on
+    (None, lambda start, end: 0.9, None),   # serialised without the job's market: no guess
+])
+def test_a_waiting_trigger_prices_its_running_attempt_so_far(job, monkeypatch, market_options, history, written):
+    from airflow_spot.market.catalog import CatalogMarket
+    from airflow_spot.storage.job_view import JobView
+    from airflow_spot.triggers import segment as trigger_module
+
+    calls = []
+
+    def billed_price(self, offer, start, end):
+        calls.append((start, end))
+        if history is None:
+            raise RuntimeError("UnauthorizedOperation: ec2:DescribeSpotPriceHistory")
+        return history(start, end)
+
+    monkeypatch.setattr(CatalogMarket, "billed_price", billed_price)
+    monkeypatch.setattr(trigger_module, "LIVE_PRICE_EVERY_SECONDS", 0.2)
+    _, start = job
+    info, trigger = start([sys.executable, SCRIPT, "--step-seconds", "0.02"], end_step=100)
+    trigger.market_options = market_options
+    write_launch(trigger, info.instance_id)
+    assert first_event(trigger)["status"] == "completed"
+    store = open_store(trigger.job_uri)
+    assert bool(calls) == (market_options is not None)  # read during the wait (about 2 s) when it can be
+    assert all(s == trigger.requested_at and e > s for s, e in calls)
+    live = JobView(store).live_prices()
+    if written is None:
+        assert live == {}
+    else:
+        assert live[trigger.attempt_id].price_per_hour == written
+        assert trigger.requested_at < live[trigger.attempt_id].through <= time.time()
