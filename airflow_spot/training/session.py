@@ -524,9 +524,20 @@ class SpotSession:
     def _emergency_exit(self) -> None:
         started = time.monotonic()
         self._write_heartbeat()  # the notice reaches the Airflow side now, not after the save
-        self.writer.wait()
-        if self.writer.last_committed_step != self.step and self.restored_step != self.step:
-            self._save("emergency", wait=True)
+        try:
+            self.writer.wait()
+            if self.writer.last_committed_step != self.step and self.restored_step != self.step:
+                self._save("emergency", wait=True)
+        except Exception as exc:  # noqa: BLE001 - the instance is going either way: still a preemption
+            # A save that could not commit (the store refused it, the disk filled) leaves the committed
+            # checkpoints as they were; failing the attempt as the user's code would spend the code-retry
+            # budget and wait retry_delay for what is the instance being reclaimed.
+            log.error(
+                "emergency checkpoint at step %d failed (%s: %s); the next attempt resumes from step %s; "
+                "exiting with code %d", self.step, type(exc).__name__, exc, self.writer.last_committed_step,
+                PREEMPTED_EXIT_CODE,
+            )
+            raise SystemExit(PREEMPTED_EXIT_CODE) from exc
         log.warning(
             "emergency checkpoint at step %d committed in %.2fs; exiting with code %d",
             self.step, time.monotonic() - started, PREEMPTED_EXIT_CODE,

@@ -81,6 +81,36 @@ def test_emergency_save_on_notice_exits_with_preempted_code(tmp_path):
     assert (m.step, m.meta["reason"]) == (8, "emergency")  # step 7 finished, nothing lost
 
 
+def test_an_emergency_save_the_store_refuses_still_exits_as_a_preemption(tmp_path, monkeypatch):
+    """The instance is going either way: a failed emergency save (a 503 from the store) must not make the
+    attempt the user's failure (the code-retry budget, retry_delay); the committed checkpoints stand."""
+    from airflow_spot.storage import checkpoint as C
+
+    job = str(tmp_path)
+    spot, model, opt = make(job, end=100, min_interval_seconds=1000)
+    real_save = C.CheckpointStore.save
+
+    def save(self, step, write, meta=None):
+        if (meta or {}).get("reason") == "emergency":
+            raise C.CheckpointSaveError("cannot save the checkpoint: SlowDown (503)")
+        return real_save(self, step, write, meta)
+
+    monkeypatch.setattr(C.CheckpointStore, "save", save)
+
+    def notice_at_7(step):
+        if step == 3:
+            spot.save()
+        if step == 7:
+            spot._on_notice("preemption", "test")
+
+    with pytest.raises(SystemExit) as exc:
+        with spot:
+            spot.track(model=model, optimizer=opt)
+            train(spot, model, opt, notice_at_7)
+    assert exc.value.code == PREEMPTED_EXIT_CODE
+    assert ckpts(job).latest_step() == 3  # the step-3 save stands; nothing half-written is newer
+
+
 def test_periodic_saves_follow_the_interval_and_insurance_on_rebalance(tmp_path):
     job = str(tmp_path)
     spot, model, opt = make(job, end=60, min_interval_seconds=0.05, max_interval_seconds=0.05)
