@@ -48,7 +48,8 @@ from airflow_spot.policy.transfer import TransferCost, saves_per_hour, transfer_
 from airflow_spot.storage.checkpoint import DIGEST_ENV, NoUsableCheckpointError, digest_setting
 from airflow_spot.storage.manifest import Manifest
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError, store_errors
-from airflow_spot.storage.protocol import JobLayout, Outcome, SegmentRequest, safe_id
+from airflow_spot.storage.job_view import JobView
+from airflow_spot.storage.protocol import JobLayout, Outcome, SchemaError, SegmentRequest, safe_id
 from airflow_spot.triggers.completion import summarize
 from airflow_spot.triggers.segment import EVENT_KEYS, SegmentTrigger
 
@@ -396,7 +397,7 @@ class SpotSegmentOperator(BaseOperator):
             job = {**job, "gpus": self.gpus.to_dict(), "total_steps": self.total_steps, "backend": self.backend}
             write_job(store, job)
         rows = accounting.read_rows(store)
-        alive = self._warm_instances(context)
+        alive = self._warm_instances(context, store)
         recorder = self._availability(store)
         market = self.hook.get_market().with_availability_log(recorder.deployment_log)
         step_seconds = planning.measured_step_seconds(JobLayout(store), rows)
@@ -527,15 +528,20 @@ class SpotSegmentOperator(BaseOperator):
           left a status, this try waits for that attempt, and the trigger classifies it as usual.
         """
         state = context.get("task_state_store")
-        if state is None:
-            return None
-        recorded = state.get(self.ATTEMPT_STATE_KEY)
-        if not isinstance(recorded, dict) or not recorded.get("attempt_id"):
-            return None
-        launch = AttemptLaunch.read(store, recorded["attempt_id"])
-        if launch is None or launch.instance_id != recorded.get("instance_id"):
-            return None  # the store was replaced or the job root reused: nothing of ours to reattach to
-        if any(r.attempt_id == launch.attempt_id for r in accounting.read_rows(store)):
+        recorded = state.get(self.ATTEMPT_STATE_KEY) if state is not None else None
+        accounted = {r.attempt_id for r in accounting.read_rows(store)}
+        if isinstance(recorded, dict) and recorded.get("attempt_id"):
+            launch = AttemptLaunch.read(store, recorded["attempt_id"])
+            if launch is None or launch.instance_id != recorded.get("instance_id"):
+                return None  # the store was replaced or the job root reused: nothing of ours to reattach to
+        else:
+            # Nothing recorded: the worker died between the request and the record, the record's write
+            # failed, or Airflow keeps no task state. The store still knows the attempt.
+            launch = self._unrecorded_attempt(context, store, accounted)
+            if launch is None:
+                return None
+            recorded = {"try_number": launch.try_number}
+        if launch.attempt_id in accounted:
             return None  # accounted for: it ended and was handled, a new attempt is due
         ended = JobLayout(store).read_status(launch.attempt_id) is not None
         info = self.hook.get_backend().describe([launch.instance_id]).get(launch.instance_id)
@@ -636,12 +642,54 @@ class SpotSegmentOperator(BaseOperator):
             warm_process=self.warm_process,
         )
 
-    def _warm_instances(self, context: Context) -> list[InstanceInfo]:
-        """The job's instances that are running and have no preemption notice."""
-        return [
+    def _unrecorded_attempt(self, context: Context, store: ObjectStore, accounted: set[str]) -> AttemptLaunch | None:
+        """This segment's newest attempt of an earlier try that was asked of its instance (a request
+        written) and that nobody accounted for (no ledger row): what a lost task state record pointed to."""
+        ti = context.get("ti")
+        if ti is None:
+            return None
+        try_number = ti.try_number
+        candidates = []
+        for data in JobView(store).launches().values():
+            if (data.get("task_id") == self.task_id and data.get("segment_index") == self.segment_index
+                    and int(data.get("try_number") or 0) < try_number and data["attempt_id"] not in accounted):
+                try:
+                    candidates.append(AttemptLaunch.read(store, data["attempt_id"]))
+                except SchemaError:
+                    continue
+        layout = JobLayout(store)
+        for launch in sorted((c for c in candidates if c is not None), key=lambda c: c.requested_at, reverse=True):
+            if store.exists(layout.request_key(launch.instance_id, launch.attempt_id)):
+                return launch
+        return None
+
+    def _warm_instances(self, context: Context, store: ObjectStore | None = None) -> list[InstanceInfo]:
+        """The job's instances that are running, have no preemption notice and are not busy: an instance
+        asked to run an attempt that has no status and no ledger row yet still runs it (its try's record
+        was lost), and a request given to it now would queue behind that one (``_busy``)."""
+        alive = [
             i for i in self.hook.get_backend().list_instances(tags=self._tags(context))
             if not InstanceState(i.state).is_terminal() and i.notice_at is None
         ]
+        if store is None or not alive:
+            return alive
+        busy = self._busy(store, [i.instance_id for i in alive])
+        if busy:
+            self.log.warning("instances %s still run an attempt nobody has accounted for: not reused, not "
+                             "terminated here (the finish task or their idle timeout ends them)", sorted(busy))
+        return [i for i in alive if i.instance_id not in busy]
+
+    @staticmethod
+    def _busy(store: ObjectStore, instance_ids: list[str]) -> set[str]:
+        layout = JobLayout(store)
+        accounted = {r.attempt_id for r in accounting.read_rows(store)}
+        busy = set()
+        for instance_id in instance_ids:
+            for request in layout.pending_requests(instance_id):
+                if request.attempt_id not in accounted and layout.read_status(request.attempt_id) is None:
+                    busy.add(instance_id)
+                    break
+        return busy
 
     def _probe_spec(self, context: Context, store, offer, now: float, try_number: int = 0) -> LaunchSpec:
         token = launch_token(self.dag_id, context["run_id"], self.task_id, "probe", offer.pool, int(now), try_number)
@@ -708,8 +756,10 @@ class SpotSegmentOperator(BaseOperator):
         ti = context["ti"]
         errors = []
         for offer in offers:
-            # hashed: EC2's ClientToken holds 64 characters, dag/run/task ids can be far longer
-            token = launch_token(self.dag_id, context["run_id"], self.task_id, f"try{ti.try_number}", offer.pool)
+            # hashed: EC2's ClientToken holds 64 characters, dag/run/task ids can be far longer; the market
+            # too: a try that falls back to on-demand in a pool whose spot launch it tried asks anew
+            token = launch_token(self.dag_id, context["run_id"], self.task_id, f"try{ti.try_number}", offer.pool,
+                                 Market(offer.market).value)
             spec = LaunchSpec(
                 offer=offer,
                 job_uri=store.uri,
@@ -722,6 +772,13 @@ class SpotSegmentOperator(BaseOperator):
             try:
                 launched = backend.launch(spec)
             except LaunchError as exc:
+                if getattr(exc, "transient", False):
+                    # throttled, a 5xx, a network error: nothing to fix and no capacity learnt; the next
+                    # offer, and when none launches, the capacity wait decides again (not an Airflow try)
+                    self.log.warning("%s (%s) could not be launched now: %s; trying the next offer", offer.pool,
+                                     offer.market, exc)
+                    errors.append(f"{offer.pool} {offer.market}: {exc}")
+                    continue
                 if not exc.capacity and not optional:
                     raise AirflowFailException(f"cannot launch {offer.instance_type} in {offer.zone}: {exc}") from exc
                 if not exc.capacity:
@@ -780,6 +837,12 @@ class SpotSegmentOperator(BaseOperator):
                         recorder.deployment_log.append(PoolEvent(offer.pool, "preempted", ended, recorder.job))
                     except Exception as exc:  # noqa: BLE001 - a hint for other jobs, never fatal here
                         self.log.warning("could not log the preemption for the deployment: %s", exc)
+            if latest is not None and latest >= self.end_step:
+                # Taken after its last checkpoint was committed (a reclaim between the end's commit and the
+                # status, or an agent that could not write its status): the segment's work is all saved.
+                self.log.info("segment %d is done all the same: the job's newest checkpoint is at step %d >= %d; "
+                              "no retry needed", self.segment_index, latest, self.end_step)
+                return summary
             # The budgets stay ours: Airflow's retries count the tries of one task instance, while
             # max_preemptions is the whole job's (all segments), and preemptions must not use up the
             # code-failure budget. Exhausted budgets raise AirflowFailException (never a retry policy's).

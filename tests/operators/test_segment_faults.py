@@ -1,0 +1,130 @@
+"""Faults between the operator's steps that must lose no work, kill no running attempt and spend no budget
+on finished work (found by a review of the failure paths)."""
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+from types import SimpleNamespace
+
+import pytest
+
+from airflow_fixtures import (  # noqa: F401
+    airflow_db, backend_options, instance_count, job_store, protocol_command, run_dag, ti_states,
+)
+from airflow_spot.operators.attempt_record import AttemptLaunch
+from airflow_spot.operators.segment import SpotSegmentOperator
+from airflow_spot.policy.offers import Market, Offer
+from airflow_spot.storage.ledger_store import LedgerStore
+from airflow_spot.storage.object_store import open_store
+from airflow_spot.storage.protocol import JobLayout
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class StateStoreRefusesOnTry1(SpotSegmentOperator):
+    """The execution API refuses the first try's task state record after its request was written (the
+    same as a worker that died between the two)."""
+
+    def _remember_attempt(self, context, launch):
+        if context["ti"].try_number == 1:
+            raise RuntimeError("execution API: task_state_store set failed (simulated)")
+        super()._remember_attempt(context, launch)
+
+
+def test_a_try_whose_record_was_lost_is_reattached_not_run_over(airflow_db, tmp_path):  # noqa: F811
+    """Try 2 finds try 1's attempt through the store (its launch and request, no ledger row) and waits for
+    it, instead of taking its busy instance as a warm one (its request would queue behind try 1's, be
+    declared lost, and the instance's termination would kill try 1's run)."""
+    from airflow.sdk import DAG
+
+    with DAG("lost_record", schedule=None, start_date=datetime(2024, 1, 1), catchup=False) as dag:
+        StateStoreRefusesOnTry1(
+            task_id="segment",
+            command=protocol_command("--step-seconds", "0.1"),
+            checkpoint_uri=f"file://{tmp_path}/jobs/{{{{ run_id }}}}",
+            start_step=0, end_step=60, total_steps=60,
+            backend="local", backend_options=backend_options(tmp_path),
+            retries=3, retry_delay=timedelta(seconds=0.5), deferrable=True,
+            poll_interval=0.2, startup_timeout=5.0, heartbeat_timeout=30.0,
+        )
+    dr = run_dag(dag)
+    store = job_store(tmp_path, dr.run_id)
+    rows = LedgerStore(store).rows()
+    assert ti_states(dr) == {"segment": ("success", 2)}  # try 2 waited for try 1's attempt
+    assert [(r.attempt_id, r.outcome) for r in rows] == [("segment.try1", "completed")]
+    assert JobLayout(store).read_status("segment.try1").outcome == "completed"
+    assert instance_count(tmp_path) == 1
+
+
+def test_the_busy_filter_keeps_an_unaccounted_attempts_instance_out_of_the_warm_ones(tmp_path):
+    uri = f"file://{tmp_path}/job"
+    store = open_store(uri)
+    from airflow_spot.storage.protocol import AttemptStatus, SegmentRequest
+
+    layout = JobLayout(store)
+    now = time.time()
+    layout.write_request("i-busy", SegmentRequest("seg.try1", uri, 0, 0, 10, ["true"], created_at=now))
+    layout.write_request("i-done", SegmentRequest("seg.try0", uri, 0, 0, 10, ["true"], created_at=now))
+    layout.write_status(AttemptStatus("seg.try0", "completed", 0, now, now, 10))
+    assert SpotSegmentOperator._busy(store, ["i-busy", "i-done", "i-idle"]) == {"i-busy"}
+
+
+@pytest.mark.parametrize("status", ["preempted", "lost"])
+def test_a_segment_taken_after_its_end_checkpoint_is_done_not_retried(tmp_path, status):
+    """A reclaim between the end checkpoint's commit and the agent's status (or a status never written)
+    leaves all the segment's work saved: it succeeds, with no retry and no budget failure."""
+    uri = f"file://{tmp_path}/job"
+    store = open_store(uri)
+    JobLayout(store).checkpoint_store().save(10, lambda f: f.write(b"end-of-segment state"))
+    offer = Offer("g5.xlarge", "us-east-1", "us-east-1a", Market.SPOT, 0.5, 1.0, "A10G", 1, 24.0)
+    now = time.time()
+    AttemptLaunch(attempt_id="seg.try1", segment_index=0, start_step=0, end_step=10, instance_id="i-gone",
+                  offer=offer.to_dict(), requested_at=now - 600, billed_from=now - 600, reused_instance=False,
+                  try_number=1, task_id="seg", resume_step=0).write(store)
+    op = SpotSegmentOperator(task_id="seg", command=["python", "x.py"], checkpoint_uri=uri, start_step=0,
+                             end_step=10, total_steps=20, backend="local",
+                             backend_options={"state_dir": str(tmp_path / "inst")}, max_preemptions=0)
+    pushed = {}
+    ti = SimpleNamespace(try_number=1, id=None, max_tries=op.retries,
+                         xcom_push=lambda key, value: pushed.update({key: value}))
+    event = {"status": status, "attempt_id": "seg.try1", "instance_id": "i-gone", "terminated": True,
+             "message": "instance was reclaimed by the market before the agent wrote a status",
+             "ended_at": now, "last_step": 10, "last_committed_step": 10}
+    result = op.execute_complete({"ti": ti, "run_id": "r"}, event)
+    assert result["outcome"] == status and pushed["attempt"] == result  # billed as what happened
+    (row,) = LedgerStore(store).rows()
+    assert row.outcome == status and row.steps_done == 10
+
+
+def test_a_throttled_launch_is_waited_out_in_the_same_try(airflow_db, tmp_path, monkeypatch):  # noqa: F811
+    """A transient launch error (RequestLimitExceeded, a 5xx, a timeout) is neither a configuration error
+    that fails the task for good nor a capacity refusal the policy learns from: the segment decides again
+    after the capacity recheck, in the same try."""
+    from airflow_fixtures import FAST_SEGMENT_OPTIONS, build_dag
+
+    from airflow_spot.backends.base import LaunchError
+    from airflow_spot.backends.local import LocalBackend
+    from airflow_spot.operators.planning import AvailabilityRecorder
+
+    real_launch, failures = LocalBackend.launch, []
+
+    def launch(self, spec):
+        if len(failures) < 3:
+            error = LaunchError("RequestLimitExceeded: Request limit exceeded.", capacity=False)
+            error.transient = True
+            failures.append(spec.offer.pool)
+            raise error
+        return real_launch(self, spec)
+
+    monkeypatch.setattr(LocalBackend, "launch", launch)
+    dag = build_dag(
+        "throttled_launch", tmp_path, command=protocol_command("--step-seconds", "0.02"), total_steps=20,
+        steps_per_segment=20, backend_options=backend_options(tmp_path), max_preemptions=1, retries=0,
+        segment_options={**FAST_SEGMENT_OPTIONS, "capacity_recheck_seconds": 0.5},
+    )
+    dr = run_dag(dag)
+    assert ti_states(dr)["train.segment_000"] == ("success", 1)
+    assert len(failures) == 3
+    store = job_store(tmp_path, dr.run_id)
+    assert [e.kind for e in AvailabilityRecorder(store, None, "j").job_events()] == ["launched"]
+    assert [r.outcome for r in LedgerStore(store).rows()] == ["completed"]
