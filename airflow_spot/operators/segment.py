@@ -131,6 +131,10 @@ class SpotSegmentOperator(BaseOperator):
     :param deadline: time from the job's start by which it must finish; ``None`` means spot only.
     :param max_preemptions: preempted or lost attempts the whole job may suffer.
     :param code_retries: user-code failures each segment may retry.
+    :param stall_timeout: seconds an attempt may heartbeat without its step advancing before it is called
+        lost and its instance let go (a hung NCCL collective or data loader keeps the heartbeat going, and
+        would otherwise bill until ``max_attempt_seconds``); stretched to 20 steps and 3 saves of the
+        attempt's own pace. ``None`` turns it off (a script that spends longer than this inside one step).
     :param warm_process: let the instance keep the training process alive across segment boundaries
         (default True): the process commits its end checkpoint, the attempt is reported completed at once,
         and the next segment on the same warm instance continues in it without restarting python, torch
@@ -198,6 +202,7 @@ class SpotSegmentOperator(BaseOperator):
         startup_timeout: float = 900.0,
         heartbeat_timeout: float = 300.0,
         max_attempt_seconds: float = 7 * 24 * 3600.0,
+        stall_timeout: float | None = 3600.0,
         checkpoint_min_interval: float | None = None,
         checkpoint_max_interval: float | None = None,
         keep_checkpoints: int = 3,
@@ -247,6 +252,7 @@ class SpotSegmentOperator(BaseOperator):
         self.startup_timeout = float(startup_timeout)
         self.heartbeat_timeout = float(heartbeat_timeout)
         self.max_attempt_seconds = float(max_attempt_seconds)
+        self.stall_timeout = None if stall_timeout is None else float(stall_timeout)
         self.checkpoint_min_interval = checkpoint_min_interval
         self.checkpoint_max_interval = checkpoint_max_interval
         self.keep_checkpoints = int(keep_checkpoints)
@@ -488,6 +494,7 @@ class SpotSegmentOperator(BaseOperator):
             startup_timeout=self.startup_timeout,
             heartbeat_timeout=self.heartbeat_timeout,
             max_attempt_seconds=self.max_attempt_seconds,
+            stall_timeout=self.stall_timeout,
             # A completed attempt ends the task from the triggerer: no worker round trip per boundary.
             end_from_trigger=self.deferrable,
             segment_index=self.segment_index,

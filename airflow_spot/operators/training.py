@@ -190,7 +190,7 @@ _SET_BY_SPOT_TRAINING = frozenset({
 #: ~2 s at most, a slow step or a big save can hold one back much longer, and a window of a few polls would
 #: declare a healthy attempt lost (a false recovery restarts a healthy job)
 _SECONDS_OPTIONS = ("poll_interval", "startup_timeout", "heartbeat_timeout", "max_attempt_seconds",
-                    "idle_timeout_seconds", "notice_window_seconds", "checkpoint_min_interval",
+                    "stall_timeout", "idle_timeout_seconds", "notice_window_seconds", "checkpoint_min_interval",
                     "checkpoint_max_interval", "capacity_recheck_seconds", "max_capacity_wait_seconds")
 MIN_HEARTBEAT_TIMEOUT = 10.0
 

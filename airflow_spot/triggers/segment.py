@@ -94,6 +94,10 @@ class Observation:
     #: seconds the instance has been absent from every describe that answered, since the first such
     #: round of this wait (0 while the backend knows it; a failed describe neither starts nor ends it)
     instance_unknown_for: float = 0.0
+    #: when this trigger first read the heartbeat as it is now, and its step, by the triggerer's clock
+    #: (None: not tracked). Silence and stalls are judged by them, not by the instance's clock in ``hb.time``
+    beat_seen_at: float | None = None
+    step_seen_at: float | None = None
 
 
 def classify(
@@ -103,11 +107,15 @@ def classify(
     startup_timeout: float,
     heartbeat_timeout: float,
     max_attempt_seconds: float,
+    stall_timeout: float | None = None,
 ) -> tuple[Outcome, str] | None:
     """Decide whether the attempt has ended and how; ``None`` means "keep waiting".
 
     The status object wins over everything else: an agent that wrote ``preempted`` after its emergency
     save and was then killed by the market is a clean preemption, not a lost instance.
+
+    :param stall_timeout: seconds a heartbeating attempt may stay at one step (a hung collective or data
+        loader keeps the heartbeat going); None: never judged. Stretched to 20 of its steps and 3 saves.
     """
     if obs.status is not None:
         outcome = Outcome(obs.status.outcome)
@@ -125,6 +133,9 @@ def classify(
         return None
     inst = obs.instance
     hb = obs.heartbeat
+    # the heartbeat's age by this trigger's clock where it has watched it change (an instance whose clock is
+    # ahead would look alive forever, one behind would look silent), else by the heartbeat's own time
+    beat_at = None if hb is None else (hb.time if obs.beat_seen_at is None else obs.beat_seen_at)
     if obs.instance_error is not None:
         pass  # a failed describe says nothing about the instance: only the timeouts below can decide
     elif not obs.instance_known or inst is None:
@@ -132,7 +143,7 @@ def classify(
         # lags RunInstances for a while (eventual consistency) and one answer may miss an id. The absence
         # decides only once it has lasted past the heartbeat window with no heartbeat inside that window
         # either (a fresh heartbeat means the agent runs: the silence rules below decide, as always).
-        silent = hb is None or obs.now - max(hb.time, requested_at) > heartbeat_timeout
+        silent = hb is None or obs.now - max(beat_at, requested_at) > heartbeat_timeout
         if silent and obs.instance_unknown_for > heartbeat_timeout:
             return Outcome.LOST, (
                 f"instance unknown to the backend for {obs.instance_unknown_for:.0f}s (window "
@@ -148,10 +159,19 @@ def classify(
             return Outcome.LOST, (
                 f"no heartbeat within {startup_timeout:.0f}s of the request (agent or command never started)"
             )
-    elif obs.now - max(hb.time, requested_at) > heartbeat_timeout:
+    elif obs.now - max(beat_at, requested_at) > heartbeat_timeout:
         return Outcome.LOST, (
-            f"no heartbeat for {obs.now - hb.time:.0f}s (timeout {heartbeat_timeout:.0f}s) at step {hb.step}"
+            f"no heartbeat for {obs.now - beat_at:.0f}s (timeout {heartbeat_timeout:.0f}s) at step {hb.step}"
         )
+    elif stall_timeout is not None and obs.step_seen_at is not None and hb.notice_at is None:
+        window = max(stall_timeout, 20 * (hb.step_time_ewma or 0.0) + 3 * (hb.save_cost_seconds or 0.0))
+        if obs.now - obs.step_seen_at > window:
+            return Outcome.LOST, (
+                f"the process heartbeats but has stayed at step {hb.step} for {obs.now - obs.step_seen_at:.0f}s "
+                f"(stall_timeout {window:.0f}s): a hung collective, data loader or step; the instance is let go "
+                "and the next try resumes from the last checkpoint (a step that really takes this long needs a "
+                "larger segment_options['stall_timeout'], or None)"
+            )
     if obs.now - requested_at > max_attempt_seconds:
         return Outcome.LOST, f"attempt ran longer than max_attempt_seconds={max_attempt_seconds:.0f}"
     return None
@@ -170,6 +190,8 @@ class SegmentTrigger(BaseTrigger):
     :param startup_timeout: seconds to wait for the first heartbeat (instance boot + command start).
     :param heartbeat_timeout: seconds of heartbeat silence after which the attempt is lost.
     :param max_attempt_seconds: hard bound on the whole attempt.
+    :param stall_timeout: seconds a heartbeating attempt may stay at one step before it is lost (None: off;
+        see :func:`classify`).
     :param end_from_trigger: end the task here when the attempt completed (see the module doc).
     :param segment_index: the segment's index (for the summary when ending here).
     :param end_step: the segment's end; ending here needs a checkpoint at or past it.
@@ -190,6 +212,7 @@ class SegmentTrigger(BaseTrigger):
         startup_timeout: float = 900.0,
         heartbeat_timeout: float = 300.0,
         max_attempt_seconds: float = 7 * 24 * 3600.0,
+        stall_timeout: float | None = None,
         end_from_trigger: bool = False,
         segment_index: int = 0,
         end_step: int | None = None,
@@ -208,6 +231,7 @@ class SegmentTrigger(BaseTrigger):
         self.startup_timeout = float(startup_timeout)
         self.heartbeat_timeout = float(heartbeat_timeout)
         self.max_attempt_seconds = float(max_attempt_seconds)
+        self.stall_timeout = None if stall_timeout is None else float(stall_timeout)
         self.end_from_trigger = bool(end_from_trigger)
         self.segment_index = int(segment_index)
         self.end_step = None if end_step is None else int(end_step)
@@ -219,6 +243,9 @@ class SegmentTrigger(BaseTrigger):
         self._notice_logged = False
         #: the poller's last round for this instance (an ended attempt seen between rounds reuses it)
         self._last_seen = None
+        #: (heartbeat time, when first read) and (step, when first read), by this trigger's clock
+        self._beat_seen: tuple[float, float] | None = None
+        self._step_seen: tuple[int, float] | None = None
         #: the live price's last read (monotonic), the read in flight, and the $/h last written
         self._price_read_at: float | None = None
         self._price_read = None
@@ -240,6 +267,7 @@ class SegmentTrigger(BaseTrigger):
                 "startup_timeout": self.startup_timeout,
                 "heartbeat_timeout": self.heartbeat_timeout,
                 "max_attempt_seconds": self.max_attempt_seconds,
+                "stall_timeout": self.stall_timeout,
                 "end_from_trigger": self.end_from_trigger,
                 "segment_index": self.segment_index,
                 "end_step": self.end_step,
@@ -291,8 +319,14 @@ class SegmentTrigger(BaseTrigger):
             self.log.warning("attempt %s: cannot read its status/heartbeat (%s) for %.0fs; still waiting",
                              self.attempt_id, store_error, failing_for)
         self._log_notice(heartbeat)
+        now = time.time()
+        if heartbeat is not None:
+            if self._beat_seen is None or self._beat_seen[0] != heartbeat.time:
+                self._beat_seen = (heartbeat.time, now)
+            if self._step_seen is None or self._step_seen[0] != heartbeat.step:
+                self._step_seen = (heartbeat.step, now)
         return Observation(
-            now=time.time(),
+            now=now,
             status=status,
             heartbeat=heartbeat,
             instance=seen.instance,
@@ -300,7 +334,9 @@ class SegmentTrigger(BaseTrigger):
             instance_error=seen.error,
             store_error=store_error,
             store_failing_for=failing_for,
-            instance_unknown_for=0.0 if self._unknown_since is None else time.time() - self._unknown_since,
+            instance_unknown_for=0.0 if self._unknown_since is None else now - self._unknown_since,
+            beat_seen_at=None if self._beat_seen is None else self._beat_seen[1],
+            step_seen_at=None if self._step_seen is None else self._step_seen[1],
         )
 
     def _interim_read_seconds(self) -> float | None:
@@ -529,6 +565,7 @@ class SegmentTrigger(BaseTrigger):
             startup_timeout=self.startup_timeout,
             heartbeat_timeout=self.heartbeat_timeout,
             max_attempt_seconds=self.max_attempt_seconds,
+            stall_timeout=self.stall_timeout,
         )
         if verdict is not None and obs.status is None:
             self.log.warning("attempt %s: %s", self.attempt_id, verdict[1])

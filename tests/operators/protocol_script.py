@@ -2,7 +2,8 @@
 
 It trains nothing: each "step" sleeps, writes a heartbeat, and the script commits a checkpoint (through
 the real CheckpointStore) when it reaches ``SPOT_END_STEP`` or sees the preemption notice file — exactly
-what ``SpotSession`` does for a torch script. ``--fail`` makes it crash like a broken script.
+what ``SpotSession`` does for a torch script. ``--fail`` makes it crash like a broken script, ``--hang-at``
+hang like a deadlocked one whose heartbeat thread goes on.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--step-seconds", type=float, default=0.02)
     p.add_argument("--fail", default=None, help="print this to stderr and exit 3")
+    p.add_argument("--hang-at", type=int, default=None,
+                   help="stop stepping at this step but go on heartbeating (a hung collective or data loader)")
     args = p.parse_args()
     if args.fail:
         print(f"Traceback (most recent call last):\nValueError: {args.fail}", file=sys.stderr, flush=True)
@@ -41,6 +44,10 @@ def main() -> int:
         if notice and os.path.exists(notice):
             commit()
             return PREEMPTED_EXIT_CODE
+        if step == args.hang_at:
+            time.sleep(args.step_seconds)
+            layout.write_heartbeat(Heartbeat(attempt, step, time.time(), args.step_seconds))
+            continue
         time.sleep(args.step_seconds)
         step += 1
         layout.write_heartbeat(Heartbeat(attempt, step, time.time(), args.step_seconds))

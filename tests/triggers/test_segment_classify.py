@@ -81,3 +81,35 @@ def test_silent_heartbeat_is_lost():
 def test_hard_bound_on_the_attempt():
     hb = Heartbeat("a", step=1, time=T0 + 3600)
     assert classify(obs(T0 + 3601, hb=hb, instance=inst()), **LIMITS)[0] is Outcome.LOST
+
+
+def test_silence_is_judged_by_the_triggers_clock_not_the_instances():
+    """A heartbeat's age is when this trigger first read it, not its own time: an instance clock an hour
+    ahead would hide a dead agent for an hour, one 400 s behind would call a healthy attempt lost."""
+    ahead = Heartbeat("a", step=50, time=T0 + 100 + 3600)  # read at T0 + 100, then nothing new
+    hung = Observation(now=T0 + 130, status=None, heartbeat=ahead, instance=inst(), instance_known=True,
+                       beat_seen_at=T0 + 100)
+    assert classify(hung, **LIMITS)[0] is Outcome.LOST  # 30 s of silence > the 20 s window
+    behind = Heartbeat("a", step=500, time=T0 + 1000 - 400)  # written a second ago by a clock 400 s slow
+    fresh = Observation(now=T0 + 1000, status=None, heartbeat=behind, instance=inst(), instance_known=True,
+                        beat_seen_at=T0 + 999)
+    assert classify(fresh, **LIMITS) is None
+
+
+def test_a_heartbeating_attempt_stuck_at_one_step_is_lost_after_the_stall_timeout():
+    """A hung collective or data loader keeps the heartbeat thread going; the step does not move."""
+    beat = Heartbeat("a", step=40, time=T0 + 500, step_time_ewma=2.0, save_cost_seconds=10.0)
+
+    def at(now, step_seen_at, hb=beat, stall=100.0):
+        o = Observation(now=now, status=None, heartbeat=hb, instance=inst(), instance_known=True,
+                        beat_seen_at=now - 1, step_seen_at=step_seen_at)
+        return classify(o, **LIMITS, stall_timeout=stall)
+
+    assert at(T0 + 500, T0 + 401) is None  # 99 s at step 40
+    verdict = at(T0 + 500, T0 + 399)
+    assert verdict[0] is Outcome.LOST and "stayed at step 40 for 101s" in verdict[1] and "stall_timeout" in verdict[1]
+    assert at(T0 + 500, T0 + 399, stall=None) is None  # turned off
+    slow = Heartbeat("a", step=40, time=T0 + 500, step_time_ewma=30.0)  # 20 of its own steps: 600 s
+    assert at(T0 + 500, T0 + 399, hb=slow) is None
+    noticed = Heartbeat("a", step=40, time=T0 + 500, notice_at=T0 + 450)  # saving on a notice: the status decides
+    assert at(T0 + 500, T0 + 399, hb=noticed) is None

@@ -246,3 +246,17 @@ def test_a_waiting_trigger_prices_its_running_attempt_so_far(job, monkeypatch, m
     else:
         assert live[trigger.attempt_id].price_per_hour == written
         assert trigger.requested_at < live[trigger.attempt_id].through <= time.time()
+
+
+def test_a_hung_step_is_lost_after_the_stall_timeout_and_its_instance_let_go(job):
+    """Heartbeats go on, the step does not: the trigger calls the attempt lost once the step has stayed put
+    past stall_timeout, and releases the instance (it would bill until max_attempt_seconds)."""
+    backend, start = job
+    info, trigger = start([sys.executable, SCRIPT, "--step-seconds", "0.05", "--hang-at", "5"], end_step=100)
+    trigger.stall_timeout = 2.0
+    began = time.monotonic()
+    event = first_event(trigger)
+    assert event["status"] == "lost" and "stayed at step 5" in event["message"], event
+    assert time.monotonic() - began < 20
+    assert event["terminated"] is True
+    assert InstanceState(backend.describe([info.instance_id])[info.instance_id].state).is_terminal()
