@@ -680,16 +680,26 @@ class SpotSegmentOperator(BaseOperator):
         ]
         if store is None or not alive:
             return alive
-        busy = self._busy(store, [i.instance_id for i in alive])
+        rows = accounting.read_rows(store)
+        busy = self._busy(store, [i.instance_id for i in alive], rows)
         if busy:
             self.log.warning("instances %s still run an attempt nobody has accounted for: not reused, not "
                              "terminated here (the finish task or their idle timeout ends them)", sorted(busy))
-        return [i for i in alive if i.instance_id not in busy]
+        # an instance whose attempt was preempted or lost is on its way out (its termination may have failed)
+        taken = {r.instance_id for r in rows if r.outcome in (Outcome.PREEMPTED.value, Outcome.LOST.value)}
+        taken = {i.instance_id for i in alive} & taken - busy
+        if taken:
+            self.log.warning("instances %s lost an attempt and still run: terminating them again", sorted(taken))
+            try:
+                self.hook.get_backend().terminate(sorted(taken))
+            except Exception as exc:  # noqa: BLE001 - never reused either way; reap and the finish task retry
+                self.log.warning("could not terminate %s (%s)", sorted(taken), exc)
+        return [i for i in alive if i.instance_id not in busy | taken]
 
     @staticmethod
-    def _busy(store: ObjectStore, instance_ids: list[str]) -> set[str]:
+    def _busy(store: ObjectStore, instance_ids: list[str], rows=None) -> set[str]:
         layout = JobLayout(store)
-        accounted = {r.attempt_id for r in accounting.read_rows(store)}
+        accounted = {r.attempt_id for r in (accounting.read_rows(store) if rows is None else rows)}
         busy = set()
         for instance_id in instance_ids:
             for request in layout.pending_requests(instance_id):

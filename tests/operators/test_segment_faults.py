@@ -128,3 +128,35 @@ def test_a_throttled_launch_is_waited_out_in_the_same_try(airflow_db, tmp_path, 
     store = job_store(tmp_path, dr.run_id)
     assert [e.kind for e in AvailabilityRecorder(store, None, "j").job_events()] == ["launched"]
     assert [r.outcome for r in LedgerStore(store).rows()] == ["completed"]
+
+
+def test_an_instance_that_lost_its_attempt_is_never_warm_and_is_terminated_again(tmp_path):
+    """Both terminations of a lost attempt's instance can fail (the trigger's, execute_complete's): the
+    next segment must not hand that instance a request, and tries its termination once more."""
+    from airflow_spot.backends.base import InstanceState, LaunchSpec, get_backend
+    from airflow_spot.operators.segment import job_tags
+    from airflow_spot.policy.ledger import LedgerRow
+
+    uri = f"file://{tmp_path}/job"
+    store = open_store(uri)
+    op = SpotSegmentOperator(task_id="seg", command=["python", "x.py"], checkpoint_uri=uri, start_step=0,
+                             end_step=10, total_steps=20, backend="local",
+                             backend_options=backend_options(tmp_path))
+    backend = get_backend("local", **backend_options(tmp_path))
+    offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.5, 1.0, "A10G", 1, 24.0)
+    tags = job_tags("d", "r", op.job_name)
+    op._tags = lambda context: tags  # no DAG around it
+    lost = backend.launch(LaunchSpec(offer, uri, idempotency_token="t-lost", tags=tags, idle_timeout_seconds=60))
+    idle = backend.launch(LaunchSpec(offer, uri, idempotency_token="t-idle", tags=tags, idle_timeout_seconds=60))
+    try:
+        now = time.time()
+        LedgerStore(store).write(LedgerRow(
+            attempt_id="seg.try1", instance_id=lost.instance_id, instance_type="g5.xlarge", zone="use1-az1",
+            market="spot", price_per_hour=0.5, on_demand_price_per_hour=1.0, started_at=now - 60, ended_at=now,
+            steps_done=0, outcome="lost", segment_index=0))
+        warm = op._warm_instances({"run_id": "r"}, store)
+        assert [i.instance_id for i in warm] == [idle.instance_id]
+        assert InstanceState(backend.describe([lost.instance_id])[lost.instance_id].state).is_terminal()
+        assert not InstanceState(backend.describe([idle.instance_id])[idle.instance_id].state).is_terminal()
+    finally:
+        backend.terminate([lost.instance_id, idle.instance_id])
