@@ -64,14 +64,16 @@ def _fields(ti_key: TaskInstanceKey) -> dict[str, Any]:
 
 
 class SpotAttemptLink(BaseOperatorLink):
-    """"Spot attempt": the store location of the task's latest attempt."""
+    """"Spot attempt": the store location of the task's latest attempt.
+
+    The fields live under :data:`LINK_XCOM_KEY`; the link's own ``xcom_key`` stays Airflow's default
+    (``_link_SpotAttemptLink``): at the end of each try, and at each deferral, the task runner pushes the
+    built URL under ``xcom_key``, which, were it the fields' key, would overwrite them with a string (the
+    UI then lost every running job, and both links came out empty).
+    """
 
     name = "Spot attempt"
     key = LINK_XCOM_KEY
-
-    @property
-    def xcom_key(self) -> str:
-        return self.key
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         f = _fields(ti_key)

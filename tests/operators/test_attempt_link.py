@@ -1,6 +1,7 @@
 """The "Spot attempt" extra link points at the attempt's objects in the store."""
 from __future__ import annotations
 
+from airflow_fixtures import airflow_db  # noqa: F401
 from airflow_spot.links.attempt import SpotAttemptLink, attempt_location
 from airflow_spot.operators.segment import SpotSegmentOperator
 
@@ -20,7 +21,8 @@ def test_s3_store_links_to_the_console_prefix():
 
 def test_segment_operator_declares_the_link():
     assert any(isinstance(link, SpotAttemptLink) for link in SpotSegmentOperator.operator_extra_links)
-    assert SpotAttemptLink().xcom_key == "spot_attempt"
+    # the fields' key is not the link's xcom_key: the task runner writes the built URL under the latter
+    assert SpotAttemptLink.key == "spot_attempt" and SpotAttemptLink().xcom_key != SpotAttemptLink.key
 
 
 def test_s3_link_carries_the_connections_region_when_known():
@@ -35,3 +37,21 @@ def test_job_link_points_at_the_plugin_page():
         "/spot/jobs/my%20dag/manual__2026-01-01T00%3A00%3A00%2B00%3A00"
     )
     assert any(isinstance(link, SpotJobLink) for link in SpotSegmentOperator.operator_extra_links)
+
+
+def test_after_a_run_the_fields_are_still_a_dict_and_both_links_resolve(airflow_db, tmp_path):  # noqa: F811
+    """Under Airflow's own task runner (dag.test, as the scheduler's): the runner pushes each link's URL
+    under its xcom_key when the try ends or defers; the fields the UI finds a running job by must survive."""
+    from airflow_fixtures import FAST_SEGMENT_OPTIONS, backend_options, build_dag, protocol_command, run_dag, xcom_value
+
+    from airflow_spot.links.attempt import LINK_XCOM_KEY, SpotJobLink
+
+    dag = build_dag("link_fields", tmp_path, command=protocol_command("--step-seconds", "0.01"), total_steps=10,
+                    steps_per_segment=10, backend_options=backend_options(tmp_path), max_preemptions=0, retries=0,
+                    segment_options=FAST_SEGMENT_OPTIONS)
+    dr = run_dag(dag)
+    fields = xcom_value(dr, "train.segment_000", LINK_XCOM_KEY)
+    assert isinstance(fields, dict) and fields["attempt_id"] == "train.segment_000.try1", fields
+    attempt_url = xcom_value(dr, "train.segment_000", SpotAttemptLink().xcom_key)
+    assert attempt_url == fields["job_uri"].rstrip("/") + "/control/attempts/train.segment_000.try1/"
+    assert xcom_value(dr, "train.segment_000", SpotJobLink().xcom_key).startswith("/spot/jobs/link_fields/")
