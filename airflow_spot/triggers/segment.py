@@ -216,8 +216,14 @@ class SegmentTrigger(BaseTrigger):
         end_from_trigger: bool = False,
         segment_index: int = 0,
         end_step: int | None = None,
+        **newer: Any,
     ) -> None:
         super().__init__()
+        if newer:
+            # serialised by a newer version (a rolling upgrade reaches workers before this triggerer): waiting
+            # without them beats failing the try; they are options this version does not have
+            self.log.warning("trigger arguments %s are from a newer airflow-spot; ignored until this triggerer "
+                             "is upgraded", sorted(newer))
         self.job_uri = job_uri
         self.attempt_id = attempt_id
         self.instance_id = instance_id

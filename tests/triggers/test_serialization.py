@@ -51,3 +51,14 @@ def test_serialised_through_airflows_encoder():
     classpath, kwargs = TRIGGERS[0].serialize()
     encoded = BaseSerialization.serialize(kwargs)
     assert BaseSerialization.deserialize(json.loads(json.dumps(encoded))) == kwargs
+
+
+def test_a_trigger_from_a_newer_version_waits_without_the_arguments_it_does_not_know():
+    """A rolling upgrade reaches a worker before the triggerer: the older triggerer must not fail the try
+    over an option it does not have (stall_timeout did exactly that once)."""
+    classpath, kwargs = TRIGGERS[1].serialize()
+    kwargs["an_option_from_the_future"] = 1
+    kwargs.pop("stall_timeout")  # and one this version knows but an older worker did not send
+    module, _, name = classpath.rpartition(".")
+    rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
+    assert rebuilt.stall_timeout is None and "an_option_from_the_future" not in rebuilt.serialize()[1]
