@@ -122,11 +122,15 @@ class InstanceInfo:
 
 
 class LaunchError(RuntimeError):
-    """No instance could be had. ``capacity`` separates "try another offer" from "fix your config"."""
+    """No instance could be had. ``capacity`` separates "try another offer" from "fix your config";
+    ``transient`` (with ``capacity=False``): try again soon; nothing to fix (throttling, a 5xx from the cloud,
+    no answer on the network, after the client's own retries). It is not a capacity refusal of the pool."""
 
-    def __init__(self, message: str, *, capacity: bool, tried: list[str] | None = None) -> None:
+    def __init__(self, message: str, *, capacity: bool, transient: bool = False,
+                 tried: list[str] | None = None) -> None:
         super().__init__(message)
         self.capacity = capacity
+        self.transient = transient
         self.tried = tried or []
 
 

@@ -4,7 +4,11 @@ spot offers), described in batches, terminated by id, found again by its tags.
 Clients come from the Airflow layer (``SpotHook`` hands down the Amazon provider's ``EC2Hook`` clients,
 see :class:`~airflow_spot.backends.base.Clients`); without them (``airflow-spot`` run outside Airflow with
 plain AWS credentials) boto3's default chain is used. Either way botocore's ``adaptive`` retry mode
-absorbs throttling: no retry loop is written here.
+absorbs throttling: no retry loop is written here; what is left after its retries is a transient
+:class:`~airflow_spot.backends.base.LaunchError` (:mod:`~airflow_spot.backends.ec2_errors` sorts the errors).
+
+``stopping``/``stopped`` instances serve nothing, so ``describe`` reports them terminated (never warm, never
+reused), but EC2 bills their volumes: ``terminate`` and ``reap`` (:meth:`Ec2Backend.stopped_instances`) end them.
 
 Termination reasons from ``describe``: ``Server.SpotInstanceTermination`` -> ``preempted``;
 ``Client.UserInitiatedShutdown`` -> ``user``; ``Client.InstanceInitiatedShutdown`` (the agent powered
@@ -17,6 +21,7 @@ Example::
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from datetime import datetime
 from typing import Any
@@ -29,9 +34,10 @@ from airflow_spot.backends.base import (
     LaunchError,
     LaunchSpec,
     TerminationReason,
+    launch_token,
 )
 from airflow_spot.backends.bootstrap import DEFAULT_IMDS_URL, user_data_script
-from airflow_spot.backends.ec2_errors import launch_error
+from airflow_spot.backends.ec2_errors import TOKEN_SPENT_CODE, error_code, launch_error, may_have_taken_effect
 from airflow_spot.market.aws_regions import validate_regions
 from airflow_spot.policy.offers import Market, Offer
 
@@ -55,9 +61,17 @@ _STATES = {
     # an instance on its way down is gone for our purposes: it serves no request any more
     "shutting-down": InstanceState.TERMINATED,
     "terminated": InstanceState.TERMINATED,
+    # a stopped instance serves nothing either (never warm, never reused), but it is not gone: EC2 bills its
+    # volumes until it is terminated, so terminate() and reap look at the EC2 state (_GONE), not at this one
     "stopping": InstanceState.TERMINATED,
     "stopped": InstanceState.TERMINATED,
 }
+#: EC2 states with nothing left to terminate
+_GONE = frozenset({"shutting-down", "terminated"})
+_LIVE = frozenset({"pending", "running"})
+_STOPPED = frozenset({"stopping", "stopped"})
+#: how many fresh instances one launch token may derive after the ones launched under it ended
+MAX_RELAUNCHES = 5
 
 _REASONS = {
     "Server.SpotInstanceTermination": TerminationReason.PREEMPTED,
@@ -73,6 +87,17 @@ def default_clients() -> Clients:
 
     config = Config(retries={"mode": "adaptive", "max_attempts": 10})
     return Clients(ec2=lambda region: boto3.client("ec2", region_name=region, config=config), describe="boto3")
+
+
+def derived_token(token: str, generation: int) -> str:
+    """The ClientToken of the ``generation``-th fresh launch for ``token`` after the earlier ones ended
+    (generation 0 is ``token`` itself). EC2 answers a token with its instance for at least 24 h after that
+    instance terminated, so a new instance needs a new token; deriving it keeps the launch idempotent."""
+    return token if generation == 0 else launch_token(token, "relaunch", generation)
+
+
+def _state(inst: dict) -> str:
+    return inst.get("State", {}).get("Name", "pending")
 
 
 def encode_offer(offer: Offer) -> str:
@@ -261,36 +286,113 @@ class Ec2Backend(Backend):
         return self.subnet_ids[0] if self.subnet_ids else None
 
     def launch(self, spec: LaunchSpec) -> InstanceInfo:
+        """Start one instance for ``spec``, or return the live one its token (ClientToken and a tag: moto
+        ignores ClientToken) launched before. One that ended, or is stopped (then it is terminated here), does
+        not serve: EC2 keeps answering the token with it, so a fresh one is launched under the next
+        :func:`derived_token`, which a repeated call finds in turn. A ``RunInstances`` that got no reply or a 5xx
+        may have launched anyway: the instance is looked up by its token before the transient error is raised
+        (EC2's describe can lag a launch: then a later launch with the same token finds it)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        params = self.launch_parameters(spec)
-        offer = spec.offer
+        self.launch_parameters(spec)  # configuration errors before any call
+        offer, region = spec.offer, spec.offer.region
+        tokens = [derived_token(spec.idempotency_token, g) for g in range(MAX_RELAUNCHES + 1)]
         try:
-            known = self._launched_with(spec.idempotency_token, offer.region)
-            if known is not None:
-                log.info("launch token %s already launched %s", spec.idempotency_token, known.instance_id)
-                return known
-            reply = self.client(offer.region).run_instances(**params)
-        except ClientError as exc:
-            raise launch_error(exc, offer) from exc
-        except BotoCoreError as exc:  # endpoint unreachable, bad region name, no credentials
-            raise LaunchError(f"ec2 backend: cannot call RunInstances in {offer.region}: {exc}", capacity=False,
-                              tried=[offer.pool]) from exc
-        instances = reply.get("Instances") or []
-        if not instances:
-            raise LaunchError(f"RunInstances returned no instance for {offer.pool}", capacity=True, tried=[offer.pool])
-        info = self._info(instances[0], offer.region)
-        log.info("launched %s: %s %s in %s at $%.4f/h (token %s)", info.instance_id, offer.instance_type,
-                 Market(offer.market).value, offer.zone, offer.price_per_hour, spec.idempotency_token)
+            found = self._by_token(tokens, region)
+        except (ClientError, BotoCoreError) as exc:
+            raise launch_error(exc, offer, "DescribeInstances") from exc
+        self._terminate_stopped([i for i in found.values() if _state(i) in _STOPPED], region)
+        for generation in reversed(range(len(tokens))):
+            inst = found.get(tokens[generation])
+            if inst is not None and _state(inst) in _LIVE:
+                info = self._info(inst, region)
+                log.info("launch token %s already launched %s", tokens[generation], info.instance_id)
+                return info
+        used = [g for g, t in enumerate(tokens) if t in found]
+        generation = max(used) + 1 if used else 0
+        ended = [found[tokens[g]]["InstanceId"] for g in used]
+        while generation < len(tokens):
+            token = tokens[generation]
+            params = self.launch_parameters(dataclasses.replace(spec, idempotency_token=token))
+            try:
+                reply = self.client(region).run_instances(**params)
+            except (ClientError, BotoCoreError) as exc:
+                if error_code(exc) == TOKEN_SPENT_CODE:  # its instance ended and left describe already
+                    ended.append(f"{TOKEN_SPENT_CODE} for token {token[:12]}...")
+                    generation += 1
+                    continue
+                if may_have_taken_effect(exc):
+                    return self._launched_despite(exc, token, offer)
+                raise launch_error(exc, offer) from exc
+            instances = reply.get("Instances") or []
+            if not instances:
+                raise LaunchError(f"RunInstances returned no instance for {offer.pool}", capacity=True,
+                                  tried=[offer.pool])
+            if _state(instances[0]) not in _LIVE:  # EC2 answered the token with its instance, which ended
+                self._terminate_stopped([instances[0]] if _state(instances[0]) in _STOPPED else [], region)
+                ended.append(instances[0]["InstanceId"])
+                generation += 1
+                continue
+            info = self._info(instances[0], region)
+            if generation:
+                log.info("the instances launched before under token %s ended (%s): launched a fresh one",
+                         spec.idempotency_token, ", ".join(ended))
+            log.info("launched %s: %s %s in %s at $%.4f/h (token %s)", info.instance_id, offer.instance_type,
+                     Market(offer.market).value, offer.zone, offer.price_per_hour, token)
+            return info
+        raise LaunchError(
+            f"ec2 backend: the {len(ended)} instances launched for this launch token in {offer.pool} all ended "
+            f"({', '.join(ended)}); not launching another in this pool under the same token: try the next "
+            "offer (a new Airflow try launches under a new token)", capacity=True, tried=[offer.pool],
+        )
+
+    def _launched_despite(self, exc: Exception, token: str, offer: Offer) -> InstanceInfo:
+        """After a ``RunInstances`` that may have launched anyway: the live instance under ``token``, or the
+        transient :class:`LaunchError` for ``exc``."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        error = launch_error(exc, offer)
+        try:
+            inst = self._by_token([token], offer.region).get(token)
+        except (ClientError, BotoCoreError) as lookup:
+            log.warning("RunInstances for %s failed (%s) and the lookup of token %s failed too (%s)", offer.pool,
+                        exc, token, lookup)
+            raise error from exc
+        if inst is None or _state(inst) not in _LIVE:
+            raise error from exc
+        info = self._info(inst, offer.region)
+        log.warning("RunInstances for %s failed (%s), but it had launched %s (token %s): using it", offer.pool,
+                    exc, info.instance_id, token)
         return info
 
-    def _launched_with(self, token: str, region: str) -> InstanceInfo | None:
-        filters = [{"Name": f"tag:{TAG_TOKEN}", "Values": [token]}]
+    def _by_token(self, tokens: list[str], region: str) -> dict[str, dict]:
+        """``{token: instance}`` of the instances tagged with these launch tokens (one describe), a live one
+        before a stopped one before one that is gone where a token has several (moto ignores ClientToken)."""
+        rank = {**{s: 0 for s in _LIVE}, **{s: 1 for s in _STOPPED}}
+        out: dict[str, dict] = {}
+        filters = [{"Name": f"tag:{TAG_TOKEN}", "Values": list(tokens)}]
         for page in self.client(region).get_paginator("describe_instances").paginate(Filters=filters):
             for reservation in page.get("Reservations", []):
                 for inst in reservation.get("Instances", []):
-                    return self._info(inst, region)
-        return None
+                    token = next((t["Value"] for t in inst.get("Tags", []) if t["Key"] == TAG_TOKEN), "")
+                    best = out.get(token)
+                    if best is None or rank.get(_state(inst), 2) < rank.get(_state(best), 2):
+                        out[token] = inst
+        return out
+
+    def _terminate_stopped(self, instances: list[dict], region: str) -> None:
+        """Terminate stopped instances a launch token found: they serve nothing and their volumes are billed."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        ids = [i["InstanceId"] for i in instances]
+        if not ids:
+            return
+        try:
+            self.client(region).terminate_instances(InstanceIds=ids)
+        except (ClientError, BotoCoreError) as exc:
+            log.warning("could not terminate the stopped instances %s (%s); `airflow-spot reap` will", ids, exc)
+            return
+        log.info("terminated %s: stopped, they serve nothing and their volumes are billed", ", ".join(ids))
 
     # ------------------------------------------------------------------ describe / list
     @staticmethod
@@ -304,8 +406,12 @@ class Ec2Backend(Backend):
         return [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}]
 
     def describe(self, instance_ids: list[str]) -> dict[str, InstanceInfo]:
+        return {iid: self._info(inst, region) for iid, (region, inst) in self._describe_raw(instance_ids).items()}
+
+    def _describe_raw(self, instance_ids: list[str]) -> dict[str, tuple[str, dict]]:
+        """``{id: (region, EC2's instance dict)}`` of the known ids (one paginated call per region)."""
         ids = list(dict.fromkeys(instance_ids))
-        wanted, out = set(ids), dict[str, InstanceInfo]()
+        wanted, out = set(ids), dict[str, tuple[str, dict]]()
         if not ids:
             return out
         for region in self.regions:
@@ -314,7 +420,7 @@ class Ec2Backend(Backend):
                 for reservation in page.get("Reservations", []):
                     for inst in reservation.get("Instances", []):
                         if inst["InstanceId"] in wanted:  # a describe by tag returns every managed one
-                            out[inst["InstanceId"]] = self._info(inst, region)
+                            out[inst["InstanceId"]] = (region, inst)
         return out
 
     async def adescribe(self, instance_ids: list[str]) -> dict[str, InstanceInfo]:
@@ -334,8 +440,18 @@ class Ec2Backend(Backend):
         return out
 
     def list_instances(self, tags: dict[str, str] | None = None) -> list[InstanceInfo]:
+        return self._list(tags)
+
+    def stopped_instances(self, tags: dict[str, str] | None = None) -> list[InstanceInfo]:
+        """Managed instances that are stopped or stopping, carrying all ``tags``. ``describe`` and
+        ``list_instances`` report them terminated (they serve nothing, nothing may reuse them), but EC2 bills
+        their volumes until they are terminated: ``airflow-spot reap`` terminates them."""
+        return self._list(tags, [{"Name": "instance-state-name", "Values": sorted(_STOPPED)}])
+
+    def _list(self, tags: dict[str, str] | None, extra: list[dict] | None = None) -> list[InstanceInfo]:
         filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}]
         filters += [{"Name": f"tag:{k}", "Values": [str(v)[:_TAG_VALUE_MAX]]} for k, v in (tags or {}).items()]
+        filters += extra or []
         out = []
         for region in self.regions:
             for page in self.client(region).get_paginator("describe_instances").paginate(Filters=filters):
@@ -368,17 +484,18 @@ class Ec2Backend(Backend):
 
     # ------------------------------------------------------------------ terminate
     def terminate(self, instance_ids: list[str]) -> None:
-        """Terminate in one call per region; ids unknown or already gone are skipped (idempotent)."""
+        """Terminate in one call per region; ids unknown or already gone are skipped (idempotent). Stopped
+        instances are terminated too: ``describe`` calls them terminated, but their volumes are still billed."""
         ids = list(dict.fromkeys(instance_ids))
         if not ids:
             return
         from botocore.exceptions import ClientError
 
-        described = self.describe(ids)
+        described = self._describe_raw(ids)
         by_region: dict[str, list[str]] = {}
-        for instance_id, info in described.items():
-            if not InstanceState(info.state).is_terminal():
-                by_region.setdefault(info.offer.region, []).append(instance_id)
+        for instance_id, (region, inst) in described.items():
+            if _state(inst) not in _GONE:
+                by_region.setdefault(region, []).append(instance_id)
         for region, region_ids in by_region.items():
             self.client(region).terminate_instances(InstanceIds=region_ids)
             log.info("terminated %s in %s", ", ".join(region_ids), region)

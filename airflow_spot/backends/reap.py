@@ -8,6 +8,10 @@ Examples::
     airflow-spot reap --purge-older-than 86400                    # also forget day-old terminated instances
     airflow-spot reap --backend ec2 --dry-run                     # EC2 instances whose DAG run is over or gone
 
+Stopped instances (EC2: ``stopped``/``stopping``) serve nothing, so backends report them terminated and nothing
+reuses them, but their disks are still billed: reap terminates them as well, through the backend's optional
+``stopped_instances(tags)``.
+
 This module holds the part that needs no Airflow; :mod:`airflow_spot.commands.reap` adds the AWS connection
 and the DAG-run states from Airflow's metadata database.
 """
@@ -100,6 +104,15 @@ def leftovers(instances: list[InstanceInfo], older_than: float, now: float) -> l
     ]
 
 
+def stopped_leftovers(backend: Backend, tags: dict[str, str], older_than: float, now: float) -> list[InstanceInfo]:
+    """Stopped instances launched at least ``older_than`` seconds before ``now``, for backends that have them
+    (an optional ``stopped_instances(tags)``): not running, yet billed until terminated."""
+    stopped = getattr(backend, "stopped_instances", None)
+    if stopped is None:
+        return []
+    return [i for i in stopped(tags) if now - (i.launched_at or now) >= older_than]
+
+
 def of_finished_runs(instances: list[InstanceInfo], run_states: RunStates) -> list[InstanceInfo]:
     """The instances whose DAG run is finished or no longer exists; instances without run tags are not ours
     to judge and are left alone."""
@@ -131,6 +144,11 @@ def run(args: argparse.Namespace, backend: Backend | None = None, run_states: Ru
             return 2
     now = time.time()
     found = leftovers(backend.list_instances(dict(args.tag)), args.older_than, now)
+    live_ids = {i.instance_id for i in found}
+    stopped = [i for i in stopped_leftovers(backend, dict(args.tag), args.older_than, now)
+               if i.instance_id not in live_ids]
+    stopped_ids = {i.instance_id for i in stopped}
+    found += stopped
     if run_states is not None:
         found = of_finished_runs(found, run_states)
     if args.purge_older_than is not None and not args.dry_run:
@@ -145,7 +163,8 @@ def run(args: argparse.Namespace, backend: Backend | None = None, run_states: Ru
     for info in found:
         age = now - (info.launched_at or now)
         tags = ",".join(f"{k}={v}" for k, v in sorted(info.tags.items()))
-        print(f"{info.instance_id}\t{InstanceState(info.state).value}\tage {age:.0f}s\t{info.offer.instance_type}"
+        state = "stopped" if info.instance_id in stopped_ids else InstanceState(info.state).value
+        print(f"{info.instance_id}\t{state}\tage {age:.0f}s\t{info.offer.instance_type}"
               f"@{info.offer.zone}\t{tags}")
     if args.dry_run:
         print(f"dry run: {len(found)} instance(s) would be terminated")
