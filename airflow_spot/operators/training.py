@@ -23,6 +23,7 @@ from airflow.sdk import BaseOperator, TaskGroup, TriggerRule
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_spot.backends.base import InstanceState
+from airflow_spot.backends.reap import stopped_leftovers
 from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.operators import accounting
 from airflow_spot.operators.segment import SpotSegmentOperator, job_tags, newest_usable_step
@@ -94,11 +95,10 @@ class SpotJobSummaryOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         hook = SpotHook(backend=self.backend, backend_options=self.backend_options, aws_conn_id=self.aws_conn_id)
         backend = hook.get_backend()
-        leftover = [
-            i.instance_id
-            for i in backend.list_instances(tags=job_tags(self.dag_id, context["run_id"], self.job_name))
-            if not InstanceState(i.state).is_terminal()
-        ]
+        tags = job_tags(self.dag_id, context["run_id"], self.job_name)
+        leftover = [i.instance_id for i in backend.list_instances(tags=tags) if not InstanceState(i.state).is_terminal()]
+        # stopped instances serve nothing (reported terminated) but their volumes bill until terminated
+        leftover += [i.instance_id for i in stopped_leftovers(backend, tags, older_than=0.0, now=time.time())]
         if leftover:
             self.log.info("terminating the job's instances: %s", leftover)
             backend.terminate(leftover)
@@ -117,6 +117,15 @@ class SpotJobSummaryOperator(BaseOperator):
             completed=latest is not None and latest >= self.total_steps,
             terminated_at_end=leftover,
         )
+        dag_run = context.get("dag_run")
+        run_started = getattr(getattr(dag_run, "start_date", None), "timestamp", None)
+        if run_started is not None:
+            # a store shared by several runs (a checkpoint_uri without {{ run_id }}) sums every run's attempts
+            summary["attempts_this_run"] = sum(r["started_at"] >= run_started() for r in summary.get("rows", []))
+            if summary["attempts_this_run"] == 0 and summary.get("attempts"):
+                self.log.warning(
+                    "this run trained nothing: the store %s already held the job's checkpoints, and the figures "
+                    "below are the earlier runs' (put {{ run_id }} in checkpoint_uri for one job per run)", store.uri)
         try:
             store.check_writable()
             store.put_bytes(SUMMARY_KEY, json.dumps(summary, sort_keys=True, indent=2).encode())
@@ -127,8 +136,9 @@ class SpotJobSummaryOperator(BaseOperator):
         context["ti"].xcom_push(key="summary", value=summary)
         self._compact_availability(hook, store)  # after the summary is out: the UI finds the job by it
         if not summary["completed"]:
+            where = "no checkpoint was committed" if latest is None else f"newest checkpoint at step {latest}"
             raise AirflowFailException(
-                f"job {self.job_name} did not finish: newest checkpoint at step {latest} of {self.total_steps} "
+                f"job {self.job_name} did not finish: {where} of {self.total_steps} steps "
                 "(see the failed segment's log)"
             )
         return summary
