@@ -515,7 +515,7 @@ class SpotSegmentOperator(BaseOperator):
         Written after the segment request, so a recorded attempt is one its instance was asked to run.
         """
         state = context.get("task_state_store")
-        if state is None:  # Airflow without a task state store: the next try launches afresh
+        if state is None:  # Airflow without a task state store: the next try finds it in the store
             return
         state.set(self.ATTEMPT_STATE_KEY, {"attempt_id": launch.attempt_id, "instance_id": launch.instance_id,
                                            "try_number": launch.try_number})
@@ -532,7 +532,10 @@ class SpotSegmentOperator(BaseOperator):
           anything was recorded here;
         * this record, in Airflow's task state store, covers a *new* try (whose token differs): while the
           recorded attempt has no ledger row (nobody accounted for it) and its instance still runs or it
-          left a status, this try waits for that attempt, and the trigger classifies it as usual.
+          left a status, this try waits for that attempt, and the trigger classifies it as usual;
+        * without a record (the worker died between the request and the record, the record's write
+          failed, or Airflow keeps no task state) the store's own launch and request records name the
+          earlier try's unaccounted attempt (:meth:`_unrecorded_attempt`), and the same rule applies.
         """
         state = context.get("task_state_store")
         recorded = state.get(self.ATTEMPT_STATE_KEY) if state is not None else None
