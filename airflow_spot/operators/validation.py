@@ -28,6 +28,14 @@ def _templated(value: Any) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
+#: most segments one job may have. Each segment is a task of the DAG, and building them is worse than
+#: linear in their number (Airflow's ``>>`` hashes the DAG, all its task ids included, at every edge):
+#: measured on a 2-CPU machine, 2000 segments build in 2-3 s, 4000 in 5-10 s, 12800 in 24 s, 100000 in
+#: over 10 minutes, past the dag-processor's 30 s import timeout (and the DAG's serialisation after it takes
+#: about as long again). At 15-30 minutes a segment, 2000 segments are three weeks or more of training.
+MAX_SEGMENTS = 2000
+
+
 def validate_steps(total_steps: Any, steps_per_segment: Any) -> None:
     for name, v in (("total_steps", total_steps), ("steps_per_segment", steps_per_segment)):
         if isinstance(v, bool) or not isinstance(v, int):
@@ -38,6 +46,15 @@ def validate_steps(total_steps: Any, steps_per_segment: Any) -> None:
         raise SpotTrainingConfigError(
             f"steps_per_segment={steps_per_segment} is larger than total_steps={total_steps}; "
             "use steps_per_segment <= total_steps (one segment: steps_per_segment=total_steps)"
+        )
+    segments = -(-total_steps // steps_per_segment)
+    if segments > MAX_SEGMENTS:
+        raise SpotTrainingConfigError(
+            f"total_steps={total_steps} in segments of steps_per_segment={steps_per_segment} is {segments} "
+            f"segments, more than the {MAX_SEGMENTS} a job may have (each is a task of the DAG, and so many make "
+            f"the DAG file too slow to parse); use steps_per_segment >= {-(-total_steps // MAX_SEGMENTS)}. A segment "
+            "should be minutes to hours of training (15-30 minutes is best: decisions come at segment ends); it "
+            "is not the checkpoint interval, which the training session sets on its own within each segment"
         )
 
 
@@ -203,17 +220,42 @@ def validate_gpus(gpus: Any) -> GpuRequest:
     if gpus is None:
         return GpuRequest()
     if isinstance(gpus, GpuRequest):
-        return gpus
+        try:
+            return _canonical_gpu_names(gpus)
+        except ValueError as exc:  # "a10g" allowed and "A10G" excluded
+            raise SpotTrainingConfigError(f"gpus: {exc}") from exc
     if isinstance(gpus, dict):
         fields = [f.name for f in dataclasses.fields(GpuRequest)]
         unknown = sorted(set(gpus) - set(fields))
         if unknown:
             raise SpotTrainingConfigError(f"gpus: unknown keys {unknown}; valid: {', '.join(fields)}")
         try:
-            return GpuRequest.from_dict(gpus)
+            return _canonical_gpu_names(GpuRequest.from_dict(gpus))
         except (TypeError, ValueError) as exc:
             raise SpotTrainingConfigError(f"gpus: {exc}") from exc
     raise SpotTrainingConfigError(f"gpus must be a GpuRequest or a dict of its fields, got {gpus!r}")
+
+
+def _canonical_gpu_names(request: GpuRequest) -> GpuRequest:
+    """``names`` and ``exclude_names`` spelt as the markets spell them (``a10g`` -> ``A10G``), as the command
+    line's ``--gpu-names`` are (``cli_types.canonical_gpu_name``): a GPU model is matched whatever its case,
+    in a DAG as in ``airflow-spot offers``. A name no known model folds to is left as it is, for
+    :func:`validate_gpus_offered` to report with the closest known names."""
+    from airflow_spot.market.throughput import RELATIVE_THROUGHPUT_PER_GPU
+
+    folded: dict[str, list[str]] = {}
+    for known in RELATIVE_THROUGHPUT_PER_GPU:
+        folded.setdefault(known.casefold(), []).append(known)
+
+    def canonical(name: str) -> str:
+        same = folded.get(name.casefold(), [])
+        return same[0] if name not in RELATIVE_THROUGHPUT_PER_GPU and len(same) == 1 else name
+
+    names = tuple(canonical(n) for n in request.names)
+    exclude = tuple(canonical(n) for n in request.exclude_names)
+    if (names, exclude) == (request.names, request.exclude_names):
+        return request
+    return dataclasses.replace(request, names=names, exclude_names=exclude)
 
 
 def validate_gpus_offered(request: GpuRequest, market_options: dict[str, Any] | None = None) -> None:
@@ -236,6 +278,7 @@ def validate_gpus_offered(request: GpuRequest, market_options: dict[str, Any] | 
         offers = market.offers_of_every_count()
     except (OSError, ValueError) as exc:
         raise SpotTrainingConfigError(f"market_options: cannot read the catalog {catalog_path!r}: {exc}") from exc
+    _check_gpu_names(request, offers, market_options)
     loose = {"max_price_per_hour": None, "regions": (), "markets": tuple(Market)}
     loose.update({"zones": ()} if hasattr(request, "zones") else {})
     hardware = dataclasses.replace(request, **loose)
@@ -248,6 +291,19 @@ def validate_gpus_offered(request: GpuRequest, market_options: dict[str, Any] | 
             + (f" named {list(request.names)}" if request.names else "")
             + f", e.g. {fits[0].instance_type}, and the job's image is {list(architectures)}: give the job an arm64 "
             "image and market_options={'architectures': ['arm64']}, or ask for other GPUs")
+    shaped = dataclasses.replace(hardware, names=(), exclude_names=())
+    if request.names and any(shaped.matches(o) for o in offers):
+        # the GPU models are what no offer has: the fix is the names (or the count), not less memory
+        wanted = sorted({(o.gpu_name, o.gpu_count, o.gpu_memory_gib) for o in offers if o.gpu_name in request.names})
+        fitting = sorted({o.gpu_name for o in offers if shaped.matches(o)} - set(request.exclude_names))
+        raise SpotTrainingConfigError(
+            f"gpus: no instance type offers {request.count} GPU(s) with >= {request.min_memory_gib:g} GiB each "
+            f"named {list(request.names)}; "
+            + (f"those GPUs come as {', '.join(f'{n} x {g} ({m:g} GiB each)' for g, n, m in wanted)}"
+               if wanted else "no instance type of the catalog has those GPUs")
+            + f", and the GPUs offered {request.count} per instance with >= {request.min_memory_gib:g} GiB each are "
+            f"{fitting}: choose names among those"
+            + (", or a count and min_memory_gib that the named GPUs come with" if wanted else ""))
     shapes = sorted({(o.gpu_count, o.gpu_memory_gib, o.gpu_name) for o in offers})
     biggest = max(shapes, key=lambda s: (s[0], s[1]))
     counts = sorted({s[0] for s in shapes})
@@ -258,6 +314,39 @@ def validate_gpus_offered(request: GpuRequest, market_options: dict[str, Any] | 
         + f"; instance types come with {counts} GPUs, the largest is "
         f"{biggest[0]} x {biggest[2]} with {biggest[1]:g} GiB each: lower gpus count or min_memory_gib"
     )
+
+
+def _check_gpu_names(request: GpuRequest, offers: list, market_options: dict[str, Any] | None) -> None:
+    """A GPU name in ``names`` or ``exclude_names`` that no market can ever offer is a typo: the markets
+    offer only GPU models with a throughput figure (``market/throughput.py``, plus the market's
+    ``throughput_overrides``), and the catalog's. Said here with the closest known names, as the command line
+    says it for ``--gpu-names``; otherwise a name among several is silently never matched (or never excluded),
+    and a single one reads as "no instance type offers N GPU(s)"."""
+    import difflib
+
+    from airflow_spot.market.throughput import RELATIVE_THROUGHPUT_PER_GPU
+
+    overrides = (market_options or {}).get("throughput_overrides")
+    known = list(RELATIVE_THROUGHPUT_PER_GPU)
+    known += sorted(({str(n) for n in (overrides if isinstance(overrides, dict) else ())}
+                     | {o.gpu_name for o in offers}) - set(known))
+    for field in ("names", "exclude_names"):
+        unknown = [n for n in getattr(request, field) if n not in known]
+        if not unknown:
+            continue
+        folded = {k.casefold(): k for k in reversed(known)}
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name.casefold(), list(folded), n=3, cutoff=0.6)
+            hints.append(f"{name!r} (did you mean {' or '.join(repr(folded[c]) for c in close)}?)" if close
+                         else repr(name))
+        offered = sorted({o.gpu_name for o in offers if o.gpu_count == request.count
+                          and o.gpu_memory_gib >= request.min_memory_gib})
+        raise SpotTrainingConfigError(
+            f"gpus: unknown GPU name{'s' if len(unknown) > 1 else ''} {', '.join(hints)} in {field}; valid GPU "
+            f"names (matched whatever their case): {', '.join(known)}"
+            + (f"; those offered {request.count} per instance with >= {request.min_memory_gib:g} GiB each: "
+               f"{offered}" if offered and field == "names" else ""))
 
 
 @functools.lru_cache(maxsize=4)

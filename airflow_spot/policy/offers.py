@@ -63,6 +63,41 @@ _PRESENT = {
 }
 
 
+def _strings(name: str, value: object) -> tuple[str, ...]:
+    """A sequence-of-strings field as a tuple. A bare string is refused (``tuple("A10G")`` would be its
+    letters); a set is sorted so that the request, and the DAG serialised from it, is the same at each parse."""
+    rule = f"GpuRequest.{name} must be a list of non-empty strings"
+    if isinstance(value, str):
+        raise ValueError(f"{rule}, e.g. {[value] if value else _EXAMPLES[name]!r}, not the bare string {value!r}")
+    if isinstance(value, (set, frozenset)):
+        value = sorted(value, key=str)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"{rule}, e.g. {_EXAMPLES[name]!r}, got {value!r}")
+    return tuple(value)
+
+
+#: numeric fields of GpuRequest: (must be, an example, integer only, smallest allowed, smallest excluded)
+_NUMBERS = {
+    "count": ("a positive integer (GPUs per instance)", "count=1", True, 1, False),
+    "min_memory_gib": ("a number >= 0 (GiB of memory per GPU)", "min_memory_gib=16", False, 0, False),
+    "max_price_per_hour": ("a number > 0 ($/h of the whole instance) or None for no cap",
+                           "max_price_per_hour=2.5", False, 0, True),
+}
+
+
+def _check_number(name: str, value: object) -> None:
+    """Refuse a numeric field that is not a number (a string such as ``"16"``, a bool, nan) or is out of
+    range, naming the field, the value and the fix; otherwise the first comparison with an offer fails with a
+    bare TypeError (``'<' not supported between instances of 'str' and 'int'``)."""
+    rule, example, integer, low, exclusive = _NUMBERS[name]
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or value != value:
+        got = (f"the string {value!r} (write the number without quotes)" if isinstance(value, str)
+               else f"{value!r} ({type(value).__name__})")
+        raise ValueError(f"GpuRequest.{name} must be {rule}, e.g. {example}, got {got}")
+    if value < low or (exclusive and value == low):
+        raise ValueError(f"GpuRequest.{name} must be {rule}, e.g. {example}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class GpuRequest:
     """What a segment needs. Validated on construction so a DAG fails at parse time, not at launch.
@@ -90,23 +125,12 @@ class GpuRequest:
 
     def __post_init__(self) -> None:
         for name in ("names", "exclude_names", "regions", "zones"):
-            value = getattr(self, name)
-            if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
-                raise ValueError(f"GpuRequest.{name} must be a list of non-empty strings, e.g. "
-                                 f"{_EXAMPLES[name]!r}, got {value!r}")
-        if not isinstance(self.count, int) or self.count < 1:
-            raise ValueError(f"GpuRequest.count must be a positive integer, got {self.count!r}")
-        if self.min_memory_gib < 0:
-            raise ValueError(f"GpuRequest.min_memory_gib must be >= 0, got {self.min_memory_gib!r}")
-        if self.max_price_per_hour is not None and self.max_price_per_hour <= 0:
-            raise ValueError(
-                f"GpuRequest.max_price_per_hour must be positive or None, got {self.max_price_per_hour!r}"
-            )
-        object.__setattr__(self, "names", tuple(self.names))
-        object.__setattr__(self, "regions", tuple(self.regions))
-        object.__setattr__(self, "exclude_names", tuple(self.exclude_names))
-        object.__setattr__(self, "zones", tuple(self.zones))
-        if isinstance(self.markets, (str, Market)):
+            object.__setattr__(self, name, _strings(name, getattr(self, name)))
+        _check_number("count", self.count)
+        _check_number("min_memory_gib", self.min_memory_gib)
+        if self.max_price_per_hour is not None:
+            _check_number("max_price_per_hour", self.max_price_per_hour)
+        if not isinstance(self.markets, (list, tuple, set, frozenset)):
             raise ValueError(f"GpuRequest.markets must be a list, e.g. ['spot', 'on-demand'], got {self.markets!r}")
         wrong = [m for m in self.markets if m not in {*Market, *(x.value for x in Market)}]
         if wrong:
@@ -187,11 +211,7 @@ class GpuRequest:
 
     @classmethod
     def from_dict(cls, d: dict) -> "GpuRequest":
-        d = dict(d)
-        d["names"] = tuple(d.get("names", ()))
-        d["regions"] = tuple(d.get("regions", ()))
-        d["exclude_names"] = tuple(d.get("exclude_names", ()))
-        d["zones"] = tuple(d.get("zones", ()))
+        d = dict(d)  # names, regions, exclude_names, zones: checked and made tuples in __post_init__
         markets = d.get("markets", ("spot", "on-demand"))  # checked and converted in __post_init__
         d["markets"] = markets if isinstance(markets, str) else tuple(markets)
         return cls(**d)

@@ -202,3 +202,83 @@ def test_zones_named_the_way_the_market_names_them_are_accepted():
     build(gpus={"names": ["T4g"]}, market_options={"architectures": ["arm64"]})
     build(backend="ec2", backend_options={"image_id": "ami-12345678"},
           gpus={"zones": ["us-west-2-lax-1a", "us-east-1-wl1-bos-wlz-1"]})
+
+
+@pytest.mark.parametrize(
+    "gpus, message",
+    [
+        # a bare string was split into its letters ("named ['A', '1', '0', 'G']")
+        ({"count": 1, "names": "A10G"}, "gpus: GpuRequest.names must be a list of non-empty strings, e.g. ['A10G'], "
+                                        "not the bare string 'A10G'"),
+        ({"exclude_names": "K80"}, "GpuRequest.exclude_names must be a list of non-empty strings, e.g. ['K80']"),
+        ({"regions": "us-east-1"}, "GpuRequest.regions must be a list of non-empty strings, e.g. ['us-east-1']"),
+        ({"zones": "use1-az1"}, "GpuRequest.zones must be a list of non-empty strings, e.g. ['use1-az1']"),
+        # a number given as a string was a bare "'<' not supported between instances of 'str' and 'int'"
+        ({"count": 1, "min_memory_gib": "16"}, "gpus: GpuRequest.min_memory_gib must be a number >= 0 (GiB of memory "
+                                               "per GPU), e.g. min_memory_gib=16, got the string '16'"),
+        ({"max_price_per_hour": "2"}, "GpuRequest.max_price_per_hour must be a number > 0"),
+        ({"count": True}, "GpuRequest.count must be a positive integer (GPUs per instance), e.g. count=1, got True"),
+    ],
+)
+def test_gpu_request_fields_of_the_wrong_type_say_what_to_write(gpus, message):
+    import re
+
+    with pytest.raises(SpotTrainingConfigError, match=re.escape(message)) as caught:
+        build(gpus=gpus)
+    assert "not supported between" not in str(caught.value) and "['A', '1'" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "gpus, message",
+    [
+        ({"names": ("A100x",)}, "gpus: unknown GPU name 'A100x' (did you mean 'A100' or "),
+        ({"names": ["A10G", "L4x"]}, "unknown GPU name 'L4x' (did you mean 'L4'?) in names; valid GPU names "
+                                     "(matched whatever their case): K80, T4, "),
+        ({"names": ["A10G"], "exclude_names": ["K8O"]},
+         "unknown GPU name 'K8O' (did you mean 'K80'?) in exclude_names"),
+        # the names offered at the count asked for are listed
+        ({"names": ["A1OG"]}, "those offered 1 per instance with >= 0 GiB each: ['A10G', 'L4', 'L40S', 'T4',"),
+        # known GPUs, but not at this count: say how they come, not "lower gpus count or min_memory_gib"
+        ({"names": ["H100"]}, "named ['H100']; those GPUs come as 8 x H100 (80 GiB each), and the GPUs offered 1 per "
+                              "instance with >= 0 GiB each are ['A10G', "),
+        ({"count": 8, "min_memory_gib": 80, "names": ["A100"]}, "those GPUs come as 8 x A100 (40 GiB each), and the "
+                                                                "GPUs offered 8 per instance with >= 80 GiB each are "
+                                                                "['A100-80GB', 'H100', 'H200']: choose names among"),
+    ],
+)
+def test_a_gpu_name_no_offer_has_is_named_with_the_closest_known_ones(gpus, message):
+    import re
+
+    with pytest.raises(SpotTrainingConfigError, match=re.escape(message)) as caught:
+        build(gpus=gpus)
+    assert "lower gpus count or min_memory_gib" not in str(caught.value)
+
+
+def test_gpu_names_match_whatever_their_case_as_on_the_command_line():
+    dag = build(gpus={"names": ["a10g", "l4"], "exclude_names": ["k80"]})
+    request = dag.task_dict["train.segment_000"].gpus
+    assert request.names == ("A10G", "L4") and request.exclude_names == ("K80",)
+    assert build(gpus=GpuRequest(names=("a100-80gb",), count=8)).task_dict["train.segment_000"].gpus.names == (
+        "A100-80GB",)
+    with pytest.raises(SpotTrainingConfigError, match=r"GPU names \['A10G'\] are both allowed"):
+        build(gpus={"names": ["a10g"], "exclude_names": ["A10G"]})
+
+
+def test_too_many_segments_fail_at_once_with_the_steps_per_segment_to_use():
+    import re
+    import time
+
+    from airflow_spot.operators.validation import MAX_SEGMENTS, validate_steps
+
+    started = time.monotonic()
+    with pytest.raises(SpotTrainingConfigError, match=re.escape(
+            f"total_steps=100000 in segments of steps_per_segment=1 is 100000 segments, more than the {MAX_SEGMENTS} "
+            "a job may have")) as caught:
+        build(total_steps=100_000, steps_per_segment=1)  # took over 10 minutes to parse
+    assert time.monotonic() - started < 10
+    assert f"use steps_per_segment >= {100_000 // MAX_SEGMENTS}" in str(caught.value)
+    assert "minutes to hours of training" in str(caught.value) and "not the checkpoint interval" in str(caught.value)
+    validate_steps(MAX_SEGMENTS * 10, 10)  # the most there may be
+    validate_steps(MAX_SEGMENTS * 10 - 1, 10)
+    with pytest.raises(SpotTrainingConfigError, match=f"is {MAX_SEGMENTS + 1} segments"):
+        validate_steps(MAX_SEGMENTS * 10 + 1, 10)
