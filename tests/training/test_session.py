@@ -64,19 +64,26 @@ def test_segment_end_commits_and_next_segment_resumes(tmp_path):
     assert seen == [5, 6, 7]
 
 
-def test_emergency_save_on_notice_exits_with_preempted_code(tmp_path):
-    job = str(tmp_path)
+def exit_code_after_a_notice_at_7(job, save_at: int | None = None) -> int | str | None:
+    """Train until a preemption notice at step 7 ends the process; its exit code."""
     spot, model, opt = make(job, end=100, min_interval_seconds=1000)
 
-    def notice_at_7(step):
+    def on_step(step):
+        if step == save_at:
+            spot.save()
         if step == 7:
             spot._on_notice("preemption", "test")
 
     with pytest.raises(SystemExit) as exc:
         with spot:
             spot.track(model=model, optimizer=opt)
-            train(spot, model, opt, notice_at_7)
-    assert exc.value.code == PREEMPTED_EXIT_CODE
+            train(spot, model, opt, on_step)
+    return exc.value.code
+
+
+def test_emergency_save_on_notice_exits_with_preempted_code(tmp_path):
+    job = str(tmp_path)
+    assert exit_code_after_a_notice_at_7(job) == PREEMPTED_EXIT_CODE
     m = ckpts(job).committed()[-1]
     assert (m.step, m.meta["reason"]) == (8, "emergency")  # step 7 finished, nothing lost
 
@@ -87,7 +94,6 @@ def test_an_emergency_save_the_store_refuses_still_exits_as_a_preemption(tmp_pat
     from airflow_spot.storage import checkpoint as C
 
     job = str(tmp_path)
-    spot, model, opt = make(job, end=100, min_interval_seconds=1000)
     real_save = C.CheckpointStore.save
 
     def save(self, step, write, meta=None):
@@ -96,18 +102,7 @@ def test_an_emergency_save_the_store_refuses_still_exits_as_a_preemption(tmp_pat
         return real_save(self, step, write, meta)
 
     monkeypatch.setattr(C.CheckpointStore, "save", save)
-
-    def notice_at_7(step):
-        if step == 3:
-            spot.save()
-        if step == 7:
-            spot._on_notice("preemption", "test")
-
-    with pytest.raises(SystemExit) as exc:
-        with spot:
-            spot.track(model=model, optimizer=opt)
-            train(spot, model, opt, notice_at_7)
-    assert exc.value.code == PREEMPTED_EXIT_CODE
+    assert exit_code_after_a_notice_at_7(job, save_at=3) == PREEMPTED_EXIT_CODE
     assert ckpts(job).latest_step() == 3  # the step-3 save stands; nothing half-written is newer
 
 
