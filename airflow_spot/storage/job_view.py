@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from airflow_spot.policy.estimate import (
     WARMUP_STEPS, AttemptPace, estimate_remaining, measure_overheads, robust_step_seconds,
 )
 from airflow_spot.policy.ledger import LedgerRow, summarize
-from airflow_spot.storage.ledger_store import LedgerStore
+from airflow_spot.storage.ledger_store import LEDGER_PREFIX, LedgerStore
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
 from airflow_spot.storage.overhead_history import job_name, prior_for
 from airflow_spot.storage.protocol import (
@@ -75,6 +76,9 @@ class AttemptView:
     beat_step: int | None = None
     #: how long the attempt's newest committed checkpoint took to write (what a save on a notice costs)
     write_seconds: float | None = None
+    #: the seconds billed: its ledger row's (whole seconds, with the minimum on a new instance), or for a
+    #: running attempt the seconds since it was billed from (what its cost so far is priced over)
+    billed_seconds: float | None = None
 
     @property
     def is_preemption(self) -> bool:
@@ -93,6 +97,14 @@ class JobView:
         self.store = store
         self.layout = JobLayout(store)
         self._prior: dict[str, float] | None = None
+        #: objects a read found but could not decode, ``{"key", "error"}`` (they are left out of what it
+        #: returns); :meth:`snapshot` starts it afresh and returns it as ``unreadable``
+        self.unreadable: list[dict[str, str]] = []
+
+    def _note_unreadable(self, key: str, error: object) -> None:
+        entry = {"key": key, "error": str(error)}
+        if entry not in self.unreadable:
+            self.unreadable.append(entry)
 
     @property
     def uri(self) -> str:
@@ -106,8 +118,12 @@ class JobView:
             return None
         except ValueError as exc:
             log.warning("%s/%s is not JSON (%s); ignored", self.uri, key, exc)
+            self._note_unreadable(key, f"not JSON: {exc}")
             return None
-        return data if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            self._note_unreadable(key, f"not a JSON object: {type(data).__name__}")
+            return None
+        return data
 
     def job_record(self) -> dict[str, Any] | None:
         """``control/job.json``: the job's start and deadline-policy state (None before the first attempt)."""
@@ -129,6 +145,7 @@ class JobView:
                 data = json.loads(raw)
             except ValueError as exc:
                 log.warning("%s/%s is not JSON (%s); ignored", self.uri, key, exc)
+                self._note_unreadable(key, f"not JSON: {exc}")
                 continue
             if isinstance(data, dict) and data.get("attempt_id"):
                 out[data["attempt_id"]] = data
@@ -136,10 +153,11 @@ class JobView:
 
     def _typed(self, name: str, cls, listing: list[str] | None = None) -> dict[str, Any]:
         out = {}
-        for raw in self.store.get_many(JobLayout.attempt_keys(self.store, name, listing)).values():
+        for key, raw in self.store.get_many(JobLayout.attempt_keys(self.store, name, listing)).items():
             try:
                 obj = cls.from_json(raw)
-            except SchemaError:
+            except SchemaError as exc:
+                self._note_unreadable(key, exc)
                 continue
             out[obj.attempt_id] = obj
         return out
@@ -158,23 +176,59 @@ class JobView:
         """Every segment request of the job (all instances), oldest first."""
         out: list[SegmentRequest] = []
         keys = [k for k in self.store.list("control/instances/") if "/requests/" in k and k.endswith(".json")]
-        for raw in self.store.get_many(keys).values():
+        for key, raw in self.store.get_many(keys).items():
             try:
                 out.append(SegmentRequest.from_json(raw))
-            except SchemaError:
+            except SchemaError as exc:
+                self._note_unreadable(key, exc)
                 continue
         return sorted(out, key=lambda r: (r.created_at, r.attempt_id))
 
     def ledger_rows(self) -> list[LedgerRow]:
+        """Every ledger row; a row that does not decode raises ``ValueError`` naming its key. What the
+        operators count (:meth:`count`, budgets) reads this: a row it cannot read must stop it, not be
+        counted as no row."""
         return LedgerStore(self.store).rows()
 
-    def checkpoints(self) -> list[dict[str, Any]]:
-        """Committed checkpoints, oldest first: step, time, size in bytes, writer, save seconds."""
+    def readable_ledger_rows(self) -> list[LedgerRow]:
+        """Every ledger row that decodes, ordered as :meth:`ledger_rows` orders them; each one that does not
+        is left out and noted in :attr:`unreadable`. For showing a job (:meth:`snapshot` with
+        ``skip_unreadable``), never for counting against a budget."""
+        ledger = LedgerStore(self.store)
+        keys = [k for k in self.store.list(LEDGER_PREFIX) if k.endswith(".json")]
+        out = []
+        for key, raw in self.store.get_many(keys).items():
+            try:
+                out.append(ledger._decode(key, raw))
+            except Exception as exc:  # noqa: BLE001 - JSON that is no object fails as AttributeError too
+                log.warning("ledger row %s/%s left out of the view: %s", self.uri, key, exc)
+                self._note_unreadable(key, exc)
+        return sorted(out, key=lambda r: (r.started_at, r.attempt_id))
+
+    def checkpoint_statuses(self) -> list[Any]:
+        """Every checkpoint directory with a manifest, oldest first, its manifest verified
+        (:meth:`CheckpointStore.scan <airflow_spot.storage.checkpoint.CheckpointStore.scan>`)."""
+        return self.layout.checkpoint_store().scan()
+
+    def checkpoints(self, statuses: list[Any] | None = None) -> list[dict[str, Any]]:
+        """Committed checkpoints, oldest first: step, time, size in bytes, writer, save seconds (those whose
+        manifest verifies; ``statuses`` as :meth:`checkpoint_statuses` returns them, read when not given)."""
+        if statuses is None:
+            committed = self.layout.checkpoint_store().committed()
+        else:
+            committed = [s.manifest for s in statuses if s.ok]
         return [
             {"step": m.step, "time": m.created_at, "size": m.size, "writer": m.writer,
              "save_seconds": m.save_seconds}
-            for m in sorted(self.layout.checkpoint_store().committed(), key=lambda m: (m.step, m.created_at))
+            for m in sorted(committed, key=lambda m: (m.step, m.created_at))
         ]
+
+    @staticmethod
+    def broken_checkpoints(statuses: list[Any]) -> list[dict[str, Any]]:
+        """The checkpoints of ``statuses`` whose manifest does not verify (``airflow-spot checkpoints list``
+        shows them ``BROKEN``): step, directory, what is wrong. A resume skips them."""
+        return [{"step": s.step, "directory": s.directory, "problem": s.problem or "its manifest does not verify"}
+                for s in statuses if not s.ok]
 
     def latest_step(self) -> int | None:
         return self.layout.latest_step()
@@ -206,14 +260,15 @@ class JobView:
         return out
 
     # ------------------------------------------------------------------ the timeline
-    def attempts(self, now: float, checkpoints: list[dict[str, Any]] | None = None) -> list[AttemptView]:
+    def attempts(self, now: float, checkpoints: list[dict[str, Any]] | None = None,
+                 ledger: list[LedgerRow] | None = None) -> list[AttemptView]:
         """Every attempt of the job, oldest first, merged from launch record, status, heartbeat and ledger
         (and its committed checkpoints, for its pace past the warm-up: ``checkpoints`` as
-        :meth:`checkpoints` returns them, read here when not given)."""
+        :meth:`checkpoints` returns them, read here when not given; ``ledger``: its rows, read when not given)."""
         listing = self.store.list(JobLayout.ATTEMPTS_PREFIX)  # one listing for the four kinds of object
         launches, statuses, beats = self.launches(listing), self.statuses(listing), self.heartbeats(listing)
         live = self.live_prices(listing)
-        rows = {r.attempt_id: r for r in self.ledger_rows()}
+        rows = {r.attempt_id: r for r in (self.ledger_rows() if ledger is None else ledger)}
         checkpoints = self.checkpoints() if checkpoints is None else checkpoints
         marks = _checkpoint_marks(checkpoints)
         writes_by = {c["writer"]: c["save_seconds"] for c in sorted(checkpoints, key=lambda c: c["time"] or 0.0)
@@ -233,6 +288,8 @@ class JobView:
                 max(0.0, now - started) / 3600.0 * price if started is not None and price is not None
                 and outcome == "running" else None
             )
+            billed = row.billed_seconds if row else (
+                round(max(0.0, now - started), 3) if started is not None and outcome == "running" else None)
             resume = launch.get("resume_step")
             # the writer id its checkpoints carry (CheckpointStore's: the attempt id made key-safe)
             writer = safe_id(aid)
@@ -270,6 +327,7 @@ class JobView:
                 warmup_seconds=warmup,
                 beat_step=hb.step if hb else None,
                 write_seconds=writes,
+                billed_seconds=billed,
             ))
         return sorted(out, key=lambda a: (a.started_at if a.started_at is not None else float("inf"), a.attempt_id))
 
@@ -348,21 +406,31 @@ class JobView:
         return self._prior
 
     def snapshot(self, now: float, total_steps: int | None = None, mtbf_seconds: float | None = None,
-                 with_estimate: bool = True) -> dict[str, Any]:
+                 with_estimate: bool = True, skip_unreadable: bool = False) -> dict[str, Any]:
         """Where the job stands: progress, cost, savings, attempts, checkpoints, chart points, estimate.
+
+        ``unreadable`` lists the objects found but not decoded (``{"key", "error"}``: left out of the
+        figures), ``broken_checkpoints`` the checkpoints whose manifest does not verify (left out of
+        ``checkpoints``).
 
         :param with_estimate: False leaves ``estimate`` None (a list of jobs does not show it, and the
             estimate reads the deployment's overhead history).
+        :param skip_unreadable: True reads the ledger with :meth:`readable_ledger_rows` (a row that does
+            not decode is left out and listed in ``unreadable``: what the UI shows); False with
+            :meth:`ledger_rows`, which raises on such a row.
 
         :param mtbf_seconds: a prior for the current pool's mean time between preemptions, when the caller
             knows one better than the operator's in the segment requests (the estimate benchmark: the
             injector's); like that one, it is blended with the preemptions the job has seen.
         """
+        self.unreadable = []
         summary = self.summary()
         requests = self.requests()
-        checkpoints = self.checkpoints()
-        attempts = self.attempts(now, checkpoints)
-        totals = self.totals(now)
+        statuses = self.checkpoint_statuses()
+        checkpoints = self.checkpoints(statuses)
+        ledger = self.readable_ledger_rows() if skip_unreadable else self.ledger_rows()
+        attempts = self.attempts(now, checkpoints, ledger)
+        totals = self.totals(now, ledger)
         record = self.job_record() or {}
         if total_steps is None:
             total_steps = (summary or {}).get("total_steps") or record.get("total_steps") or next(
@@ -421,6 +489,8 @@ class JobView:
             "steps_lost": totals["steps_lost"],
             "attempts": [a.to_dict() for a in attempts],
             "checkpoints": checkpoints,
+            "broken_checkpoints": self.broken_checkpoints(statuses),
+            "unreadable": list(self.unreadable),
             "series": self.progress_series(attempts, checkpoints, now),
             "estimate": estimate,
             "summary": summary,
@@ -470,12 +540,19 @@ def final_figures(summary: dict[str, Any]) -> dict[str, Any] | None:
             or any(v is not None and (isinstance(v, bool) or not isinstance(v, int)) for v in (total, step))
             or isinstance(preemptions, bool) or not isinstance(preemptions, int)):
         return None
+    money = money_figures(float(numbers[0]), float(numbers[1]))
+    # the summary's own savings (computed before rounding, as the finish task's log printed them): the
+    # difference of the rounded cost and on-demand cost can be off in the last digit
+    for k in ("savings", "savings_fraction"):
+        v = summary.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            money[k] = float(v)
     return {
         "state": finished_state(summary),
         "current_step": step,
         "total_steps": total,
         "progress": round(min(1.0, step / total), 4) if total and step is not None else None,
-        **money_figures(float(numbers[0]), float(numbers[1])),
+        **money,
         "preemptions": preemptions,
     }
 

@@ -43,6 +43,10 @@ SUMMARY_XCOM_KEY = "summary"
 #: the list's columns besides DAG, run and store
 ROW_FIELDS = ("state", "progress", "current_step", "total_steps", "cost", "on_demand_cost", "savings",
               "savings_fraction", "preemptions")
+#: jobs the list shows by default (the newest); ``?limit=`` (up to :data:`LIST_MAX`) and ``?offset=`` page on
+LIST_LIMIT = 200
+#: the most jobs one list page shows
+LIST_MAX = 1000
 #: job stores the list page reads at once (each job's reads go several at once on S3 as well)
 LIST_CONCURRENCY = 4
 _HOOKS_LOCK = threading.Lock()
@@ -74,8 +78,10 @@ def _value(row: Any) -> Any:
         return row.value
 
 
-def find_jobs(session: Session, dag_id: str | None = None, run_id: str | None = None, limit: int = 200) -> list[JobRef]:
-    """Jobs known to Airflow, newest first (one per DAG run, the ``limit`` runs with the newest XComs).
+def find_jobs(session: Session, dag_id: str | None = None, run_id: str | None = None, limit: int = LIST_LIMIT,
+              offset: int = 0) -> list[JobRef]:
+    """Jobs known to Airflow, newest first (one per DAG run, the ``limit`` runs with the newest XComs after
+    the ``offset`` newest).
 
     A job pushes one link XCom per segment task (a 48 h job of 15 min segments, about 200), so the runs are
     picked in SQL (the newest XCom of each run), not from a fixed number of XCom rows, which held only
@@ -94,8 +100,9 @@ def find_jobs(session: Session, dag_id: str | None = None, run_id: str | None = 
         select(XComModel.dag_id, XComModel.run_id, func.max(XComModel.timestamp).label("newest"))
         .where(*scope)
         .group_by(XComModel.dag_id, XComModel.run_id)
-        .order_by(func.max(XComModel.timestamp).desc())
+        .order_by(func.max(XComModel.timestamp).desc(), XComModel.dag_id, XComModel.run_id)
         .limit(limit)
+        .offset(offset)
         .subquery()
     )
     rows = select(XComModel.dag_id, XComModel.run_id, XComModel.key, XComModel.value, XComModel.timestamp,
@@ -161,11 +168,17 @@ def job_row(job: JobRef, now: float | None = None, hooks: dict | None = None) ->
     if final is not None:
         return {**row, **final}
     try:
-        snap = open_view(job, hooks).snapshot(time.time() if now is None else now, with_estimate=False)
+        snap = open_view(job, hooks).snapshot(time.time() if now is None else now, with_estimate=False,
+                                              skip_unreadable=True)
     except Exception as exc:  # noqa: BLE001 - one unreadable store must not hide the other jobs
         log.warning("job %s/%s: store %s not readable: %s", job.dag_id, job.run_id, job.job_uri, exc)
         return {**row, "state": job.run_state, "error": f"store not readable: {exc}"}
-    return {**row, **{k: snap[k] for k in ROW_FIELDS}}
+    out = {**row, **{k: snap[k] for k in ROW_FIELDS}}
+    if snap.get("unreadable"):  # the figures leave those objects out: the row says so
+        bad = snap["unreadable"]
+        out["error"] = (f"{len(bad)} object{'s' if len(bad) > 1 else ''} in the store not readable, left out "
+                        f"of these figures: {', '.join(u['key'] for u in bad[:3])}{' …' if len(bad) > 3 else ''}")
+    return out
 
 
 def job_rows(jobs: list[JobRef], now: float | None = None) -> list[dict[str, Any]]:

@@ -3,13 +3,16 @@
 Pages are plain HTML so they work inside the Airflow UI's iframe (``external_views``) and in a headless
 browser alike; a running job's page reloads itself every few seconds (``<meta http-equiv="refresh">``).
 Everything shown comes from a :meth:`~airflow_spot.storage.job_view.JobView.snapshot` dict.
+
+Every value put into the HTML is escaped (:func:`_e`), numbers included: ids, instance types, error
+messages and whatever else a job's store or a request holds may contain ``<``.
 """
 from __future__ import annotations
 
 import datetime as dt
 from html import escape
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 #: seconds between reloads of a running job's page
 REFRESH_SECONDS = 5
@@ -26,17 +29,31 @@ th{background:#f5f7fa;font-weight:600}td.n{text-align:right;font-variant-numeric
 .bar>div{height:10px;background:#2f80ed;border-radius:5px}
 tr.preempted td,tr.lost td{background:#fff4e5}tr.failed td{background:#fde8e8}tr.running td{background:#e8f4fd}
 .tag{border-radius:3px;padding:0 5px;font-size:12px}.spot{background:#e3f9e5}.on-demand{background:#fcefc7}
+.warn{background:#fff4e5;border-left:4px solid #f2994a;padding:6px 10px}tr.broken td{background:#fde8e8}
 """
 
 
+def _e(v: Any) -> str:
+    """``v`` as HTML text (an attribute value too): ``str`` then escaped."""
+    return escape(str(v))
+
+
 def _money(v: Any) -> str:
-    return "–" if v is None else f"${float(v):,.4f}"
+    if v is None:
+        return "–"
+    try:
+        return f"${float(v):,.4f}"
+    except (TypeError, ValueError):  # a store's object holding a non-number: shown as it is
+        return _e(v)
 
 
 def _time(ts: Any) -> str:
     if ts is None:
         return "–"
-    return dt.datetime.fromtimestamp(float(ts), tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")  # noqa: UP017 - python 3.10
+    try:
+        return dt.datetime.fromtimestamp(float(ts), tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")  # noqa: UP017 - python 3.10
+    except (TypeError, ValueError, OverflowError, OSError):
+        return _e(ts)
 
 
 def _duration(seconds: Any) -> str:
@@ -49,7 +66,10 @@ def _duration(seconds: Any) -> str:
 
 
 def _size(n: Any) -> str:
-    n = float(n or 0)
+    try:
+        n = float(n or 0)
+    except (TypeError, ValueError):
+        return _e(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -65,18 +85,58 @@ def _doc(title: str, body: str, refresh: bool) -> str:
     )
 
 
-def jobs_page(jobs: list[dict[str, Any]], base: str = "/spot") -> str:
-    """The list of jobs (the "Spot Training" navigation entry)."""
+def _pct(fraction: Any) -> str:
+    if fraction is None:
+        return "–"
+    try:
+        return f"{100 * float(fraction):.1f} %"
+    except (TypeError, ValueError):
+        return _e(fraction)
+
+
+def _list_href(base: str, limit: int, offset: int, dag_id: str | None) -> str:
+    query = urlencode({k: v for k, v in (("dag_id", dag_id), ("limit", limit), ("offset", offset)) if v is not None})
+    return f"{base}/?{query}"
+
+
+def _shown_note(shown: dict[str, Any] | None, count: int, base: str) -> str:
+    """What the list left out: older jobs beyond its limit, and how to see them."""
+    if not shown:
+        return ""
+    limit, offset, dag_id = shown["limit"], shown.get("offset") or 0, shown.get("dag_id")
+    scope = f" of DAG {_e(dag_id)}" if dag_id else ""
+    parts = []
+    if offset:
+        prev = _list_href(base, limit, max(0, offset - limit), dag_id)
+        what = (f"Showing jobs{scope} {offset + 1} to {offset + count}, newest first" if count
+                else f"No jobs{scope} beyond the {offset} newest")
+        parts.append(f"{what} (<a href=\"{_e(prev)}\">newer jobs</a>).")
+    if shown.get("more"):
+        nxt = _list_href(base, limit, offset + limit, dag_id)
+        parts.append(
+            (f"Older jobs{scope} than these are not shown. " if offset else
+             f"Only the {_e(limit)} newest jobs{scope} are shown: older jobs are not. ") +
+            f"<a href=\"{_e(nxt)}\">Show the next {_e(limit)}</a>; <code>?limit=N</code> shows up to "
+            f"{_e(shown.get('max', limit))} at once, <code>?dag_id=</code> one DAG's jobs.")
+    if not parts:
+        return ""
+    return f"<p class=warn id=jobs-more>{' '.join(parts)}</p>"
+
+
+def jobs_page(jobs: list[dict[str, Any]], base: str = "/spot", shown: dict[str, Any] | None = None) -> str:
+    """The list of jobs (the "Spot Training" navigation entry).
+
+    :param shown: what the list holds, ``{"limit", "offset", "more", "dag_id", "max"}``: the page says
+        when older jobs are left out, and links to them."""
     rows = []
     for j in jobs:
-        href = f"{base}/jobs/{quote(j['dag_id'], safe='')}/{quote(j['run_id'], safe='')}"
-        progress = j.get("progress")
+        href = f"{base}/jobs/{quote(str(j['dag_id']), safe='')}/{quote(str(j['run_id']), safe='')}"
         rows.append(
-            f"<tr><td>{escape(j['dag_id'])}</td><td><a href=\"{escape(href)}\">{escape(j['run_id'])}</a></td>"
-            f"<td>{escape(str(j.get('state') or '–'))}</td>"
-            f"<td class=n>{'–' if progress is None else f'{100 * progress:.1f} %'}</td>"
+            f"<tr><td>{_e(j['dag_id'])}</td><td><a href=\"{_e(href)}\">{_e(j['run_id'])}</a></td>"
+            f"<td>{_e(j.get('state') or '–')}</td>"
+            f"<td class=n>{_pct(j.get('progress'))}</td>"
             f"<td class=n>{_money(j.get('cost'))}</td><td class=n>{_money(j.get('savings'))}</td>"
-            f"<td class=n>{j.get('preemptions', '–')}</td><td class=muted>{escape(j.get('error') or '')}</td></tr>"
+            f"<td class=n>{_e(j.get('preemptions', '–'))}</td><td class=muted>{_e(j.get('error') or '')}</td></tr>"
         )
     table = (
         "<table id=jobs><tr><th>DAG</th><th>run</th><th>state</th><th>progress</th><th>cost</th><th>savings</th>"
@@ -84,7 +144,14 @@ def jobs_page(jobs: list[dict[str, Any]], base: str = "/spot") -> str:
         if rows else "<p id=jobs class=muted>No spot training job has started yet.</p>"
     )
     running = any(j.get("state") == "running" for j in jobs)
-    return _doc("Spot Training", f"<h1>Spot Training</h1>{table}", refresh=running)
+    return _doc("Spot Training", f"<h1>Spot Training</h1>{_shown_note(shown, len(rows), base)}{table}",
+                refresh=running)
+
+
+def message_page(message: str, base: str = "/spot") -> str:
+    """A page that only says ``message`` (escaped: it may quote the request), with a link to the list."""
+    return _doc("Spot Training", f"<p><a href='{_e(base)}/'>&larr; all jobs</a></p><h1>Spot Training</h1>"
+                                 f"<p id=message class=warn>{_e(message)}</p>", refresh=False)
 
 
 def chart_svg(series: list[dict[str, Any]], total_steps: int | None, width: int = 640, height: int = 200) -> str:
@@ -108,7 +175,7 @@ def chart_svg(series: list[dict[str, Any]], total_steps: int | None, width: int 
         f'<path d="{path("cost", cmax)}" fill="none" stroke="#f2994a" stroke-width="2"/>'
         f'<path d="{path("step", smax)}" fill="none" stroke="#2f80ed" stroke-width="2"/>'
         f'<text x="{pad}" y="14" font-size="11" fill="#f2994a">cost (max {_money(cmax)})</text>'
-        f'<text x="{pad + w}" y="14" font-size="11" fill="#2f80ed" text-anchor="end">steps (of {smax})</text>'
+        f'<text x="{pad + w}" y="14" font-size="11" fill="#2f80ed" text-anchor="end">steps (of {_e(smax)})</text>'
         f'<text x="{pad}" y="{height - 4}" font-size="11" fill="#7b8794">{_time(t0)}</text>'
         f'<text x="{pad + w}" y="{height - 4}" font-size="11" fill="#7b8794" text-anchor="end">'
         f"{_duration(span)} later</text></svg>"
@@ -118,22 +185,22 @@ def chart_svg(series: list[dict[str, Any]], total_steps: int | None, width: int 
 def _attempt_rows(attempts: list[dict[str, Any]]) -> str:
     out = []
     for a in attempts:
-        outcome = a.get("outcome") or "running"
+        outcome = str(a.get("outcome") or "running")
         mark = " &#9889; preemption" if a.get("preemption") else ""
-        market = a.get("market") or ""
+        market = str(a.get("market") or "")
         steps = (
-            f"{a.get('resume_step')}→{a.get('end_step')}" if a.get("resume_step") is not None else "–"
+            f"{_e(a.get('resume_step'))}→{_e(a.get('end_step'))}" if a.get("resume_step") is not None else "–"
         )
         out.append(
-            f'<tr class="attempt {escape(outcome)}"><td>{a.get("segment_index", "–")}</td>'
-            f"<td>{escape(a.get('attempt_id') or '')}</td><td>{escape(a.get('instance_type') or '–')}</td>"
-            f"<td>{escape(a.get('zone') or '–')}</td>"
-            f"<td><span class='tag {escape(market)}'>{escape(market)}</span></td>"
+            f'<tr class="attempt {_e(outcome)}"><td>{_e(a.get("segment_index", "–"))}</td>'
+            f"<td>{_e(a.get('attempt_id') or '')}</td><td>{_e(a.get('instance_type') or '–')}</td>"
+            f"<td>{_e(a.get('zone') or '–')}</td>"
+            f"<td><span class='tag {_e(market)}'>{_e(market)}</span></td>"
             f"<td class=n>{'–' if a.get('price_per_hour') is None else _money(a['price_per_hour']) + '/h'}</td>"
             f"<td>{_time(a.get('started_at'))}</td><td>{_time(a.get('ended_at'))}</td>"
-            f"<td>{escape(outcome)}{mark}</td><td class=n>{steps}</td>"
-            f"<td class=n>{'–' if a.get('steps_done') is None else a['steps_done']}</td>"
-            f"<td class=n>{'–' if a.get('steps_lost') is None else a['steps_lost']}</td>"
+            f"<td>{_e(outcome)}{mark}</td><td class=n>{steps}</td>"
+            f"<td class=n>{'–' if a.get('steps_done') is None else _e(a['steps_done'])}</td>"
+            f"<td class=n>{'–' if a.get('steps_lost') is None else _e(a['steps_lost'])}</td>"
             f"<td class=n>{_money(a.get('cost'))}</td></tr>"
         )
     return "".join(out)
@@ -145,8 +212,8 @@ def _offer_rows(offers: list[dict[str, Any]]) -> str:
         band = "" if o.get("uncertainty") is None else f" ±{100 * o['uncertainty']:.0f} %"
         hours = "–" if o.get("hours") is None else _duration(o["hours"] * 3600)
         out.append(
-            f"<tr><td>{escape(o['instance_type'])}</td><td>{escape(o['zone'])}</td><td>{escape(o['market'])}</td>"
-            f"<td>{escape(o['gpu_name'])} x{o['gpu_count']}</td><td class=n>{_money(o['price_per_hour'])}/h</td>"
+            f"<tr><td>{_e(o['instance_type'])}</td><td>{_e(o['zone'])}</td><td>{_e(o['market'])}</td>"
+            f"<td>{_e(o['gpu_name'])} x{_e(o['gpu_count'])}</td><td class=n>{_money(o['price_per_hour'])}/h</td>"
             f"<td class=n>{o.get('preemption_rate_per_hour', 0):.3f}/h</td><td class=n>{hours}</td>"
             f"<td class=n>{_money(o.get('expected_cost'))}{band}</td></tr>"
         )
@@ -159,17 +226,17 @@ def ranking_html(ranking: dict[str, Any] | None) -> str:
         return ""
     rows = ranking.get("offers") or []
     head = "<h2>Ranking of instance types before the job starts</h2>"
-    basis = f"<p class=muted id=ranking-basis>{escape(ranking.get('basis') or '')}</p>"
+    basis = f"<p class=muted id=ranking-basis>{_e(ranking.get('basis') or '')}</p>"
     if not rows:
-        return f"{head}<p class=muted id=ranking>{escape(ranking.get('note') or 'No offer known.')}</p>"
+        return f"{head}<p class=muted id=ranking>{_e(ranking.get('note') or 'No offer known.')}</p>"
     out = []
     for i, o in enumerate(rows, 1):
         band = "" if o.get("uncertainty") is None else f" ±{100 * o['uncertainty']:.0f} %"
         hours = "–" if o.get("hours") is None else _duration(o["hours"] * 3600)
         rel = "–" if o.get("relative_cost") is None else f"{o['relative_cost']:.2f}×"
         out.append(
-            f"<tr class=ranked><td class=n>{i}</td><td>{escape(o['instance_type'])}</td><td>{escape(o['zone'])}</td>"
-            f"<td>{escape(o['market'])}</td><td>{escape(o['gpu_name'])} x{o['gpu_count']}</td>"
+            f"<tr class=ranked><td class=n>{i}</td><td>{_e(o['instance_type'])}</td><td>{_e(o['zone'])}</td>"
+            f"<td>{_e(o['market'])}</td><td>{_e(o['gpu_name'])} x{_e(o['gpu_count'])}</td>"
             f"<td class=n>{_money(o['price_per_hour'])}/h</td><td class=n>{hours}</td>"
             f"<td class=n>{_money(o.get('expected_cost'))}</td><td class=n>{rel}{band}</td></tr>"
         )
@@ -180,7 +247,7 @@ def ranking_html(ranking: dict[str, Any] | None) -> str:
                  f"apart, within the stated ±{100 * band:.0f} %: their order is not certain.</p>")
     return (
         f"{head}{basis}<table id=ranking><tr><th>#</th><th>instance</th><th>zone</th><th>market</th><th>GPU</th>"
-        f"<th>price</th><th>time for {ranking.get('steps', '?')} steps</th><th>expected cost</th>"
+        f"<th>price</th><th>time for {_e(ranking.get('steps', '?'))} steps</th><th>expected cost</th>"
         f"<th>cost vs best</th></tr>" + "".join(out) + f"</table>{close}"
     )
 
@@ -192,17 +259,17 @@ def job_page(dag_id: str, run_id: str, snap: dict[str, Any], offers: list[dict[s
     est = snap.get("estimate") or {}
     total = snap.get("total_steps")
     progress = snap.get("progress")
-    pct = "–" if progress is None else f"{100 * progress:.1f} %"
+    pct = _pct(progress)
     cards = [
-        ("state", escape(str(snap.get("state")))),
-        ("progress", f"{snap.get('current_step')} / {total if total else '?'} steps ({pct})"),
+        ("state", _e(snap.get("state"))),
+        ("progress", f"{'–' if snap.get('current_step') is None else _e(snap['current_step'])} / {_e(total) if total else '?'} steps ({pct})"),
         ("cost so far", _money(snap.get("cost")) + (
             f" <span class=muted id=transfers>of which checkpoint transfers {_money(snap['transfer_dollars'])}</span>"
             if snap.get("transfer_dollars") else "")),
         ("on-demand cost of the same work", _money(snap.get("on_demand_cost"))),
-        ("savings", f"{_money(snap.get('savings'))} ({100 * (snap.get('savings_fraction') or 0):.1f} %)"),
-        ("preemptions", str(snap.get("preemptions", 0))),
-        ("steps lost", str(snap.get("steps_lost", 0))),
+        ("savings", f"{_money(snap.get('savings'))} ({_pct(snap.get('savings_fraction') or 0)})"),
+        ("preemptions", _e(snap.get("preemptions", 0))),
+        ("steps lost", _e(snap.get("steps_lost", 0))),
         ("remaining time", (_duration(est.get("remaining_seconds")) + (
             f" ± {_duration(est['spread_seconds'])}" if est.get("spread_seconds") else ""))
          if snap.get("state") != "finished" else "done"),
@@ -213,8 +280,12 @@ def job_page(dag_id: str, run_id: str, snap: dict[str, Any], offers: list[dict[s
         f"<span class=muted>{escape(label)}</span><b>{value}</b></div>"
         for label, value in cards
     )
-    bar = f"<div class=bar><div style='width:{100 * (progress or 0):.1f}%'></div></div>"
-    basis = f"<p class=muted id=estimate>Estimate: {escape(est['basis'])}</p>" if est.get("basis") else ""
+    try:
+        width = min(100.0, max(0.0, 100 * float(progress or 0)))
+    except (TypeError, ValueError):
+        width = 0.0
+    bar = f"<div class=bar><div style='width:{width:.1f}%'></div></div>"
+    basis = f"<p class=muted id=estimate>Estimate: {_e(est['basis'])}</p>" if est.get("basis") else ""
     attempts = snap.get("attempts") or []
     timeline = (
         "<table id=attempts><tr><th>segment</th><th>attempt</th><th>instance</th><th>zone</th><th>market</th>"
@@ -224,31 +295,57 @@ def job_page(dag_id: str, run_id: str, snap: dict[str, Any], offers: list[dict[s
         if attempts else "<p class=muted id=attempts>No attempt yet.</p>"
     )
     cps = snap.get("checkpoints") or []
+    broken = snap.get("broken_checkpoints") or []
+    # committed and broken ones together, by step: a broken one (a truncated manifest...) is shown, not hidden
+    cp_rows = sorted(
+        [(c.get("step"), 0, "<tr class=checkpoint><td class=n>{}</td><td>{}</td><td class=n>{}</td><td>{}</td>"
+                            "<td>ok</td></tr>".format(_e(c.get("step")), _time(c.get("time")), _size(c.get("size")),
+                                                      _e(c.get("writer", ""))))
+         for c in cps]
+        + [(b.get("step"), 1, "<tr class=broken><td class=n>{}</td><td>–</td><td class=n>–</td><td>–</td>"
+                              "<td>BROKEN: {} <span class=muted>({})</span></td></tr>".format(
+                                  _e(b.get("step")), _e(b.get("problem") or "does not verify"),
+                                  _e(b.get("directory") or "")))
+           for b in broken],
+        key=lambda r: (r[0] if isinstance(r[0], int) else -1, r[1]))
     cp_table = (
-        "<table id=checkpoints><tr><th>step</th><th>time (UTC)</th><th>size</th><th>writer</th></tr>"
-        + "".join(
-            f"<tr><td class=n>{c['step']}</td><td>{_time(c['time'])}</td><td class=n>{_size(c['size'])}</td>"
-            f"<td>{escape(str(c.get('writer', '')))}</td></tr>" for c in cps
-        ) + "</table>"
-        if cps else "<p class=muted id=checkpoints>No committed checkpoint yet.</p>"
+        "<table id=checkpoints><tr><th>step</th><th>time (UTC)</th><th>size</th><th>writer</th><th>status</th></tr>"
+        + "".join(r[2] for r in cp_rows) + "</table>"
+        if cp_rows else "<p class=muted id=checkpoints>No committed checkpoint yet.</p>"
     )
+    if broken:
+        cp_table += (f"<p class=warn id=broken-checkpoints>{len(broken)} checkpoint"
+                     f"{'s do' if len(broken) > 1 else ' does'} not verify: a resume skips "
+                     f"{'them' if len(broken) > 1 else 'it'} (<code>airflow-spot checkpoints list</code> says more).</p>")
     if offers:
         offer_html = (
             "<table id=offers><tr><th>instance</th><th>zone</th><th>market</th><th>GPU</th><th>price</th>"
-            f"<th>preemptions</th><th>time for {offers[0].get('steps', '?')} steps</th><th>expected cost</th></tr>"
+            f"<th>preemptions</th><th>time for {_e(offers[0].get('steps', '?'))} steps</th><th>expected cost</th></tr>"
             + _offer_rows(offers) + "</table>"
         )
     else:
-        offer_html = f"<p class=muted id=offers>{escape(offers_error or 'No offers known for this job.')}</p>"
+        offer_html = f"<p class=muted id=offers>{_e(offers_error or 'No offers known for this job.')}</p>"
     summary_note = ""
     if snap.get("summary"):
         summary_note = (
             "<p class=muted>Savings compare the cost with what the same kept work costs on demand of the same "
             "instance type; time a preemption threw away earns no savings.</p>"
         )
+    warnings = ""
+    if snap.get("store_note"):
+        warnings += f"<p class=warn id=store-note>{_e(snap['store_note'])}</p>"
+    unreadable = snap.get("unreadable") or []
+    if unreadable:
+        warnings += (
+            f"<div class=warn id=unreadable>{len(unreadable)} object{'s' if len(unreadable) > 1 else ''} in the "
+            "job's store could not be read and {} left out of what this page shows:<ul>".format(
+                "are" if len(unreadable) > 1 else "is")
+            + "".join(f"<li><code>{_e(u.get('key'))}</code>: {_e(u.get('error'))}</li>" for u in unreadable)
+            + "</ul></div>"
+        )
     body = (
-        f"<p><a href='/spot/'>&larr; all jobs</a></p><h1>{escape(dag_id)} / {escape(run_id)}</h1>"
-        f"<p class=muted>store: {escape(str(snap.get('job_uri')))}</p><div class=cards>{card_html}</div>"
+        f"<p><a href='/spot/'>&larr; all jobs</a></p><h1>{_e(dag_id)} / {_e(run_id)}</h1>"
+        f"<p class=muted>store: {_e(snap.get('job_uri'))}</p>{warnings}<div class=cards>{card_html}</div>"
         f"{ranking_html(ranking)}"
         f"<h2>Progress</h2>{bar}{basis}<h2>Cost and progress over time</h2>{chart_svg(snap.get('series') or [], total)}"
         f"<h2>Attempts</h2>{timeline}{summary_note}<h2>Checkpoints</h2>{cp_table}"

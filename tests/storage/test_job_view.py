@@ -196,3 +196,52 @@ def test_an_unreadable_history_leaves_the_estimate_to_the_jobs_own_figures(view,
 
     monkeypatch.setenv(ENV_URI, "ftp://nowhere/overheads")  # not a store this code can open
     assert JobView(view.store).snapshot(T0 + 250)["estimate"]["overheads"]["last_finish"] == 0.0
+
+
+# ------------------------------------------------------------------ what the UI shows of a damaged store
+def test_each_attempt_carries_its_billed_seconds(view):
+    """A finished attempt's are its ledger row's (whole seconds, with the minimum on a new instance); a
+    running one's are the seconds since it was billed from, what its cost so far is priced over."""
+    attempts = {a["attempt_id"]: a for a in view.snapshot(now=T0 + 250)["attempts"]}
+    rows = {r.attempt_id: r for r in view.ledger_rows()}
+    assert attempts["s0.try1"]["billed_seconds"] == rows["s0.try1"].billed_seconds == 90
+    assert attempts["s0.try2"]["billed_seconds"] == rows["s0.try2"].billed_seconds == 70
+    running = attempts["s1.try1"]
+    assert running["billed_seconds"] == pytest.approx(50)
+    assert running["cost"] == pytest.approx(running["billed_seconds"] / 3600 * running["price_per_hour"])
+
+
+def test_a_malformed_ledger_row_is_left_out_of_the_view_and_named_but_counting_still_refuses_it(view):
+    """The page shows what it can read and names the row it cannot; what the operators count against
+    their budgets (``count``, ``ledger_rows``, ``totals``) still raises on it rather than counting it as
+    no row."""
+    good = view.snapshot(now=T0 + 250)
+    assert good["unreadable"] == [] and good["broken_checkpoints"] == []
+    bad_key = "control/ledger/s1.try0.json"
+    view.store.put_bytes(bad_key, b'{"attempt_id": "s1.try0"}')  # a row missing its fields
+    with pytest.raises(ValueError, match="s1.try0.json"):
+        view.snapshot(now=T0 + 250)  # the strict read, as before
+    with pytest.raises(ValueError, match="s1.try0.json"):
+        view.count([Outcome.PREEMPTED])
+    with pytest.raises(ValueError, match="s1.try0.json"):
+        view.totals(now=T0 + 250)
+    snap = view.snapshot(now=T0 + 250, skip_unreadable=True)
+    assert [u["key"] for u in snap["unreadable"]] == [bad_key]
+    assert "not a valid ledger row" in snap["unreadable"][0]["error"]
+    # the readable rows' figures, as before the bad row was written
+    assert {k: snap[k] for k in ("cost", "preemptions", "steps_lost", "current_step")} == pytest.approx(
+        {k: good[k] for k in ("cost", "preemptions", "steps_lost", "current_step")}, abs=1e-4)
+    assert [a["attempt_id"] for a in snap["attempts"]] == [a["attempt_id"] for a in good["attempts"]]
+    assert [r.attempt_id for r in view.readable_ledger_rows()] == ["s0.try1", "s0.try2"]
+
+
+def test_a_checkpoint_with_a_truncated_manifest_is_listed_as_broken(view):
+    store = view.store.child("checkpoints")
+    cps = JobLayout(view.store).checkpoint_store(writer="s1.try1")
+    cps.save(200, lambda f: f.write(b"w" * 2048))
+    manifest = next(k for k in store.list() if k.startswith("000000000200-") and k.endswith("/MANIFEST.json"))
+    store.put_bytes(manifest, store.get_bytes(manifest)[:40])
+    snap = view.snapshot(now=T0 + 250)
+    assert [c["step"] for c in snap["checkpoints"]] == [40, 100, 120]
+    (broken,) = snap["broken_checkpoints"]
+    assert broken["step"] == 200 and broken["directory"] == manifest.split("/")[0] and broken["problem"]

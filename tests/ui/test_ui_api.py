@@ -134,6 +134,10 @@ def test_one_job_has_timeline_checkpoints_totals_estimate_and_offers(client):
     ]
     assert j["attempts"][0]["steps_lost"] == 7 and j["attempts"][0]["steps_done"] == 60
     assert j["attempts"][2]["steps_done"] == 50  # heartbeat at 150, resumed at 100
+    # billed seconds: the ledger rows' (400 s, 280 s), and the running attempt's so far (since T0 + 700)
+    assert [a["billed_seconds"] for a in j["attempts"][:2]] == [400, 280]
+    assert j["attempts"][2]["billed_seconds"] >= time.time() - (T0 + 700) - 60
+    assert j["unreadable"] == [] and j["broken_checkpoints"] == [] and j["store_note"] is None
     assert [c["step"] for c in j["checkpoints"]] == [60, 100, 140]
     assert all(c["size"] > 1000 for c in j["checkpoints"])
     # ledger: 400 s + 280 s at $0.2/h, plus the running attempt billed from T0+700 until now
@@ -353,6 +357,13 @@ def test_a_finished_jobs_row_comes_from_its_summary_xcom_even_with_its_store_gon
     again = next(j for j in client.get("/spot/api/jobs", headers=auth).json() if j["dag_id"] == FINISHED_DAG)
     assert again == row and "error" not in again
     assert "ui_api_finished" in client.get("/spot/", headers=auth).text
+    # the job's page too: the summary's figures (as the list's), and it says the store is gone
+    j = client.get(f"/spot/api/jobs/{FINISHED_DAG}/{run.run_id}", headers=auth).json()
+    assert {k: j[k] for k in ROW_FIELDS} == {k: row[k] for k in ROW_FIELDS}
+    assert j["total_steps"] == 200 and j["cost"] > 0 and "gone or empty" in j["store_note"]
+    html = client.get(f"/spot/jobs/{FINISHED_DAG}/{run.run_id}", headers=auth).text
+    assert "id=store-note" in html and "200 / 200 steps" in html
+    assert "has not recorded its GPU request yet" not in html
 
     # the run cleared and going on: a new attempt's link is newer than the summary, so the store is read
     with DAG(FINISHED_DAG + "_again", schedule=None, start_date=datetime(2024, 1, 1)) as dag2:
@@ -406,3 +417,88 @@ def test_runs_of_long_jobs_are_all_found_and_other_summaries_are_not_jobs(client
         assert all(j.job_uri == f"file://{tmp_path}/{j.run_id}" and j.summary is None for j in found)
         assert [j.run_id for j in find_jobs(session, dag_id=MANY_DAG, limit=2)] == run_ids[:0:-1]
         assert [j.run_id for j in find_jobs(session, dag_id=MANY_DAG, run_id=run_ids[0])] == run_ids[:1]
+
+
+# ------------------------------------------------------------------ what QA found
+def test_the_not_found_page_does_not_echo_the_request_as_markup(client):
+    auth = {"Authorization": f"Bearer {client.token}"}
+    r = client.get("/spot/jobs/%3Cimg%20src%3Dx%20onerror%3Dalert(1)%3E/r1", headers=auth)
+    assert r.status_code == 404
+    assert "<img" not in r.text and "&lt;img src=x onerror=alert(1)&gt;" in r.text
+
+
+DAMAGED_DAG = "ui_api_damaged"
+
+
+def test_a_malformed_ledger_row_and_a_broken_checkpoint_do_not_take_the_job_page_down(client, tmp_path):
+    """One ledger row that does not decode and one checkpoint whose manifest is cut short: the page and
+    the JSON answer 200 with what can be read, name the unreadable row and show the broken checkpoint."""
+    from airflow.sdk import DAG, task
+    from test_job_rows import finished_job
+
+    uri, _ = finished_job(tmp_path / "job")
+    store = open_store(uri)
+    bad = "control/ledger/train.segment_001.try0.json"
+    store.put_bytes(bad, b"{not json")
+    JobLayout(store).checkpoint_store(writer="train").save(400, lambda f: f.write(b"x" * 500))
+    manifest = next(k for k in store.list("checkpoints/") if k.startswith("checkpoints/000000000400-")
+                    and k.endswith("/MANIFEST.json"))
+    store.put_bytes(manifest, store.get_bytes(manifest)[:30])
+    with DAG(DAMAGED_DAG, schedule=None, start_date=datetime(2024, 1, 1)) as dag:
+        @task(task_id="train.segment_001")
+        def segment(**context):
+            from airflow_spot.links.attempt import SpotAttemptLink
+
+            SpotAttemptLink.persist(context, uri, "train.segment_001.try1", None)
+
+        segment()
+    run = run_dag(dag)
+    auth = {"Authorization": f"Bearer {client.token}"}
+    r = client.get(f"/spot/api/jobs/{DAMAGED_DAG}/{run.run_id}", headers=auth)
+    assert r.status_code == 200, r.text[:500]
+    j = r.json()
+    assert [u["key"] for u in j["unreadable"]] == [bad]
+    assert len(j["attempts"]) == 3 and [c["step"] for c in j["checkpoints"]] == [60, 100, 200]
+    assert [b["step"] for b in j["broken_checkpoints"]] == [400]
+    html = client.get(f"/spot/jobs/{DAMAGED_DAG}/{run.run_id}", headers=auth)
+    assert html.status_code == 200
+    assert "id=unreadable" in html.text and bad in html.text and "<tr class=broken>" in html.text
+    row = next(x for x in client.get("/spot/api/jobs", headers=auth).json() if x["dag_id"] == DAMAGED_DAG)
+    assert bad in row["error"] and row["preemptions"] == 1
+
+
+CAPPED_DAG = "ui_api_capped"
+
+
+def test_the_list_says_older_jobs_are_not_shown_and_pages_to_them(client, tmp_path, monkeypatch):
+    from airflow.sdk import DAG, task
+
+    from airflow_spot.ui import jobs as ui_jobs
+
+    with DAG(CAPPED_DAG, schedule=None, start_date=datetime(2024, 1, 1)) as dag:
+        @task(task_id="train.segment_000")
+        def segment(**context):
+            from airflow_spot.links.attempt import SpotAttemptLink
+
+            SpotAttemptLink.persist(context, f"file://{tmp_path}/{context['run_id']}", "s.try1", None)
+
+        segment()
+    runs = [run_dag(dag).run_id for _ in range(2)]
+    auth = {"Authorization": f"Bearer {client.token}"}
+    assert ui_jobs.LIST_LIMIT == 200
+    r = client.get("/spot/api/jobs", headers=auth)
+    assert r.headers["X-Spot-Jobs-Limit"] == "200" and r.headers["X-Spot-Jobs-More"] == "false"
+    assert "id=jobs-more" not in client.get("/spot/", headers=auth).text
+
+    monkeypatch.setattr(ui_jobs, "LIST_LIMIT", 1)
+    r = client.get("/spot/api/jobs", params={"dag_id": CAPPED_DAG}, headers=auth)
+    assert [j["run_id"] for j in r.json()] == runs[1:]
+    assert r.headers["X-Spot-Jobs-More"] == "true" and r.headers["X-Spot-Jobs-Limit"] == "1"
+    assert "offset=1" in r.headers["Link"] and 'rel="next"' in r.headers["Link"]
+    older = client.get("/spot/api/jobs", params={"dag_id": CAPPED_DAG, "offset": 1}, headers=auth)
+    assert [j["run_id"] for j in older.json()] == runs[:1] and older.headers["X-Spot-Jobs-More"] == "false"
+    both = client.get("/spot/api/jobs", params={"dag_id": CAPPED_DAG, "limit": 5}, headers=auth)
+    assert [j["run_id"] for j in both.json()] == runs[::-1]
+    html = client.get("/spot/", headers=auth).text
+    assert "Only the 1 newest jobs are shown: older jobs are not." in html and "offset=1" in html
+    assert client.get("/spot/api/jobs", params={"limit": 100_000}, headers=auth).status_code == 422
