@@ -48,10 +48,9 @@ from airflow_spot.policy.transfer import TransferCost, saves_per_hour, transfer_
 from airflow_spot.storage.checkpoint import DIGEST_ENV, NoUsableCheckpointError, digest_setting
 from airflow_spot.storage.manifest import Manifest
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError, store_errors
-from airflow_spot.storage.job_view import JobView
 from airflow_spot.storage.protocol import JobLayout, Outcome, SchemaError, SegmentRequest, safe_id
 from airflow_spot.triggers.completion import summarize
-from airflow_spot.triggers.segment import EVENT_KEYS, SegmentTrigger
+from airflow_spot.triggers.segment import DEFAULT_STALL_TIMEOUT, EVENT_KEYS, SegmentTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -60,6 +59,10 @@ TAG_DAG = "airflow-spot:dag"
 TAG_RUN = "airflow-spot:run"
 TAG_JOB = "airflow-spot:job"
 TAG_TASK = "airflow-spot:task"
+
+
+#: pause before asking a launch again after a transient error (throttling, a 5xx, a lost reply)
+TRANSIENT_RETRY_SECONDS = 2.0
 
 
 class SegmentPreempted(AirflowException):
@@ -202,7 +205,7 @@ class SpotSegmentOperator(BaseOperator):
         startup_timeout: float = 900.0,
         heartbeat_timeout: float = 300.0,
         max_attempt_seconds: float = 7 * 24 * 3600.0,
-        stall_timeout: float | None = 3600.0,
+        stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
         checkpoint_min_interval: float | None = None,
         checkpoint_max_interval: float | None = None,
         keep_checkpoints: int = 3,
@@ -540,19 +543,20 @@ class SpotSegmentOperator(BaseOperator):
         state = context.get("task_state_store")
         recorded = state.get(self.ATTEMPT_STATE_KEY) if state is not None else None
         accounted = {r.attempt_id for r in accounting.read_rows(store)}
+        launch = None
         if isinstance(recorded, dict) and recorded.get("attempt_id"):
             launch = AttemptLaunch.read(store, recorded["attempt_id"])
             if launch is None or launch.instance_id != recorded.get("instance_id"):
                 return None  # the store was replaced or the job root reused: nothing of ours to reattach to
-        else:
-            # Nothing recorded: the worker died between the request and the record, the record's write
-            # failed, or Airflow keeps no task state. The store still knows the attempt.
-            launch = self._unrecorded_attempt(context, store, accounted)
+        if launch is None or launch.attempt_id in accounted:
+            # Nothing recorded, or an older try's attempt that was accounted for: a later try may have asked
+            # its instance and died before its record (the worker went, the record's write failed, or
+            # Airflow keeps no task state). The store still knows that attempt.
+            launch = self._unrecorded_attempt(context, store, accounted,
+                                              after=launch.try_number if launch is not None else 0)
             if launch is None:
-                return None
+                return None  # accounted for (or nothing launched): a new attempt is due
             recorded = {"try_number": launch.try_number}
-        if launch.attempt_id in accounted:
-            return None  # accounted for: it ended and was handled, a new attempt is due
         ended = JobLayout(store).read_status(launch.attempt_id) is not None
         info = self.hook.get_backend().describe([launch.instance_id]).get(launch.instance_id)
         if not ended and (info is None or InstanceState(info.state).is_terminal()):
@@ -652,23 +656,29 @@ class SpotSegmentOperator(BaseOperator):
             warm_process=self.warm_process,
         )
 
-    def _unrecorded_attempt(self, context: Context, store: ObjectStore, accounted: set[str]) -> AttemptLaunch | None:
-        """This segment's newest attempt of an earlier try that was asked of its instance (a request
-        written) and that nobody accounted for (no ledger row): what a lost task state record pointed to."""
+    def _unrecorded_attempt(self, context: Context, store: ObjectStore, accounted: set[str],
+                            after: int = 0) -> AttemptLaunch | None:
+        """This segment's newest attempt of an earlier try (than this one, later than try ``after``) that was
+        asked of its instance (a request written) and that nobody accounted for (no ledger row): what a lost
+        task state record pointed to. Reads at most one launch record per earlier try (their ids are
+        ``<task_id>.try<n>``); attempts from before this run's budget started (a deleted run whose id and job
+        root came back, a cleared task's earlier tries) are not this try's to wait for."""
         ti = context.get("ti")
-        if ti is None:
+        if ti is None or ti.try_number <= after + 1:
             return None
-        try_number = ti.try_number
-        candidates = []
-        for data in JobView(store).launches().values():
-            if (data.get("task_id") == self.task_id and data.get("segment_index") == self.segment_index
-                    and int(data.get("try_number") or 0) < try_number and data["attempt_id"] not in accounted):
-                try:
-                    candidates.append(AttemptLaunch.read(store, data["attempt_id"]))
-                except SchemaError:
-                    continue
+        since = self._budget_start(context, store)
         layout = JobLayout(store)
-        for launch in sorted((c for c in candidates if c is not None), key=lambda c: c.requested_at, reverse=True):
+        for n in range(ti.try_number - 1, after, -1):
+            attempt_id = safe_id(self.task_id, f"try{n}")
+            if attempt_id in accounted:
+                continue
+            try:
+                launch = AttemptLaunch.read(store, attempt_id)
+            except (SchemaError, TypeError, ValueError):  # a torn record names no instance to wait for
+                continue
+            if (launch is None or launch.segment_index != self.segment_index
+                    or (since is not None and launch.requested_at < since)):
+                continue
             if store.exists(layout.request_key(launch.instance_id, launch.attempt_id)):
                 return launch
         return None
@@ -705,10 +715,11 @@ class SpotSegmentOperator(BaseOperator):
         accounted = {r.attempt_id for r in (accounting.read_rows(store) if rows is None else rows)}
         busy = set()
         for instance_id in instance_ids:
-            for request in layout.pending_requests(instance_id):
-                if request.attempt_id not in accounted and layout.read_status(request.attempt_id) is None:
-                    busy.add(instance_id)
-                    break
+            prefix = layout.request_prefix(instance_id)
+            # attempt ids from the request keys' names: only unaccounted ones cost a read (of their status)
+            names = [k[len(prefix):-len(".json")] for k in store.list(prefix) if k.endswith(".json")]
+            if any(a not in accounted and layout.read_status(a) is None for a in names if "/" not in a):
+                busy.add(instance_id)
         return busy
 
     def _probe_spec(self, context: Context, store, offer, now: float, try_number: int = 0) -> LaunchSpec:
@@ -790,7 +801,16 @@ class SpotSegmentOperator(BaseOperator):
                 max_price_per_hour=self.gpus.max_price_per_hour,
             )
             try:
-                launched = backend.launch(spec)
+                try:
+                    launched = backend.launch(spec)
+                except LaunchError as first:
+                    if not getattr(first, "transient", False):
+                        raise
+                    # once more with the same token, which EC2 answers with the instance a call whose reply
+                    # was lost did launch (a describe may not show it yet), or launches it now
+                    self.log.warning("%s (%s): %s; asking once more", offer.pool, offer.market, first)
+                    time.sleep(TRANSIENT_RETRY_SECONDS)
+                    launched = backend.launch(spec)
             except LaunchError as exc:
                 if getattr(exc, "transient", False):
                     # throttled, a 5xx, a network error: nothing to fix and no capacity learnt; the next

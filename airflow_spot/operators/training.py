@@ -118,7 +118,9 @@ class SpotJobSummaryOperator(BaseOperator):
             terminated_at_end=leftover,
         )
         dag_run = context.get("dag_run")
-        run_started = getattr(getattr(dag_run, "start_date", None), "timestamp", None)
+        # when the run was due (run_after, kept when a task is cleared; start_date is reset then)
+        run_started = next((getattr(getattr(dag_run, name, None), "timestamp", None)
+                            for name in ("run_after", "start_date") if getattr(dag_run, name, None) is not None), None)
         if run_started is not None:
             # a store shared by several runs (a checkpoint_uri without {{ run_id }}) sums every run's attempts
             summary["attempts_this_run"] = sum(r["started_at"] >= run_started() for r in summary.get("rows", []))

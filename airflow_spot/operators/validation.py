@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import shlex
 from datetime import timedelta
 from typing import Any
@@ -32,8 +33,11 @@ def _templated(value: Any) -> bool:
 #: linear in their number (Airflow's ``>>`` hashes the DAG, all its task ids included, at every edge):
 #: measured on a 2-CPU machine, 2000 segments build in 2-3 s, 4000 in 5-10 s, 12800 in 24 s, 100000 in
 #: over 10 minutes, past the dag-processor's 30 s import timeout (and the DAG's serialisation after it takes
-#: about as long again). At 15-30 minutes a segment, 2000 segments are three weeks or more of training.
-MAX_SEGMENTS = 2000
+#: about as long again). At 15-30 minutes a segment, 2000 segments are three weeks or more of training. The
+#: refusal sits where parsing nears the timeout, so a DAG that parses today keeps parsing.
+MAX_SEGMENTS = 10000
+#: above this many a DAG still parses, slowly (a warning in the DAG processor's log says what to change)
+WARN_SEGMENTS = 2000
 
 
 def validate_steps(total_steps: Any, steps_per_segment: Any) -> None:
@@ -56,6 +60,11 @@ def validate_steps(total_steps: Any, steps_per_segment: Any) -> None:
             "should be minutes to hours of training (15-30 minutes is best: decisions come at segment ends); it "
             "is not the checkpoint interval, which the training session sets on its own within each segment"
         )
+    if segments > WARN_SEGMENTS:
+        logging.getLogger(__name__).warning(
+            "total_steps=%d in segments of steps_per_segment=%d is %d segments: the DAG takes seconds to parse; "
+            "steps_per_segment >= %d keeps it under %d (a segment should be minutes to hours of training)",
+            total_steps, steps_per_segment, segments, -(-total_steps // WARN_SEGMENTS), WARN_SEGMENTS)
 
 
 def validate_backend(backend: Any) -> None:

@@ -90,6 +90,17 @@ class AttemptView:
         return d
 
 
+def _malformed_launch(data: dict[str, Any]) -> str | None:
+    """What makes a launch record unusable for the view (None: usable): the fields it computes with."""
+    if not isinstance(data.get("offer", {}), dict):
+        return "its offer is not an object"
+    for name in ("billed_from", "requested_at", "resume_step", "end_step", "segment_index"):
+        value = data.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"{name} is not a number: {value!r}"
+    return None
+
+
 class JobView:
     """Read one job's objects. :param store: the job's root store (the ``checkpoint_uri``)."""
 
@@ -147,8 +158,14 @@ class JobView:
                 log.warning("%s/%s is not JSON (%s); ignored", self.uri, key, exc)
                 self._note_unreadable(key, f"not JSON: {exc}")
                 continue
-            if isinstance(data, dict) and data.get("attempt_id"):
-                out[data["attempt_id"]] = data
+            if not isinstance(data, dict) or not isinstance(data.get("attempt_id"), str) or not data["attempt_id"]:
+                self._note_unreadable(key, "not a launch record (no attempt_id)")
+                continue
+            bad = _malformed_launch(data)
+            if bad:
+                self._note_unreadable(key, bad)
+                continue
+            out[data["attempt_id"]] = data
         return out
 
     def _typed(self, name: str, cls, listing: list[str] | None = None) -> dict[str, Any]:

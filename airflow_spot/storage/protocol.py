@@ -25,6 +25,7 @@ State diagram of an attempt::
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
@@ -78,11 +79,14 @@ class _Record:
             data = json.loads(raw)
         except ValueError as exc:
             raise SchemaError(f"{cls.__name__}: not JSON ({exc})") from exc
-        if not isinstance(data, dict) or int(data.get("schema", 0)) > SCHEMA_VERSION:
-            found = data.get("schema") if isinstance(data, dict) else data
+        found = data.get("schema", 0) if isinstance(data, dict) else data
+        if not isinstance(data, dict) or isinstance(found, bool) or not isinstance(found, int) or found > SCHEMA_VERSION:
             raise SchemaError(f"{cls.__name__}: unsupported schema {found!r}")
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except (TypeError, ValueError) as exc:  # a field missing, or one a record checks (LivePrice's price)
+            raise SchemaError(f"{cls.__name__}: malformed ({exc})") from exc
 
 
 @dataclass
@@ -162,6 +166,12 @@ class LivePrice(_Record):
     attempt_id: str
     price_per_hour: float
     through: float
+
+    def __post_init__(self) -> None:
+        for name in ("price_per_hour", "through"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"LivePrice.{name} must be a finite number >= 0, got {value!r}")
 
 
 class JobLayout:

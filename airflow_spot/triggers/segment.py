@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -56,6 +57,20 @@ def _accounting_pool():
 #: page's and the progress line's live cost); spot prices move a few times a day at most, and each read is
 #: one DescribeSpotPriceHistory call
 LIVE_PRICE_EVERY_SECONDS = 900.0
+#: the live-price reads' own threads (apart from the accounting's: a throttled read must not delay a segment
+#: boundary), and the default stall timeout (a trigger that was not given one applies it)
+LIVE_PRICE_THREADS = 2
+_LIVE_PRICE_POOL = None
+DEFAULT_STALL_TIMEOUT = 3600.0
+
+
+def _live_price_pool():
+    global _LIVE_PRICE_POOL
+    if _LIVE_PRICE_POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _LIVE_PRICE_POOL = ThreadPoolExecutor(LIVE_PRICE_THREADS, thread_name_prefix="airflow-spot-live-price")
+    return _LIVE_PRICE_POOL
 
 #: Between the describe rounds a trigger reads its attempt's status object every so often, so an attempt
 #: that ended is seen within about a second instead of up to one poll interval later (each second is the
@@ -163,7 +178,8 @@ def classify(
         return Outcome.LOST, (
             f"no heartbeat for {obs.now - beat_at:.0f}s (timeout {heartbeat_timeout:.0f}s) at step {hb.step}"
         )
-    elif stall_timeout is not None and obs.step_seen_at is not None and hb.notice_at is None:
+    elif (stall_timeout is not None and obs.step_seen_at is not None and hb.notice_at is None
+          and hb.first_step_at is not None):  # start-up (restore, data preparation) is not judged
         window = max(stall_timeout, 20 * (hb.step_time_ewma or 0.0) + 3 * (hb.save_cost_seconds or 0.0))
         if obs.now - obs.step_seen_at > window:
             return Outcome.LOST, (
@@ -212,7 +228,7 @@ class SegmentTrigger(BaseTrigger):
         startup_timeout: float = 900.0,
         heartbeat_timeout: float = 300.0,
         max_attempt_seconds: float = 7 * 24 * 3600.0,
-        stall_timeout: float | None = None,
+        stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
         end_from_trigger: bool = False,
         segment_index: int = 0,
         end_step: int | None = None,
@@ -273,7 +289,9 @@ class SegmentTrigger(BaseTrigger):
                 "startup_timeout": self.startup_timeout,
                 "heartbeat_timeout": self.heartbeat_timeout,
                 "max_attempt_seconds": self.max_attempt_seconds,
-                "stall_timeout": self.stall_timeout,
+                # the default is left out: a triggerer of the version before it (no such argument) still
+                # rebuilds the trigger during a rolling upgrade that reaches the workers first
+                **({} if self.stall_timeout == DEFAULT_STALL_TIMEOUT else {"stall_timeout": self.stall_timeout}),
                 "end_from_trigger": self.end_from_trigger,
                 "segment_index": self.segment_index,
                 "end_step": self.end_step,
@@ -327,7 +345,12 @@ class SegmentTrigger(BaseTrigger):
         self._log_notice(heartbeat)
         now = time.time()
         if heartbeat is not None:
-            if self._beat_seen is None or self._beat_seen[0] != heartbeat.time:
+            if self._beat_seen is None:
+                # first sight (a new wait, a triggerer restart): as old as its own time says, within half the
+                # window, so a restart neither makes a dead agent's beat fresh nor a slow clock's beat stale
+                age = min(max(0.0, now - heartbeat.time), self.heartbeat_timeout / 2)
+                self._beat_seen = (heartbeat.time, now - age)
+            elif self._beat_seen[0] != heartbeat.time:
                 self._beat_seen = (heartbeat.time, now)
             if self._step_seen is None or self._step_seen[0] != heartbeat.step:
                 self._step_seen = (heartbeat.step, now)
@@ -527,19 +550,21 @@ class SegmentTrigger(BaseTrigger):
 
     def _refresh_live_price(self, store) -> None:
         """Every ``LIVE_PRICE_EVERY_SECONDS``, price the running attempt so far from its market's history
-        (:class:`~airflow_spot.storage.protocol.LivePrice`), on the accounting threads and without awaiting
-        it: a throttled read must hold neither the wait nor the other triggers."""
+        (:class:`~airflow_spot.storage.protocol.LivePrice`), on its own threads and without awaiting it: a
+        throttled read must hold neither the wait nor another trigger's accounting."""
         if self.market_options is None or (self._price_read is not None and not self._price_read.done()):
             return
         now = time.monotonic()
         if self._price_read_at is None:
-            self._price_read_at = now  # the launch price holds for the first interval
+            # the launch price holds for the first interval; spread over it, so triggers that started
+            # together (a triggerer restart) do not all read at once
+            self._price_read_at = now - random.uniform(0.0, 0.5) * LIVE_PRICE_EVERY_SECONDS
             return
         if now - self._price_read_at < LIVE_PRICE_EVERY_SECONDS:
             return
         self._price_read_at = now
         self._price_read = asyncio.get_running_loop().run_in_executor(
-            _accounting_pool(), self._write_live_price, self._hook(), store)
+            _live_price_pool(), self._write_live_price, self._hook(), store)
 
     def _write_live_price(self, hook, store) -> None:
         from airflow_spot.market.base import MarketSource

@@ -36,9 +36,15 @@ def main() -> int:
     layout = JobLayout(store)
     step = max(ckpt.latest_step() or 0, int(os.environ[E.START_STEP]))
 
+    first_step_at = None  # as SpotSession's heartbeats: when the attempt finished its first step
+
+    def beat(**kw) -> None:
+        layout.write_heartbeat(Heartbeat(attempt, step, time.time(), args.step_seconds, first_step_at=first_step_at,
+                                         **kw))
+
     def commit() -> None:
         ckpt.save(step, lambda f: f.write(str(step).encode()))
-        layout.write_heartbeat(Heartbeat(attempt, step, time.time(), args.step_seconds, step))
+        beat(last_committed_step=step)
 
     while step < end:
         if notice and os.path.exists(notice):
@@ -46,11 +52,12 @@ def main() -> int:
             return PREEMPTED_EXIT_CODE
         if step == args.hang_at:
             time.sleep(args.step_seconds)
-            layout.write_heartbeat(Heartbeat(attempt, step, time.time(), args.step_seconds))
+            beat()
             continue
         time.sleep(args.step_seconds)
         step += 1
-        layout.write_heartbeat(Heartbeat(attempt, step, time.time(), args.step_seconds))
+        first_step_at = first_step_at or time.time()
+        beat()
     commit()
     return 0
 

@@ -85,3 +85,11 @@ def test_a_job_with_no_checkpoint_says_so(tmp_path, monkeypatch):
     op, context, _, _ = run_finish(tmp_path, monkeypatch, now - 100, [], latest=None)
     with pytest.raises(AirflowFailException, match="no checkpoint was committed of 10 steps"):
         op.execute(context)
+
+
+def test_a_cleared_finish_task_counts_the_runs_attempts_from_when_the_run_was_due(tmp_path, monkeypatch):
+    """Clearing a task resets the run's start_date; run_after stays: the run's own attempts still count."""
+    now = time.time()
+    op, context, _, _ = run_finish(tmp_path, monkeypatch, now, [now - 50], latest=10)
+    context["dag_run"].run_after = datetime.fromtimestamp(now - 100, timezone.utc)
+    assert op.execute(context)["attempts_this_run"] == 1

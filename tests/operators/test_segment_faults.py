@@ -160,3 +160,37 @@ def test_an_instance_that_lost_its_attempt_is_never_warm_and_is_terminated_again
         assert not InstanceState(backend.describe([idle.instance_id])[idle.instance_id].state).is_terminal()
     finally:
         backend.terminate([lost.instance_id, idle.instance_id])
+
+
+def test_a_later_try_with_no_record_is_found_behind_an_older_tries_accounted_record(tmp_path):
+    """The task state store keeps try 1's record; try 2 asked its instance and died before recording: try 3
+    must wait for try 2's attempt, not launch a second instance next to it."""
+    from airflow_spot.policy.ledger import LedgerRow
+    from airflow_spot.storage.protocol import AttemptStatus, SegmentRequest
+
+    uri = f"file://{tmp_path}/job"
+    store = open_store(uri)
+    layout = JobLayout(store)
+    offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.5, 1.0, "A10G", 1, 24.0)
+    now = time.time()
+    for n in (1, 2):
+        AttemptLaunch(attempt_id=f"seg.try{n}", segment_index=0, start_step=0, end_step=10, instance_id=f"i-{n}",
+                      offer=offer.to_dict(), requested_at=now - 600 + n, billed_from=now - 600 + n,
+                      reused_instance=False, try_number=n, task_id="seg", resume_step=0).write(store)
+        layout.write_request(f"i-{n}", SegmentRequest(f"seg.try{n}", uri, 0, 0, 10, ["true"], created_at=now))
+    LedgerStore(store).write(LedgerRow(
+        attempt_id="seg.try1", instance_id="i-1", instance_type="g5.xlarge", zone="use1-az1", market="spot",
+        price_per_hour=0.5, on_demand_price_per_hour=1.0, started_at=now - 599, ended_at=now - 300, steps_done=3,
+        outcome="preempted", segment_index=0))
+    layout.write_status(AttemptStatus("seg.try2", "completed", 0, now - 598, now - 10, 10))  # it ended, unaccounted
+    op = SpotSegmentOperator(task_id="seg", command=["python", "x.py"], checkpoint_uri=uri, start_step=0,
+                             end_step=10, total_steps=20, backend="local", backend_options=backend_options(tmp_path))
+    state = {SpotSegmentOperator.ATTEMPT_STATE_KEY: {"attempt_id": "seg.try1", "instance_id": "i-1", "try_number": 1}}
+    ti = SimpleNamespace(try_number=3, id="ti-3", max_tries=op.retries)
+    context = {"ti": ti, "run_id": "r", "task_state_store": SimpleNamespace(get=state.get)}
+    launch = op._reattach(context, store)
+    assert launch is not None and launch.attempt_id == "seg.try2"
+    del state[SpotSegmentOperator.ATTEMPT_STATE_KEY]  # no record at all: the same answer
+    assert op._reattach(context, store).attempt_id == "seg.try2"
+    ti.try_number = 2  # try 2 itself (a redelivered message) does not wait for its own attempt this way
+    assert op._reattach(context, store) is None

@@ -282,3 +282,13 @@ def test_too_many_segments_fail_at_once_with_the_steps_per_segment_to_use():
     validate_steps(MAX_SEGMENTS * 10 - 1, 10)
     with pytest.raises(SpotTrainingConfigError, match=f"is {MAX_SEGMENTS + 1} segments"):
         validate_steps(MAX_SEGMENTS * 10 + 1, 10)
+
+
+def test_many_segments_parse_with_a_warning_that_says_what_to_change(caplog):
+    from airflow_spot.operators.validation import WARN_SEGMENTS, validate_steps
+
+    with caplog.at_level("WARNING", logger="airflow_spot.operators.validation"):
+        validate_steps(WARN_SEGMENTS * 10, 10)
+        assert not caplog.records
+        validate_steps(WARN_SEGMENTS * 10 + 1, 10)
+    assert f"is {WARN_SEGMENTS + 1} segments" in caplog.text and "steps_per_segment >= 11" in caplog.text

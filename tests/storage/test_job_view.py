@@ -245,3 +245,17 @@ def test_a_checkpoint_with_a_truncated_manifest_is_listed_as_broken(view):
     assert [c["step"] for c in snap["checkpoints"]] == [40, 100, 120]
     (broken,) = snap["broken_checkpoints"]
     assert broken["step"] == 200 and broken["directory"] == manifest.split("/")[0] and broken["problem"]
+
+
+@pytest.mark.parametrize("name, body", [
+    ("heartbeat.json", {"schema": 1, "attempt_id": "s1.try1"}),  # fields missing
+    ("status.json", {"schema": "x", "attempt_id": "s1.try1"}),  # a schema that is no number
+    ("price.json", {"schema": 1, "attempt_id": "s1.try1", "price_per_hour": "abc", "through": 1}),
+    ("launch.json", {"attempt_id": "s1.try1", "offer": "g5", "billed_from": 1.0}),  # an offer that is no object
+    ("launch.json", {"attempt_id": "s1.try1", "offer": {}, "billed_from": "yesterday"}),
+])
+def test_a_malformed_per_attempt_object_is_named_and_the_rest_of_the_job_shown(view, name, body):
+    view.store.put_bytes(f"control/attempts/s1.try1/{name}", json.dumps(body).encode())
+    snap = JobView(view.store).snapshot(now=T0 + 250, skip_unreadable=True)
+    assert [u["key"] for u in snap["unreadable"]] == [f"control/attempts/s1.try1/{name}"]
+    assert {a["attempt_id"] for a in snap["attempts"]} >= {"s0.try1", "s0.try2"}

@@ -98,7 +98,7 @@ def test_silence_is_judged_by_the_triggers_clock_not_the_instances():
 
 def test_a_heartbeating_attempt_stuck_at_one_step_is_lost_after_the_stall_timeout():
     """A hung collective or data loader keeps the heartbeat thread going; the step does not move."""
-    beat = Heartbeat("a", step=40, time=T0 + 500, step_time_ewma=2.0, save_cost_seconds=10.0)
+    beat = Heartbeat("a", step=40, time=T0 + 500, step_time_ewma=2.0, save_cost_seconds=10.0, first_step_at=T0 + 9)
 
     def at(now, step_seen_at, hb=beat, stall=100.0):
         o = Observation(now=now, status=None, heartbeat=hb, instance=inst(), instance_known=True,
@@ -109,7 +109,9 @@ def test_a_heartbeating_attempt_stuck_at_one_step_is_lost_after_the_stall_timeou
     verdict = at(T0 + 500, T0 + 399)
     assert verdict[0] is Outcome.LOST and "stayed at step 40 for 101s" in verdict[1] and "stall_timeout" in verdict[1]
     assert at(T0 + 500, T0 + 399, stall=None) is None  # turned off
-    slow = Heartbeat("a", step=40, time=T0 + 500, step_time_ewma=30.0)  # 20 of its own steps: 600 s
+    slow = Heartbeat("a", step=40, time=T0 + 500, step_time_ewma=30.0, first_step_at=T0 + 9)  # 20 steps: 600 s
     assert at(T0 + 500, T0 + 399, hb=slow) is None
-    noticed = Heartbeat("a", step=40, time=T0 + 500, notice_at=T0 + 450)  # saving on a notice: the status decides
+    noticed = Heartbeat("a", step=40, time=T0 + 500, notice_at=T0 + 450, first_step_at=T0 + 9)  # the status decides
     assert at(T0 + 500, T0 + 399, hb=noticed) is None
+    starting = Heartbeat("a", step=40, time=T0 + 500)  # no step yet: restoring, preparing data; not judged
+    assert at(T0 + 500, T0 + 399, hb=starting) is None
