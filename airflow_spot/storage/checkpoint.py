@@ -412,8 +412,10 @@ class CheckpointStore:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         committed = self.committed()
-        if len(committed) <= keep:
+        if not committed:
             return []
+        # with no more than ``keep`` committed there is still cleaning: partial saves older than the oldest
+        # kept one (a writer killed inside a save leaves one; the early return here let them pile up)
         kept = committed[-keep:]
         kept_dirs = {m.directory for m in kept}
         oldest_kept_step = kept[0].step

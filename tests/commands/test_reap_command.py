@@ -18,7 +18,9 @@ def test_aws_conn_id_none_uses_boto3s_default_credential_chain(monkeypatch, caps
     monkeypatch.delenv("AIRFLOW_CONN_AWS_DEFAULT", raising=False)  # no connection: the environment leads to moto
     with moto_server() as endpoint:  # which also sets fake credentials and a region in the environment
         monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-        assert main(["reap", "--backend", "ec2", "--aws-conn-id", "None", "--runs", "any", "--dry-run"]) == 0
+        # a tag no other test's instance has: moto's state is the process's, shared by every server in it
+        assert main(["reap", "--backend", "ec2", "--aws-conn-id", "None", "--runs", "any", "--dry-run",
+                     "--tag", "airflow-spot:dag=reap-credential-chain-test"]) == 0
     assert "no live instances match" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["reap", "--help"])

@@ -77,6 +77,19 @@ def test_truncated_file_and_unparseable_payload_fall_back(ckpts):
     assert bad.step == 2
 
 
+def test_retention_cleans_abandoned_partial_saves_with_no_more_than_keep_committed(ckpts):
+    """A writer killed inside a save leaves a partial directory; the next prune removes it even when exactly
+    ``keep`` checkpoints are committed (the kill-during-save suite left them piling up in CI)."""
+    for step in (4, 5):
+        ckpts.save(step, _write(bytes([step])))
+    ckpts.store.put_bytes("000000000003-killed-aaaa/state.pt", b"abandoned")
+    ckpts.store.put_bytes("000000000009-live-bbbb/state.pt", b"in flight")
+    ckpts.prune(keep=2)
+    remaining = {k.split("/")[0] for k in ckpts.store.list(include_temporary=True)}
+    assert "000000000003-killed-aaaa" not in remaining and "000000000009-live-bbbb" in remaining
+    assert [m.step for m in ckpts.committed()] == [4, 5]
+
+
 def test_all_checkpoints_corrupt_is_an_error_not_a_fresh_start(ckpts):
     m = ckpts.save(1, _write(b"x"))
     ckpts.store._path(f"{m.directory}/state.pt").write_bytes(b"y")
