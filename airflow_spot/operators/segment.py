@@ -406,7 +406,7 @@ class SpotSegmentOperator(BaseOperator):
             job = {**job, "gpus": self.gpus.to_dict(), "total_steps": self.total_steps, "backend": self.backend}
             write_job(store, job)
         rows = accounting.read_rows(store)
-        alive = self._warm_instances(context, store)
+        alive = self._warm_instances(context, store, rows)
         recorder = self._availability(store)
         market = self.hook.get_market().with_availability_log(recorder.deployment_log)
         step_seconds = planning.measured_step_seconds(JobLayout(store), rows)
@@ -683,7 +683,8 @@ class SpotSegmentOperator(BaseOperator):
                 return launch
         return None
 
-    def _warm_instances(self, context: Context, store: ObjectStore | None = None) -> list[InstanceInfo]:
+    def _warm_instances(self, context: Context, store: ObjectStore | None = None,
+                        rows: list | None = None) -> list[InstanceInfo]:
         """The job's instances that are running, have no preemption notice and are not busy: an instance
         asked to run an attempt that has no status and no ledger row yet still runs it (its try's record
         was lost), and a request given to it now would queue behind that one (``_busy``)."""
@@ -693,7 +694,7 @@ class SpotSegmentOperator(BaseOperator):
         ]
         if store is None or not alive:
             return alive
-        rows = accounting.read_rows(store)
+        rows = accounting.read_rows(store) if rows is None else rows  # the caller's read of the ledger, if any
         busy = self._busy(store, [i.instance_id for i in alive], rows)
         if busy:
             self.log.warning("instances %s still run an attempt nobody has accounted for: not reused, not "
