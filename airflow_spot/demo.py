@@ -308,6 +308,7 @@ def read_summary(root: Path, dag_id: str, run_id: str) -> dict[str, Any]:
 
 def report(state: Any, s: dict[str, Any], wall: float, total: float, logs: str = "in the task logs") -> str:
     from airflow_spot.operators.training import format_summary
+    from airflow_spot.policy.ledger import LedgerRow
 
     state = getattr(state, "value", state)
     lines = [f"\nDAG run: {state}   (wall time {wall:.1f} s; with DB setup {total:.1f} s)"]
@@ -319,16 +320,15 @@ def report(state: Any, s: dict[str, Any], wall: float, total: float, logs: str =
     if same_time_on_demand > 0:
         discount = 1.0 - s.get("cost", 0.0) / same_time_on_demand
         lines.append(f"  spot discount       {100 * discount:.1f} % on the billed time")
-        launches = sum(1 for r in rows if r.get("new_instance"))
-        billed = sum(r["billed_seconds"] for r in rows)
+        thrown = sum(row.billed_seconds - row.on_demand_seconds
+                     for row in (LedgerRow.from_dict(r) for r in rows) if row.outcome != "completed")
+        here = (f"Here\n                      {thrown:.0f} s of paid time that attempts cut short threw away (a "
+                "preemption's\n                      lost steps and restart) earn nothing: why savings sit below "
+                "the spot discount." if thrown > 0 else
+                "No attempt\n                      was cut short here: the savings are the spot discount.")
         lines.append(
-            "  how savings count   savings = on-demand price x the time of the work that was kept, minus what was\n"
-            "                      paid; time a preemption threw away earns nothing. Here "
-            f"{launches} launches each pay AWS's 60 s\n"
-            f"                      minimum against {billed:.0f} s billed in all, and start-up is paid too: "
-            "at demo scale "
-            "these dominate\n                      the savings line (it can even be negative); a long job keeps "
-            "the spot discount above."
+            "  how savings count   savings = what on-demand pays for the same work, minus what was paid: a\n"
+            f"                      completed attempt's whole time, only the kept steps of a preempted one. {here}"
         )
     useful = s.get("useful_step_seconds")
     if useful:

@@ -17,7 +17,7 @@ from airflow_spot.policy.ledger import LedgerRow, totals
 from airflow_spot.storage.job_view import JobView
 from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import ObjectStore
-from airflow_spot.storage.protocol import Outcome
+from airflow_spot.storage.protocol import JobLayout, Outcome, SchemaError
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,56 @@ def record_attempt(
     )
     ledger.write(row)
     return row.to_dict()
+
+
+def account_abandoned(
+    store: ObjectStore, launch: AttemptLaunch, *, now: float, killed_at: float | None = None, market=None,
+) -> dict[str, Any] | None:
+    """Write the ledger row of an attempt nobody waited for (its task killed, its try gone; see
+    ``Outcome.ABANDONED``) so that its instance time is billed; None when it has a row already.
+
+    An attempt that left a status before ``killed_at`` (when the caller ended its instance; None: it did
+    not) ends as that status says: it ran to its end, only its accounting was missed. Any other ends
+    ``abandoned``: at ``killed_at``, else at its last sign of life, its newest heartbeat (what its instance
+    ran after that is not known here and not billed). A status the kill itself brought about (the agent
+    saves and reports ``preempted`` on a termination) is no preemption. Its kept steps are the ones it
+    committed itself, never a later attempt's.
+    """
+    ledger = LedgerStore(store)
+    try:
+        if ledger.read(launch.attempt_id) is not None:
+            return None
+    except ValueError:  # a torn row is rewritten whole
+        pass
+    layout = JobLayout(store)
+    status, hb = _readable(layout.read_status, launch.attempt_id), _readable(layout.read_heartbeat, launch.attempt_id)
+    own_end = (status is not None and status.outcome in {o.value for o in Outcome}
+               and (killed_at is None or status.ended_at < killed_at))
+    if own_end:
+        outcome, end = Outcome(status.outcome), status.ended_at
+    else:
+        outcome = Outcome.ABANDONED
+        end = killed_at if killed_at is not None else (hb.time if hb is not None else launch.billed_from)
+    committed = next((s.last_committed_step for s in (status, hb) if s is not None and s.last_committed_step
+                      is not None), None)
+    event = {
+        "ended_at": end,
+        "last_step": hb.step if hb is not None else None,
+        "step_time_ewma": hb.step_time_ewma if hb is not None else None,
+        "notice_at": hb.notice_at if hb is not None and own_end else None,
+    }
+    steps_after = min(committed, launch.end_step) if committed is not None else None
+    row = record_attempt(store, launch, outcome, event, steps_after=steps_after, now=now, market=market)
+    log.warning("attempt %s on %s was not accounted for: billed as %s, %.0f s", launch.attempt_id,
+                launch.instance_id, outcome.value, row["billed_seconds"])
+    return row
+
+
+def _readable(read, attempt_id: str):
+    try:
+        return read(attempt_id)
+    except SchemaError:  # a torn status or heartbeat tells nothing: the row is built without it
+        return None
 
 
 def read_rows(store: ObjectStore) -> list[LedgerRow]:

@@ -43,6 +43,7 @@ from airflow_spot.operators.retry import segment_retry_policy
 from airflow_spot.operators.validation import (
     validate_gpus, validate_option_names, validate_places, validate_step_profile,
 )
+from airflow_spot.policy.ledger import LedgerRow
 from airflow_spot.policy.offers import GpuRequest, Market
 from airflow_spot.policy.transfer import TransferCost, saves_per_hour, transfer_cost
 from airflow_spot.storage.checkpoint import DIGEST_ENV, NoUsableCheckpointError, digest_setting
@@ -378,7 +379,8 @@ class SpotSegmentOperator(BaseOperator):
 
     def _run_segment(self, context: Context) -> dict[str, Any] | None:
         store = self._open_store()
-        resumed = self._reattach(context, store)
+        rows = accounting.read_rows(store)  # the one read of the ledger a segment start makes
+        resumed = self._reattach(context, store, rows)
         if resumed is not None:
             return self._wait(context, resumed)
         newest = newest_usable_checkpoint(store)
@@ -405,7 +407,6 @@ class SpotSegmentOperator(BaseOperator):
         if "gpus" not in job:  # what the job asks for, for the UI's "cheapest offers now" (storage/job_view.py)
             job = {**job, "gpus": self.gpus.to_dict(), "total_steps": self.total_steps, "backend": self.backend}
             write_job(store, job)
-        rows = accounting.read_rows(store)
         alive = self._warm_instances(context, store, rows)
         recorder = self._availability(store)
         market = self.hook.get_market().with_availability_log(recorder.deployment_log)
@@ -523,7 +524,7 @@ class SpotSegmentOperator(BaseOperator):
         state.set(self.ATTEMPT_STATE_KEY, {"attempt_id": launch.attempt_id, "instance_id": launch.instance_id,
                                            "try_number": launch.try_number})
 
-    def _reattach(self, context: Context, store: ObjectStore) -> AttemptLaunch | None:
+    def _reattach(self, context: Context, store: ObjectStore, rows: list | None = None) -> AttemptLaunch | None:
         """The attempt a crashed worker left running (or ended unaccounted), to wait for instead of launching.
 
         A worker killed between launch and defer (or while waiting in the worker) leaves an instance that
@@ -542,7 +543,8 @@ class SpotSegmentOperator(BaseOperator):
         """
         state = context.get("task_state_store")
         recorded = state.get(self.ATTEMPT_STATE_KEY) if state is not None else None
-        accounted = {r.attempt_id for r in accounting.read_rows(store)}
+        rows = accounting.read_rows(store) if rows is None else rows  # the caller's read; a row billed here joins it
+        accounted = {r.attempt_id for r in rows}
         launch = None
         if isinstance(recorded, dict) and recorded.get("attempt_id"):
             launch = AttemptLaunch.read(store, recorded["attempt_id"])
@@ -562,6 +564,13 @@ class SpotSegmentOperator(BaseOperator):
         if not ended and (info is None or InstanceState(info.state).is_terminal()):
             self.log.info("attempt %s of an earlier try left no status and its instance %s is gone; launching anew",
                           launch.attempt_id, launch.instance_id)
+            try:  # billed to its last heartbeat, as abandoned: why its instance went is not known here
+                row = accounting.account_abandoned(store, launch, now=time.time(),
+                                                   market=accounting.billing_market(self.hook))
+                if row is not None:
+                    rows.append(LedgerRow.from_dict(row))
+            except Exception as exc:  # noqa: BLE001 - the finish task bills it then
+                self.log.warning("attempt %s not billed here (%s: %s)", launch.attempt_id, type(exc).__name__, exc)
             return None
         ti = context["ti"]
         ti_id = getattr(ti, "id", None)

@@ -47,7 +47,7 @@ from airflow_spot.operators.validation import (
 )
 from airflow_spot.policy.offers import GpuRequest
 from airflow_spot.storage.object_store import StoreConfigError
-from airflow_spot.storage.protocol import JobLayout
+from airflow_spot.storage.protocol import JobLayout, SchemaError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -99,10 +99,17 @@ class SpotJobSummaryOperator(BaseOperator):
         leftover = [i.instance_id for i in backend.list_instances(tags=tags) if not InstanceState(i.state).is_terminal()]
         # stopped instances serve nothing (reported terminated) but their volumes bill until terminated
         leftover += [i.instance_id for i in stopped_leftovers(backend, tags, older_than=0.0, now=time.time())]
+        terminated_at = time.time()  # a status written after this is the termination's, not the attempt's
         if leftover:
             self.log.info("terminating the job's instances: %s", leftover)
             backend.terminate(leftover)
         store = hook.get_store(self.checkpoint_uri)
+        dag_run = context.get("dag_run")
+        # when the run was due (run_after, kept when a task is cleared; start_date is reset then)
+        run_started = next((getattr(getattr(dag_run, name, None), "timestamp", None)
+                            for name in ("run_after", "start_date") if getattr(dag_run, name, None) is not None), None)
+        self._account_abandoned(hook, store, set(leftover), terminated_at,
+                                run_started() if run_started is not None else None)
         latest = newest_usable_step(store)
         summary = accounting.summarize(store, now=time.time())
         summary.update(
@@ -117,10 +124,6 @@ class SpotJobSummaryOperator(BaseOperator):
             completed=latest is not None and latest >= self.total_steps,
             terminated_at_end=leftover,
         )
-        dag_run = context.get("dag_run")
-        # when the run was due (run_after, kept when a task is cleared; start_date is reset then)
-        run_started = next((getattr(getattr(dag_run, name, None), "timestamp", None)
-                            for name in ("run_after", "start_date") if getattr(dag_run, name, None) is not None), None)
         if run_started is not None:
             # a store shared by several runs (a checkpoint_uri without {{ run_id }}) sums every run's attempts
             summary["attempts_this_run"] = sum(r["started_at"] >= run_started() for r in summary.get("rows", []))
@@ -144,6 +147,38 @@ class SpotJobSummaryOperator(BaseOperator):
                 "(see the failed segment's log)"
             )
         return summary
+
+    def _account_abandoned(self, hook: SpotHook, store, terminated: set[str], terminated_at: float,
+                           run_started: float | None) -> None:
+        """Bill this run's attempts that nobody accounted for (``Outcome.ABANDONED``): a segment marked
+        failed or success while it ran in a worker, a try whose worker went and was never retried. Without
+        a ledger row their instance time is missing from the job's cost and the page shows them running."""
+        from airflow_spot.operators.attempt_record import AttemptLaunch
+        from airflow_spot.storage.job_view import JobView
+
+        view = JobView(store)
+        try:
+            accounted = {r.attempt_id for r in view.ledger_rows()}
+        except ValueError as exc:  # a torn row: the summary below reports it; nothing is billed twice
+            self.log.warning("attempts not checked for missing ledger rows: %s", exc)
+            return
+        market = None
+        now = time.time()
+        for attempt_id in sorted(set(view.attempt_ids()) - accounted):
+            try:
+                launch = AttemptLaunch.read(store, attempt_id)
+            except (SchemaError, TypeError, ValueError) as exc:
+                self.log.warning("attempt %s has an unreadable launch record (%s); not billed", attempt_id, exc)
+                continue
+            if launch is None or (run_started is not None and launch.requested_at < run_started):
+                continue  # nothing launched, or another run's attempt (a store shared by runs)
+            if market is None:
+                market = accounting.billing_market(hook)
+            try:
+                accounting.account_abandoned(store, launch, now=now, market=market,
+                                             killed_at=terminated_at if launch.instance_id in terminated else None)
+            except Exception as exc:  # noqa: BLE001 - the summary and the instances' end come first
+                self.log.warning("attempt %s not billed (%s: %s)", attempt_id, type(exc).__name__, exc)
 
     def _compact_availability(self, hook: SpotHook, store) -> None:
         """Delete the deployment log's events no decision reads (``AvailabilityLog.compact``), so that the
@@ -181,6 +216,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  attempts            {s.get('attempts')}",
         f"  preemptions         {s.get('preemptions')} (lost instances: {s.get('lost', 0)})",
         f"  code failures       {s.get('failures')}",
+        *([f"  abandoned           {s['abandoned']} (ended unwaited: a killed task, a try that went; billed)"]
+          if s.get("abandoned") else []),
         f"  steps lost          {s.get('steps_lost')}",
         f"  last step           {s.get('latest_step')} of {s.get('total_steps')}",
         f"  cost                ${s.get('cost', 0.0):.4f}",

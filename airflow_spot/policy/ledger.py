@@ -11,9 +11,11 @@ step time, its duration minus ``steps_done * step_seconds`` (boot, restore, save
 otherwise the share of the attempt's steps that were lost (all of it when no step was kept), and
 nothing for a completed attempt.
 
-The job's ``on_demand_cost`` is what the same work — the billed time minus the lost time — costs at the
-on-demand price of the same instance type, so savings are never credited for work a preemption threw
-away. Totals are sums over rows. Pure maths: rows come from the store through
+The job's ``on_demand_cost`` is what an on-demand instance of the same type pays for the same work
+(``on_demand_seconds``): a completed attempt's whole bill, since an on-demand run of that segment boots,
+restores, saves and meets the billing minimum too; of any other attempt only its kept steps. So the time
+a preemption threw away, and the restart it cost, are never credited as savings, while the overheads any
+run pays do not turn a spot discount into a loss. Totals are sums over rows. Pure maths: rows come from the store through
 :mod:`airflow_spot.storage.ledger_store`.
 """
 from __future__ import annotations
@@ -134,9 +136,15 @@ class LedgerRow:
         return self.billed_seconds - self.lost_seconds
 
     @property
+    def on_demand_seconds(self) -> float:
+        """What an on-demand instance of the same type bills for what this attempt left behind: a completed
+        attempt's whole bill (the same boot, restore, saves and minimum), another's kept time only."""
+        return self.billed_seconds if self.outcome == "completed" else self.useful_seconds
+
+    @property
     def on_demand_cost(self) -> float:
-        """The same work at the on-demand price of the same instance type."""
-        return self.useful_seconds / 3600.0 * self.on_demand_price_per_hour
+        """The same work at the on-demand price of the same instance type (``on_demand_seconds``)."""
+        return self.on_demand_seconds / 3600.0 * self.on_demand_price_per_hour
 
     @property
     def is_preemption(self) -> bool:

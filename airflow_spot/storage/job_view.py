@@ -269,6 +269,7 @@ class JobView:
         out.update(
             lost=sum(r.outcome == Outcome.LOST.value for r in rows),
             failures=sum(r.outcome == Outcome.FAILED.value for r in rows),
+            abandoned=sum(r.outcome == Outcome.ABANDONED.value for r in rows),
             # time spent on steps that were kept (the goodput numerator)
             useful_step_seconds=round(sum(r.steps_done * (r.step_seconds or 0.0) for r in rows), 3),
             wall_seconds=round(max(0.0, max((r.ended_at for r in rows), default=now) - started), 3),

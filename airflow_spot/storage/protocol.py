@@ -45,6 +45,10 @@ class Outcome(str, Enum):  # noqa: UP042 - StrEnum would change str(), which log
     PREEMPTED = "preempted"
     FAILED = "failed"
     LOST = "lost"
+    #: nobody waited for its end: its task was killed (marked failed or success, cleared) while it ran, or
+    #: its worker went and its instance ended without a status. Only a ledger row says it (the operators'
+    #: and the finish task's, so its time is billed); it spends neither budget.
+    ABANDONED = "abandoned"
 
     def is_retryable(self) -> bool:
         """Preempted and lost attempts spend the preemption budget, not the user-code budget."""

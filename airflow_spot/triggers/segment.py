@@ -630,9 +630,26 @@ class SegmentTrigger(BaseTrigger):
 
     async def on_kill(self) -> None:
         """The user killed the deferred task (mark failed/success, clear, run marked failed): release its
-        instance. The triggerer may cancel this coroutine again while it runs (it repeats the cancellation
+        instance and bill the attempt up to now. The triggerer may cancel this coroutine again while it runs (it repeats the cancellation
         each time it syncs), so the termination is shielded: once asked, it completes in its thread."""
         self.log.info("attempt %s was killed: terminating its instance %s", self.attempt_id, self.instance_id)
         hook = self._hook()
-        await asyncio.shield(asyncio.to_thread(lambda: hook.get_backend().terminate([self.instance_id])))
-        self.log.info("terminated instance %s of killed attempt %s", self.instance_id, self.attempt_id)
+        killed_at = time.time()
+
+        def release_and_bill() -> None:
+            hook.get_backend().terminate([self.instance_id])
+            self.log.info("terminated instance %s of killed attempt %s", self.instance_id, self.attempt_id)
+            try:  # no execute_complete follows a kill: its time is billed here (Outcome.ABANDONED)
+                from airflow_spot.operators import accounting
+                from airflow_spot.operators.attempt_record import AttemptLaunch
+
+                store = hook.get_store(self.job_uri)
+                launch = AttemptLaunch.read(store, self.attempt_id)
+                if launch is not None:
+                    market = accounting.billing_market(hook) if self.market_options is not None else None
+                    accounting.account_abandoned(store, launch, now=time.time(), killed_at=killed_at, market=market)
+            except Exception as exc:  # noqa: BLE001 - the finish task bills it then
+                self.log.warning("killed attempt %s not billed here (%s: %s)", self.attempt_id,
+                                 type(exc).__name__, exc)
+
+        await asyncio.shield(asyncio.to_thread(release_and_bill))

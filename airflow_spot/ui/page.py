@@ -27,7 +27,7 @@ th{background:#f5f7fa;font-weight:600}td.n{text-align:right;font-variant-numeric
 .card b{display:block;font-size:18px}.muted{color:#7b8794}
 .bar{height:10px;background:#e4e7eb;border-radius:5px;width:320px}
 .bar>div{height:10px;background:#2f80ed;border-radius:5px}
-tr.preempted td,tr.lost td{background:#fff4e5}tr.failed td{background:#fde8e8}tr.running td{background:#e8f4fd}
+tr.preempted td,tr.lost td{background:#fff4e5}tr.failed td{background:#fde8e8}tr.running td{background:#e8f4fd}tr.abandoned td{background:#f0f0f0}
 .tag{border-radius:3px;padding:0 5px;font-size:12px}.spot{background:#e3f9e5}.on-demand{background:#fcefc7}
 .warn{background:#fff4e5;border-left:4px solid #f2994a;padding:6px 10px}tr.broken td{background:#fde8e8}
 """
@@ -325,12 +325,13 @@ def job_page(dag_id: str, run_id: str, snap: dict[str, Any], offers: list[dict[s
         )
     else:
         offer_html = f"<p class=muted id=offers>{_e(offers_error or 'No offers known for this job.')}</p>"
-    summary_note = ""
-    if snap.get("summary"):
-        summary_note = (
-            "<p class=muted>Savings compare the cost with what the same kept work costs on demand of the same "
-            "instance type; time a preemption threw away earns no savings.</p>"
-        )
+    # while the job runs too: the headline's savings count the same way
+    summary_note = (
+        "<p class=muted id=savings-note>Savings compare the cost with what an on-demand instance of the same type "
+        "pays for the same work: a completed attempt's whole time (an on-demand run boots, restores and saves "
+        "too), only the kept steps of any other attempt. Time a preemption threw away, and the restart it "
+        "cost, earn no savings; a running attempt counts its steps so far.</p>"
+    )
     warnings = ""
     if snap.get("store_note"):
         warnings += f"<p class=warn id=store-note>{_e(snap['store_note'])}</p>"

@@ -124,6 +124,16 @@ def ledger(stack, dag_id: str, run_id: str):
     return LedgerStore(job_store(stack, dag_id, run_id)).rows()
 
 
+def wait_billed(stack, dag_id: str, run_id: str, attempt: str, timeout: float = 60.0):
+    """The attempt's ledger row once written (a killed attempt's is written after its instance's end)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        row = LedgerStore(job_store(stack, dag_id, run_id)).read(attempt)
+        if row is not None or time.monotonic() > deadline:
+            return row
+        time.sleep(0.5)
+
+
 def try_states(stack, dag_id: str, run_id: str, segment: int) -> list[tuple[int, str]]:
     return [(t["try_number"], t["state"]) for t in stack.tries(dag_id, run_id, SEGMENT.format(segment))]
 
@@ -256,6 +266,9 @@ def test_deferred_task_marked_failed_terminates_its_instance(ec2):
         assert summary["terminated_at_end"] in ([], [instance_id])
     else:  # finish released it first
         assert summary["terminated_at_end"] == [instance_id], (summary, log[-3000:])
+    # whichever released it billed it: no execute_complete follows a kill
+    row = wait_billed(stack, dag_id, run_id, attempt_id(0, 1))
+    assert row is not None and row.outcome == "abandoned" and row.cost > 0, (row, log[-3000:])
 
 
 def test_run_marked_failed_terminates_the_deferred_segments_instance(ec2):
@@ -272,6 +285,8 @@ def test_run_marked_failed_terminates_the_deferred_segments_instance(ec2):
     assert finish in ("skipped", None), finish
     log = stack.task_log(dag_id, run_id, SEGMENT.format(0), 1)
     assert f"was killed: terminating its instance {instance_id}" in log, log[-3000:]
+    row = wait_billed(stack, dag_id, run_id, attempt_id(0, 1))  # by on_kill alone: finish was skipped
+    assert row is not None and row.outcome == "abandoned" and row.instance_id == instance_id, (row, log[-3000:])
 
 
 def test_worker_killed_during_launch_leaves_one_instance_that_the_next_try_uses(ec2, references):

@@ -93,3 +93,48 @@ def test_a_cleared_finish_task_counts_the_runs_attempts_from_when_the_run_was_du
     op, context, _, _ = run_finish(tmp_path, monkeypatch, now, [now - 50], latest=10)
     context["dag_run"].run_after = datetime.fromtimestamp(now - 100, timezone.utc)
     assert op.execute(context)["attempts_this_run"] == 1
+
+
+def test_attempts_nobody_accounted_for_are_billed_by_the_finish_task(tmp_path, monkeypatch):
+    """A segment marked failed while its attempt ran in a worker (or a try whose worker went for good)
+    leaves a launch record and no ledger row: its instance time was missing from the job's cost, and the
+    page showed it running forever. The finish task ends its instance and bills it."""
+    from airflow_spot.operators.attempt_record import AttemptLaunch
+    from airflow_spot.storage.protocol import AttemptStatus, Heartbeat
+
+    now = time.time()
+    op, context, backend, pushed = run_finish(tmp_path, monkeypatch, now - 3600, [], latest=10)
+    store = open_store(f"file://{tmp_path}/job")
+    layout = JobLayout(store)
+
+    def launch(attempt_id, instance_id, billed_from, resume=0):
+        AttemptLaunch(attempt_id, 0, 0, 10, instance_id, OFFER.to_dict(), billed_from, billed_from, False, 1, "s",
+                      resume_step=resume).write(store)
+
+    # still running when the finish task came: billed up to its termination now, its own commits kept
+    launch("s.try1", "i-running", now - 1200)
+    layout.write_heartbeat(Heartbeat("s.try1", step=8, time=now - 5, step_time_ewma=60.0, last_committed_step=6))
+    # its instance went without a status: billed to its last heartbeat only
+    launch("s.try2", "i-gone", now - 1000)
+    layout.write_heartbeat(Heartbeat("s.try2", step=3, time=now - 700, last_committed_step=None))
+    # it ended (a status) but nobody accounted for it: its own outcome, at its own end
+    launch("s.try3", "i-gone", now - 600)
+    layout.write_status(AttemptStatus("s.try3", "preempted", 75, now - 600, now - 300, last_committed_step=10))
+    # an earlier run's attempt on a shared store is that run's to bill
+    launch("old.try1", "i-old", now - 7200)
+
+    summary = op.execute(context)
+    rows = {r.attempt_id: r for r in LedgerStore(store).rows()}
+    assert sorted(rows) == ["s.try1", "s.try2", "s.try3"]
+    r1, r2, r3 = rows["s.try1"], rows["s.try2"], rows["s.try3"]
+    assert r1.outcome == "abandoned" and r1.ended_at == pytest.approx(time.time(), abs=30)
+    assert r1.steps_done == 6 and r1.steps_lost == 2  # its own commit, not the job's newest (10)
+    assert r2.outcome == "abandoned" and r2.ended_at == pytest.approx(now - 700)
+    assert r2.steps_done == 0 and r2.steps_lost == 3
+    assert r3.outcome == "preempted" and r3.ended_at == pytest.approx(now - 300) and r3.steps_done == 10
+    assert summary["attempts"] == 3 and summary["preemptions"] == 1
+    assert summary["cost"] == pytest.approx(sum(r.cost for r in rows.values()))
+    assert "i-running" in backend.terminated
+    # and a second run of the finish task bills nothing twice
+    op.execute(context)
+    assert len(LedgerStore(store).rows()) == 3

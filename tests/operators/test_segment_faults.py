@@ -194,3 +194,29 @@ def test_a_later_try_with_no_record_is_found_behind_an_older_tries_accounted_rec
     assert op._reattach(context, store).attempt_id == "seg.try2"
     ti.try_number = 2  # try 2 itself (a redelivered message) does not wait for its own attempt this way
     assert op._reattach(context, store) is None
+
+
+def test_an_earlier_tries_attempt_whose_instance_went_without_a_status_is_billed_not_waited_for(tmp_path):
+    """Try 1's worker died and its instance ended (no status): try 2 launches anew, and try 1's attempt,
+    which nobody will ever account for, is billed to its last heartbeat as abandoned (no budget spent)."""
+    from airflow_spot.storage.protocol import Heartbeat, SegmentRequest
+
+    uri = f"file://{tmp_path}/job"
+    store = open_store(uri)
+    layout = JobLayout(store)
+    offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.5, 1.0, "A10G", 1, 24.0)
+    now = time.time()
+    AttemptLaunch(attempt_id="seg.try1", segment_index=0, start_step=0, end_step=10, instance_id="i-vanished",
+                  offer=offer.to_dict(), requested_at=now - 900, billed_from=now - 900, reused_instance=False,
+                  try_number=1, task_id="seg", resume_step=0).write(store)
+    layout.write_request("i-vanished", SegmentRequest("seg.try1", uri, 0, 0, 10, ["true"], created_at=now - 900))
+    layout.write_heartbeat(Heartbeat("seg.try1", step=4, time=now - 300, last_committed_step=2))
+    op = SpotSegmentOperator(task_id="seg", command=["python", "x.py"], checkpoint_uri=uri, start_step=0,
+                             end_step=10, total_steps=20, backend="local", backend_options=backend_options(tmp_path))
+    ti = SimpleNamespace(try_number=2, id="ti-2", max_tries=op.retries)
+    assert op._reattach({"ti": ti, "run_id": "r", "task_state_store": None}, store) is None
+    row = LedgerStore(store).read("seg.try1")
+    assert row is not None and row.outcome == "abandoned"
+    assert (row.started_at, row.ended_at) == (pytest.approx(now - 900), pytest.approx(now - 300))
+    assert (row.steps_done, row.steps_lost) == (2, 2)
+    assert row.cost == pytest.approx(600 / 3600 * 0.5)

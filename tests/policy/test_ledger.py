@@ -60,6 +60,24 @@ def test_lost_time_is_not_credited_as_savings():
     assert r2.lost_seconds == pytest.approx(600.0)
 
 
+def test_a_completed_attempt_is_credited_its_whole_bill_and_a_preempted_one_only_its_kept_steps():
+    # a 90 s segment on spot: boot, restore and saves take 40 s of it; on-demand pays those too, and
+    # the 60 s minimum, so the spot discount stays a saving however short the segment
+    done = row(1, end=90.0, price=1.0, od=3.0, done=5, step_seconds=10.0)
+    assert done.lost_seconds == pytest.approx(40.0)  # still paid time without a kept step
+    assert done.on_demand_seconds == 90.0 and done.on_demand_cost == pytest.approx(90 * 3.0 / 3600)
+    short = row(2, end=20.0, price=1.0, od=3.0, done=1, step_seconds=5.0)
+    assert summarize([short]).savings == pytest.approx(60 * 2.0 / 3600)
+    # the preemption's boot and lost steps, and the retry's restart, are spot's own: only kept steps count
+    lost = row(3, end=600.0, price=1.0, od=3.0, done=30, lost=10, outcome="preempted", step_seconds=10.0)
+    assert lost.on_demand_seconds == pytest.approx(300.0)
+    for outcome in ("lost", "failed", "abandoned"):
+        assert row(4, end=600.0, done=30, outcome=outcome, step_seconds=10.0).on_demand_seconds == pytest.approx(300.0)
+    s = summarize([lost, done])
+    assert s.on_demand_cost == pytest.approx((300 + 90) * 3.0 / 3600)
+    assert s.savings == pytest.approx(s.on_demand_cost - (600 + 90) * 1.0 / 3600)
+
+
 def test_round_trip_and_validation():
     r = row(1, market=Market.ON_DEMAND, segment_index=3, region="us-west-2")
     d = r.to_dict()

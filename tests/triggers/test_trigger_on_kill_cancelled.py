@@ -53,3 +53,34 @@ def test_on_kill_cancelled_at_its_first_await_still_terminates_the_instance(tmp_
         assert not group_alive(backend.record(info.instance_id).pgid)
     finally:
         backend.terminate([info.instance_id])
+
+
+def test_a_killed_attempt_is_billed_up_to_its_kill(tmp_path):
+    """No execute_complete follows a kill: without the trigger's row its instance time was never billed."""
+    from airflow_spot.operators.attempt_record import AttemptLaunch
+    from airflow_spot.storage.ledger_store import LedgerStore
+
+    options = {"state_dir": str(tmp_path / "instances"), "terminate_grace_seconds": 2.0}
+    backend = get_backend("local", **options)
+    uri = f"file://{tmp_path}/job"
+    info = backend.launch(LaunchSpec(OFFER, uri, idempotency_token=f"{tmp_path}-bill", idle_timeout_seconds=30))
+    store = open_store(uri)
+    try:
+        now = time.time()
+        AttemptLaunch("seg.try1", 0, 0, 1000, info.instance_id, OFFER.to_dict(), now, now - 100.0, False, 1,
+                      "seg").write(store)
+        JobLayout(store).write_request(info.instance_id, SegmentRequest(
+            "seg.try1", uri, 0, 0, 1000, [sys.executable, SCRIPT, "--step-seconds", "0.2"], created_at=now))
+        deadline = time.time() + 60
+        while JobLayout(store).read_heartbeat("seg.try1") is None and time.time() < deadline:
+            time.sleep(0.2)
+        trigger = SegmentTrigger(job_uri=uri, attempt_id="seg.try1", instance_id=info.instance_id,
+                                 requested_at=now, backend="local", backend_options=options, aws_conn_id=None)
+        asyncio.run(trigger.on_kill())
+        row = LedgerStore(store).read("seg.try1")
+        assert row is not None and row.outcome == "abandoned"
+        assert row.started_at == now - 100.0 and row.ended_at >= now
+        assert row.cost == pytest.approx(row.billed_seconds / 3600 * OFFER.price_per_hour)
+        assert InstanceState(backend.describe([info.instance_id])[info.instance_id].state) is InstanceState.TERMINATED
+    finally:
+        backend.terminate([info.instance_id])
