@@ -159,7 +159,7 @@ class SpotJobSummaryOperator(BaseOperator):
         view = JobView(store)
         try:
             accounted = {r.attempt_id for r in view.ledger_rows()}
-        except ValueError as exc:  # a torn row: the summary below reports it; nothing is billed twice
+        except ValueError as exc:  # a torn row: the summary below stops on it too; nothing is billed twice
             self.log.warning("attempts not checked for missing ledger rows: %s", exc)
             return
         market = None
