@@ -165,7 +165,8 @@ def count(
 
 
 def job_totals(store: ObjectStore) -> dict[str, Any]:
-    return totals(read_rows(store)).to_dict()
+    view = JobView(store)
+    return totals(view.ledger_rows(), view.probe_rows()).to_dict()
 
 
 def summarize(store: ObjectStore, now: float) -> dict[str, Any]:

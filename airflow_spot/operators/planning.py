@@ -8,6 +8,7 @@ the decisions are its.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -282,7 +283,7 @@ class AvailabilityRecorder:
 
 
 def probe_spot(backend: Any, offers: Sequence[Offer], make_spec: Any, recorder: AvailabilityRecorder,
-               now: float, log: Any = None, retries: int = PROBE_RETRIES) -> int:
+               now: float, log: Any = None, retries: int = PROBE_RETRIES, bill: Any = None) -> int:
     """Probe the spot pools of ``offers``: place a launch in each and terminate it at once; record
     ``probe-up`` (it launched: the pool has capacity) or ``probe-down`` (a capacity refusal). A probe that
     launched is billed its minimum (the simulator charges the same). Returns how many pools answered.
@@ -294,19 +295,21 @@ def probe_spot(backend: Any, offers: Sequence[Offer], make_spec: Any, recorder: 
 
     :param make_spec: ``(offer, try_number) -> LaunchSpec`` (tags and idempotency token of this probe;
         each try needs its own token).
+    :param bill: ``(offer, instance, ended_at)``, called for each probe that launched, once it is
+        terminated: the job's cost holds its bill (``LedgerStore.write_probe``).
     """
     answered = 0
     for offer in offers:
         if not offer.is_spot:
             continue
-        has_capacity = _probe_pool(backend, offer, make_spec, retries, log)
+        has_capacity = _probe_pool(backend, offer, make_spec, retries, log, bill)
         if has_capacity is not None:
             recorder.record(offer.pool, "probe-up" if has_capacity else "probe-down", now)
             answered += 1
     return answered
 
 
-def _probe_pool(backend: Any, offer: Offer, make_spec: Any, retries: int, log: Any) -> bool | None:
+def _probe_pool(backend: Any, offer: Offer, make_spec: Any, retries: int, log: Any, bill: Any = None) -> bool | None:
     """True: a probe launched (and was terminated); False: it was refused for capacity (every try, or a
     try before one that failed otherwise); None: it failed for another reason (logged, nothing learned)."""
     from airflow_spot.backends.base import LaunchError
@@ -324,5 +327,7 @@ def _probe_pool(backend: Any, offer: Offer, make_spec: Any, retries: int, log: A
             refused = True
             continue
         backend.terminate([info.instance_id])
+        if bill is not None:
+            bill(offer, info, time.time())
         return True
     return False

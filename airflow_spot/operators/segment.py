@@ -47,6 +47,7 @@ from airflow_spot.policy.ledger import LedgerRow
 from airflow_spot.policy.offers import GpuRequest, Market
 from airflow_spot.policy.transfer import TransferCost, saves_per_hour, transfer_cost
 from airflow_spot.storage.checkpoint import DIGEST_ENV, NoUsableCheckpointError, digest_setting
+from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.manifest import Manifest
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError, store_errors
 from airflow_spot.storage.protocol import JobLayout, Outcome, SchemaError, SegmentRequest, safe_id
@@ -438,7 +439,8 @@ class SpotSegmentOperator(BaseOperator):
         if plan.probe and self.probe_spot and alive:
             spot_offers = [o for o in market.offers(self.gpus) if o.is_spot and self.gpus.matches(o)]
             answered = planning.probe_spot(self.hook.get_backend(), spot_offers,
-                                           lambda o, k: self._probe_spec(context, store, o, now, k), recorder, now, self.log)
+                                           lambda o, k: self._probe_spec(context, store, o, now, k), recorder, now,
+                                           self.log, bill=lambda o, info, ended: self._bill_probe(store, o, info, ended))
             self.log.info("probed %d spot pools while on on-demand", answered)
             plan = replan()
         self.log.info("offer plan: %s", plan.reason)
@@ -731,6 +733,21 @@ class SpotSegmentOperator(BaseOperator):
             if any(a not in accounted and layout.read_status(a) is None for a in names if "/" not in a):
                 busy.add(instance_id)
         return busy
+
+    def _bill_probe(self, store: ObjectStore, offer, info: InstanceInfo, ended_at: float) -> None:
+        """A probe that launched bills its minimum (as the simulator charges it): the job's cost holds it."""
+        started = info.launched_at if info.launched_at is not None else ended_at
+        row = LedgerRow(
+            attempt_id=safe_id(self.task_id, "probe", info.instance_id), instance_id=info.instance_id,
+            instance_type=offer.instance_type, zone=offer.zone, market=offer.market,
+            price_per_hour=offer.price_per_hour, on_demand_price_per_hour=offer.on_demand_price_per_hour,
+            started_at=started, ended_at=max(started, ended_at), steps_done=0, outcome="probe", region=offer.region,
+            segment_index=self.segment_index, gpu_count=offer.gpu_count)
+        try:
+            LedgerStore(store).write_probe(row)
+        except Exception as exc:  # noqa: BLE001 - the probe's answer still counts; only its bill is missing
+            self.log.warning("probe %s of %s not billed in the job's cost (%s: %s)", info.instance_id, offer.pool,
+                             type(exc).__name__, exc)
 
     def _probe_spec(self, context: Context, store, offer, now: float, try_number: int = 0) -> LaunchSpec:
         token = launch_token(self.dag_id, context["run_id"], self.task_id, "probe", offer.pool, int(now), try_number)

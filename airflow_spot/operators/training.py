@@ -221,6 +221,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  steps lost          {s.get('steps_lost')}",
         f"  last step           {s.get('latest_step')} of {s.get('total_steps')}",
         f"  cost                ${s.get('cost', 0.0):.4f}",
+        *([f"  of which probes     ${s.get('probe_dollars', 0.0):.4f} ({s['probes']} spot instances launched "
+           "only to learn whether their pool had capacity)"] if s.get("probes") else []),
         f"  on-demand cost      ${s.get('on_demand_cost', 0.0):.4f}",
         f"  savings             ${s.get('savings', 0.0):.4f} ({100 * s.get('savings_fraction', 0.0):.1f} %)",
     ]

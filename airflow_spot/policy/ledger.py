@@ -196,6 +196,9 @@ class JobSummary:
     steps_lost: int
     #: of ``cost``: checkpoints restored from and saved to a store in another region
     transfer_dollars: float = 0.0
+    #: spot instances launched only to learn whether their pool has capacity, and of ``cost`` their bill
+    probes: int = 0
+    probe_dollars: float = 0.0
 
     @property
     def savings(self) -> float:
@@ -211,21 +214,26 @@ class JobSummary:
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in d.items()}
 
 
-def summarize(rows: Iterable[LedgerRow]) -> JobSummary:
-    """Job totals: every figure is the sum of the rows' figures."""
-    rows = list(rows)
+def summarize(rows: Iterable[LedgerRow], probes: Iterable[LedgerRow] = ()) -> JobSummary:
+    """Job totals: every figure is the sum of the rows' figures. ``probes`` (rows of spot instances
+    launched only to learn whether their pool has capacity, ``LedgerStore.write_probe``) add their bill to
+    ``cost`` and ``spot_cost``, as the simulator charges them, and to nothing else: they did no work."""
+    rows, probes = list(rows), list(probes)
+    probe_dollars = sum(p.cost for p in probes)
     return JobSummary(
         attempts=len(rows),
         preemptions=sum(r.is_preemption for r in rows),
-        cost=sum(r.cost for r in rows),
+        cost=sum(r.cost for r in rows) + probe_dollars,
         on_demand_cost=sum(r.on_demand_cost for r in rows),
-        spot_cost=sum(r.cost for r in rows if r.market == Market.SPOT.value),
+        spot_cost=sum(r.cost for r in rows if r.market == Market.SPOT.value) + probe_dollars,
         billed_seconds=sum(r.billed_seconds for r in rows),
         gpu_hours=sum(r.billed_seconds * r.gpu_count for r in rows) / 3600.0,
         lost_gpu_hours=sum(r.lost_seconds * r.gpu_count for r in rows) / 3600.0,
         steps_done=sum(r.steps_done for r in rows),
         steps_lost=sum(r.steps_lost for r in rows),
         transfer_dollars=sum(r.transfer_dollars for r in rows),
+        probes=len(probes),
+        probe_dollars=probe_dollars,
     )
 
 

@@ -207,6 +207,15 @@ class JobView:
         counted as no row."""
         return LedgerStore(self.store).rows()
 
+    def probe_rows(self) -> list[LedgerRow]:
+        """The bills of the job's probes (``LedgerStore.write_probe``); one that does not decode is left out
+        and noted in :attr:`unreadable` (no budget reads probes)."""
+        rows, bad = LedgerStore(self.store).probe_rows()
+        for key, error in bad:
+            log.warning("probe row %s/%s left out: %s", self.uri, key, error)
+            self._note_unreadable(key, error)
+        return rows
+
     def readable_ledger_rows(self) -> list[LedgerRow]:
         """Every ledger row that decodes, ordered as :meth:`ledger_rows` orders them; each one that does not
         is left out and noted in :attr:`unreadable`. For showing a job (:meth:`snapshot` with
@@ -264,7 +273,7 @@ class JobView:
     def totals(self, now: float, rows: list[LedgerRow] | None = None) -> dict[str, Any]:
         """Ledger totals plus the counts and times the finish task, the demo and the UI show."""
         rows = self.ledger_rows() if rows is None else rows
-        out = summarize(rows).to_dict()
+        out = summarize(rows, self.probe_rows()).to_dict()
         started = min((r.started_at for r in rows), default=now)
         out.update(
             lost=sum(r.outcome == Outcome.LOST.value for r in rows),
@@ -502,6 +511,8 @@ class JobView:
             "progress": round(min(1.0, current / total_steps), 4) if total_steps else None,
             **money_figures(cost, on_demand),
             "transfer_dollars": totals["transfer_dollars"],
+            "probes": totals["probes"],
+            "probe_dollars": totals["probe_dollars"],
             "preemptions": sum(a.is_preemption for a in attempts),
             **final,
             "steps_lost": totals["steps_lost"],

@@ -46,6 +46,26 @@ class LedgerStore:
         out = [self._decode(key, raw) for key, raw in self.store.get_many(keys).items()]
         return sorted(out, key=lambda r: (r.started_at, r.attempt_id))
 
+    def write_probe(self, row: LedgerRow) -> str:
+        """A probe's bill: a spot instance launched to learn whether its pool has capacity and terminated at
+        once (the billing minimum). Kept apart from the attempts' rows, which the budgets and the page's
+        attempts read; the job's cost adds it (``JobView.totals``)."""
+        key = JobLayout.probe_key(row.attempt_id)
+        self.store.put_bytes(key, json.dumps(row.to_dict(), sort_keys=True).encode())
+        return key
+
+    def probe_rows(self) -> tuple[list[LedgerRow], list[tuple[str, str]]]:
+        """Every probe's row, and ``(key, error)`` of each that does not decode (left out: a probe's bill
+        is never a budget's input, so a torn one is shown as unreadable rather than stop a reader)."""
+        keys = [k for k in self.store.list(JobLayout.PROBES_PREFIX) if k.endswith(".json")]
+        rows, bad = [], []
+        for key, raw in self.store.get_many(keys).items():
+            try:
+                rows.append(self._decode(key, raw))
+            except Exception as exc:  # noqa: BLE001 - JSON that is no object fails as AttributeError too
+                bad.append((key, str(exc)))
+        return sorted(rows, key=lambda r: (r.started_at, r.attempt_id)), bad
+
     def _decode(self, key: str, raw: bytes) -> LedgerRow:
         try:
             return LedgerRow.from_dict(json.loads(raw))

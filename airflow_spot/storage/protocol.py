@@ -195,6 +195,7 @@ class JobLayout:
         control/attempts/<attempt_id>/status.json         status_key
         control/attempts/<attempt_id>/price.json          price_key: a running attempt's price so far
         control/ledger/<attempt_id>.json                  ledger_key
+        control/probes/<probe_id>.json                    probe_key: a probe's bill (a ledger row, no work)
         control/availability/<pool>/<time>-<job>-<n>.<tag>.<kind>.json
                                                           AVAILABILITY_PREFIX: the job's pool events
                                                           (storage/availability.py)
@@ -203,6 +204,7 @@ class JobLayout:
     CHECKPOINTS = "checkpoints"
     ATTEMPTS_PREFIX = "control/attempts/"
     LEDGER_PREFIX = "control/ledger/"
+    PROBES_PREFIX = "control/probes/"
     AVAILABILITY_PREFIX = "control/availability/"
     JOB_KEY = "control/job.json"
     SUMMARY_KEY = "control/summary.json"
@@ -250,6 +252,10 @@ class JobLayout:
     @classmethod
     def ledger_key(cls, attempt_id: str) -> str:
         return f"{cls.LEDGER_PREFIX}{safe_id(attempt_id)}.json"
+
+    @classmethod
+    def probe_key(cls, probe_id: str) -> str:
+        return f"{cls.PROBES_PREFIX}{safe_id(probe_id)}.json"
 
     @staticmethod
     def try_key(ti_id: object) -> str:

@@ -103,7 +103,7 @@ def _unreadable_snapshot(job: JobRef, exc: Exception) -> dict[str, Any]:
     return {
         "job_uri": job.job_uri, "state": job.run_state or "unknown", "total_steps": None, "committed_step": None,
         "current_step": None, "progress": None, "cost": None, "on_demand_cost": None, "savings": None,
-        "savings_fraction": None, "transfer_dollars": 0.0, "preemptions": None, "steps_lost": None,
+        "savings_fraction": None, "transfer_dollars": 0.0, "probes": 0, "probe_dollars": 0.0, "preemptions": None, "steps_lost": None,
         "attempts": [], "checkpoints": [], "broken_checkpoints": [],
         "unreadable": [{"key": job.job_uri, "error": f"store not readable: {type(exc).__name__}: {exc}"}],
         "series": [], "estimate": None, "summary": None, "gpus": None, "backend": job.backend,
@@ -122,7 +122,7 @@ def _from_summary(job: JobRef, snap: dict[str, Any], session) -> str:
         snap["state"] = finished_state(summary)
         return note + "; its finish task's summary lacks the final figures, so none are shown."
     snap.update(final)
-    for key in ("steps_lost", "transfer_dollars"):
+    for key in ("steps_lost", "transfer_dollars", "probes", "probe_dollars"):
         if isinstance(summary.get(key), (int, float)) and not isinstance(summary.get(key), bool):
             snap[key] = summary[key]
     # its GPU request (for the offers now) from the DAG, since the store's job record is gone

@@ -265,7 +265,9 @@ def job_page(dag_id: str, run_id: str, snap: dict[str, Any], offers: list[dict[s
         ("progress", f"{'–' if snap.get('current_step') is None else _e(snap['current_step'])} / {_e(total) if total else '?'} steps ({pct})"),
         ("cost so far", _money(snap.get("cost")) + (
             f" <span class=muted id=transfers>of which checkpoint transfers {_money(snap['transfer_dollars'])}</span>"
-            if snap.get("transfer_dollars") else "")),
+            if snap.get("transfer_dollars") else "") + (
+            f" <span class=muted id=probes>of which {_e(snap.get('probes'))} spot probes "
+            f"{_money(snap['probe_dollars'])}</span>" if snap.get("probe_dollars") else "")),
         ("on-demand cost of the same work", _money(snap.get("on_demand_cost"))),
         ("savings", f"{_money(snap.get('savings'))} ({_pct(snap.get('savings_fraction') or 0)})"),
         ("preemptions", _e(snap.get("preemptions", 0))),

@@ -138,3 +138,28 @@ def test_attempts_nobody_accounted_for_are_billed_by_the_finish_task(tmp_path, m
     # and a second run of the finish task bills nothing twice
     op.execute(context)
     assert len(LedgerStore(store).rows()) == 3
+
+
+def test_a_probe_the_segment_launched_is_in_the_jobs_cost(tmp_path):
+    """The operators probe spot pools while on on-demand; each probe that launched bills AWS's minimum. The
+    simulator charges it to the job; the job's own cost (summary, page) now holds it too."""
+    from airflow_spot.operators.segment import SpotSegmentOperator
+    from airflow_spot.storage.job_view import JobView
+
+    store = open_store(f"file://{tmp_path}/job")
+    op = SpotSegmentOperator(task_id="seg", command=["python", "x.py"], checkpoint_uri=store.uri, start_step=0,
+                             end_step=10, total_steps=10, backend="local")
+    t0 = time.time()
+    op._bill_probe(store, OFFER, InstanceInfo("i-probe", InstanceState.TERMINATED, OFFER, store.uri, launched_at=t0),
+                   t0 + 4.0)
+    op._bill_probe(store, OFFER, InstanceInfo("i-probe", InstanceState.TERMINATED, OFFER, store.uri, launched_at=t0),
+                   t0 + 4.5)  # the same probe billed again (a retried segment start) is one bill
+    totals = JobView(store).totals(time.time())
+    assert totals["probes"] == 1 and totals["attempts"] == 0 and totals["preemptions"] == 0
+    assert totals["probe_dollars"] == pytest.approx(60 * OFFER.price_per_hour / 3600, abs=1e-6)  # rounded
+    assert totals["cost"] == pytest.approx(totals["probe_dollars"])
+    assert JobView(store).snapshot(time.time(), total_steps=10)["probe_dollars"] == totals["probe_dollars"]
+    store.put_bytes("control/probes/torn.json", b"{")  # a torn bill is named, and stops no reader
+    view = JobView(store)
+    assert view.totals(time.time())["probes"] == 1
+    assert [u["key"] for u in view.unreadable] == ["control/probes/torn.json"]

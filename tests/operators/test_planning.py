@@ -206,13 +206,20 @@ def test_probes_record_capacity_and_leave_no_instance_running(market, tmp_path):
                         preemption={"mode": "trace", "path": str(trace), "capacity": True,
                                     "start_offset_seconds": 0})
     rec = AvailabilityRecorder(job, None, "j")
-    assert probe_spot(down, [offer], spec, rec, now=T0) == 1
-    assert [e.kind for e in rec.job_events()] == ["probe-down"]
+    billed = []  # a refused probe is not billed; one that launched is, once terminated
+
+    def bill(o, info, ended_at):
+        billed.append((o.pool, info.instance_id, ended_at))
+
+    assert probe_spot(down, [offer], spec, rec, now=T0, bill=bill) == 1
+    assert [e.kind for e in rec.job_events()] == ["probe-down"] and billed == []
     up = LocalBackend(state_dir=str(tmp_path / "s2"))
     try:
-        assert probe_spot(up, [offer], spec, rec, now=T0 + 1) == 1
+        assert probe_spot(up, [offer], spec, rec, now=T0 + 1, bill=bill) == 1
         assert [e.kind for e in rec.job_events()] == ["probe-down", "probe-up"]
         assert all(InstanceState(i.state).is_terminal() for i in up.list_instances(tags={"t": "probe"}))
+        (launched,) = up.list_instances(tags={"t": "probe"})
+        assert billed == [(offer.pool, launched.instance_id, billed[0][2])]
     finally:
         up.terminate([i.instance_id for i in up.list_instances(tags={"t": "probe"})])
 

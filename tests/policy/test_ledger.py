@@ -78,6 +78,19 @@ def test_a_completed_attempt_is_credited_its_whole_bill_and_a_preempted_one_only
     assert s.savings == pytest.approx(s.on_demand_cost - (600 + 90) * 1.0 / 3600)
 
 
+def test_probes_add_their_bill_to_the_cost_and_nothing_else():
+    """A probe (a spot instance launched only to learn whether its pool has capacity, terminated at once)
+    pays the billing minimum, which the simulator charges too: the job's cost holds it, its attempts,
+    work and on-demand figure do not."""
+    attempt = row(1, end=3600.0, price=1.0, od=3.0)
+    probe = row(2, start=4000.0, end=4003.0, price=0.9, od=3.0, done=0, outcome="probe")
+    s = summarize([attempt], [probe])
+    assert s.probes == 1 and s.probe_dollars == pytest.approx(60 * 0.9 / 3600)
+    assert s.cost == pytest.approx(1.0 + s.probe_dollars) and s.spot_cost == pytest.approx(s.cost)
+    assert (s.attempts, s.on_demand_cost, s.billed_seconds) == (1, pytest.approx(3.0), 3600)
+    assert s.savings == pytest.approx(3.0 - 1.0 - s.probe_dollars)
+
+
 def test_round_trip_and_validation():
     r = row(1, market=Market.ON_DEMAND, segment_index=3, region="us-west-2")
     d = r.to_dict()
