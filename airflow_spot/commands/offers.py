@@ -13,6 +13,8 @@ quantity the operators rank by.
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
 
 from airflow_spot.backends.base import backend_class, backend_names
@@ -59,6 +61,13 @@ def _request(args: argparse.Namespace, *, filters: bool) -> GpuRequest:
                       regions=tuple(args.regions), zones=tuple(args.zones), markets=markets)
 
 
+#: GpuRequest's settings, as its no-match message names them -> this command's flags
+_FLAGS = {"count=": "--gpus ", "min_memory_gib=": "--min-memory-gib ", "names=": "--gpu-names ",
+          "exclude_names=": "--exclude-gpus ", "regions=": "--regions ", "zones=": "--zones ",
+          "max_price_per_hour=": "--max-price "}
+_SETTING = re.compile(r"\((" + "|".join(map(re.escape, _FLAGS)) + r")")
+
+
 def _nothing_offered(args: argparse.Namespace, market) -> str:
     """Why not even the count and regions alone leave an offer. Only the bundled catalog is asked again: a
     cloud market, without the regions, would query every region."""
@@ -76,9 +85,18 @@ def _check(args: argparse.Namespace) -> None:
     """Refuse what no market could answer, naming the flag; spell GPU names as the markets do."""
     from airflow_spot.operators.validation import SpotTrainingConfigError, validate_option_names
 
-    if not args.step_seconds > 0:  # also NaN
-        raise ValueError(f"--step-seconds is the seconds one step takes on one V100 and must be > 0, "
-                         f"got {args.step_seconds:g}")
+    if not 0 < args.step_seconds < math.inf:  # also NaN
+        raise ValueError(f"--step-seconds is the seconds one step takes on one V100 and must be a finite number "
+                         f"> 0, got {args.step_seconds:g}")
+    # GpuRequest checks these too, but in its Python names (count=, min_memory_gib=): say the flags
+    if args.gpus < 1:
+        raise ValueError(f"--gpus is the GPUs per instance and must be at least 1, got {args.gpus}")
+    if not 0 <= args.min_memory < math.inf:
+        raise ValueError(f"--min-memory-gib is the GiB of memory per GPU and must be a finite number >= 0, "
+                         f"got {args.min_memory:g}")
+    if args.max_price is not None and not 0 < args.max_price < math.inf:
+        raise ValueError(f"--max-price is a cap on $/h and must be a finite number > 0 (leave it out for no cap), "
+                         f"got {args.max_price:g}")
     if args.limit < 1:
         raise ValueError(f"--limit is how many offers to print and must be at least 1, got {args.limit}")
     try:
@@ -89,6 +107,9 @@ def _check(args: argparse.Namespace) -> None:
     known = known_gpu_names(overrides if isinstance(overrides, dict) else ())
     args.gpu_names = canonical_gpu_names("--gpu-names", args.gpu_names, known)
     args.exclude_gpus = canonical_gpu_names("--exclude-gpus", args.exclude_gpus, known)
+    both = [n for n in args.gpu_names if n in args.exclude_gpus]
+    if both:
+        raise ValueError(f"GPU models {both} are both in --gpu-names and in --exclude-gpus; drop them from one")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         if not offers:
             pool = market.offers(_request(args, filters=False))
             why = request.describe_mismatch(pool) if pool else _nothing_offered(args, market)
+            why = _SETTING.sub(lambda m: "(" + _FLAGS[m.group(1)], why)
             print(f"airflow-spot offers: no offer matches the request: {why}", file=sys.stderr)
             return 1
     except (ValueError, TypeError, KeyError, RuntimeError) as exc:

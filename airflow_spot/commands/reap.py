@@ -7,6 +7,7 @@ See :mod:`airflow_spot.backends.reap` for the other options.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from airflow_spot.backends import reap as base
@@ -22,9 +23,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "backends); 'any': every live instance (default for local)")
 
 
+def _missing_state_dir(args: argparse.Namespace) -> str | None:
+    """A note when the local backend's state directory, as given, does not exist: no instance was launched
+    from it. Opening the backend would create it, and a mistyped path would read as a plain "nothing to reap"."""
+    from airflow_spot.backends.local_state import STATE_DIR_ENV
+
+    import inspect
+
+    from airflow_spot.backends.base import backend_class
+
+    if set(args.backend_options) - set(inspect.signature(backend_class("local").__init__).parameters):
+        return None  # an unknown option: get_backend names the valid ones
+    given = args.backend_options.get("state_dir")
+    source = "--backend-options state_dir"
+    if not given and os.environ.get(STATE_DIR_ENV):
+        given, source = os.environ[STATE_DIR_ENV], STATE_DIR_ENV
+    if not isinstance(given, str) or not given or os.path.exists(given):
+        return None
+    return (f"no live instances match: {source} {given} does not exist, so no instance was launched from it "
+            "(nothing was created there); if instances run, give the state_dir of the DAGs' backend_options (or "
+            f"{STATE_DIR_ENV}) that launched them")
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cls = backend_class(args.backend)
+        missing = _missing_state_dir(args) if args.backend == "local" else None
+        if missing:
+            print(missing)
+            return 0
         clients = None
         if getattr(cls, "uses_clients", False):
             from airflow_spot.commands.airflow_lookups import clients_for

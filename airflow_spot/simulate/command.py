@@ -105,7 +105,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "traces' start; policies that read the traces ignore it; default 0: an empty log)")
     p.add_argument("--start-hour", type=float, default=0.0, help="replay from this hour of the traces")
     p.add_argument("--offsets", action="store_true", help="also run every hourly start offset and print the distribution")
-    p.add_argument("--offset-step-hours", type=float, default=1.0)
+    p.add_argument("--offset-step-hours", type=float, default=1.0,
+                   help="with --offsets: hours between two start offsets (default 1)")
     p.add_argument("--png", default=None, help="write progress and cost over time to this PNG")
     p.add_argument("--json", dest="json_out", default=None, help="write the figures as JSON to this file")
 
@@ -165,9 +166,20 @@ def _trace_paths(args: list[str] | None) -> list[Path]:
     return [Path(x) for arg in args for x in arg.split(",") if x]
 
 
+#: the float flags, each checked finite: an infinite one is no quantity, and hangs or garbles the replay
+_FLOAT_FLAGS = ("work_hours", "save_cost_seconds", "restart_overhead_hours", "notice_seconds", "segment_minutes",
+                "spot_price", "on_demand_price", "transfer_seconds", "probe_miss", "transfer_dollars",
+                "checkpoint_gib", "transfer_dollars_per_gib", "transfer_seconds_per_gib", "history_hours",
+                "start_hour", "offset_step_hours")
+
+
 def _check_arguments(args: argparse.Namespace) -> None:
     """Argument checks JobSpec does not make, and the job's own in the command's terms (JobSpec validates
     the job again, in its field names); ``ValueError`` says the fix."""
+    for name in _FLOAT_FLAGS:
+        value = getattr(args, name)
+        if value is not None and math.isinf(value):
+            raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     if not args.work_hours > 0:  # also NaN
         raise ValueError(f"--work-hours must be positive (hours of training on one V100), got {args.work_hours}")
     if not args.restart_overhead_hours >= 0:
@@ -205,6 +217,22 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"--offset-step-hours must be > 0, got {args.offset_step_hours}")
 
 
+def _read_prices(path: str) -> dict[str, tuple[float, float]]:
+    """:func:`read_prices`, with the file named where it cannot be read as one and every price finite."""
+    if Path(path).is_dir():
+        raise ValueError(f"--prices {path} is a folder; give a CSV file with lines zone,spot,on_demand")
+    try:
+        prices = read_prices(path)
+    except (UnicodeDecodeError, OSError) as exc:
+        raise ValueError(f"--prices {path} cannot be read as a CSV text file ({exc}); give a CSV with lines "
+                         "zone,spot,on_demand") from None
+    for zone, (spot, od) in prices.items():
+        if not (math.isfinite(spot) and math.isfinite(od)):
+            raise ValueError(f"{path}: zone {zone}'s prices must be finite numbers ($/h), got spot {spot}, "
+                             f"on-demand {od}")
+    return prices
+
+
 def _transfer(args: argparse.Namespace) -> TransferCost:
     """The transfer a move pays and, with one store, the saves an instance elsewhere writes back an hour:
     flat and per GiB of checkpoint, as the operators derive them (one save a segment)."""
@@ -227,10 +255,20 @@ def _check_window(args: argparse.Namespace, traces: list, start: int) -> None:
     if not traces:
         raise ValueError("no trace to replay; give --traces FILE_OR_DIR[,...]")
     shortest = min(len(t.values) for t in traces)
+    hours = shortest * traces[0].gap_seconds / 3600
     if start >= shortest:
-        hours = shortest * traces[0].gap_seconds / 3600
         raise ValueError(f"--start-hour {args.start_hour:g} is past the end of the traces ({hours:.1f} h); "
                          f"use a start hour below {hours:.1f}")
+    # a replay runs up to 4x the job's hours, and past the traces every pool counts as down: a job far
+    # longer than what is left of them says nothing of the market and could run for hours
+    left = hours - args.start_hour
+    longest = args.deadline_hours if args.deadline_hours is not None else args.work_hours
+    if longest > 2 * left:
+        flag = "--deadline-hours" if args.deadline_hours is not None else "--work-hours"
+        raise ValueError(f"{flag} {longest:g} is more than twice the {left:.1f} h of traces left from --start-hour "
+                         f"{args.start_hour:g}: past their end every spot pool counts as down, so such a replay "
+                         f"says nothing of the market; replay a job of at most {2 * left:.1f} h, an earlier "
+                         "--start-hour, or longer --traces")
 
 
 def _replay_notes(args: argparse.Namespace, traces: list, results: list) -> list[str]:
@@ -288,6 +326,9 @@ def run(args: argparse.Namespace) -> int:
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
         names = [n.strip() for n in args.policies.split(",") if n.strip()]
+        if not names:
+            raise ValueError(f"--policies {args.policies!r} names no policy; give one or more of: "
+                             f"{', '.join(policy_names())}")
         for n in names:
             if n not in policy_names():
                 raise ValueError(f"unknown simulated controller policy {n!r} in --policies; valid policies: "
@@ -307,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise ValueError(_cli_words(str(exc))) from None
         traces = load_traces(_trace_paths(args.traces))
-        prices = read_prices(args.prices) if args.prices else None
+        prices = _read_prices(args.prices) if args.prices else None
         if prices is not None:
             stray = sorted(set(prices) - {t.zone for t in traces})
             if stray:
@@ -315,6 +356,9 @@ def run(args: argparse.Namespace) -> int:
                       f"ignored (the traces cover {', '.join(sorted({t.zone for t in traces}))})")
         if args.zones:
             wanted = [z.strip() for z in args.zones.split(",") if z.strip()]
+            if not wanted:
+                raise ValueError(f"--zones {args.zones!r} names no zone; give some of "
+                                 f"{', '.join(sorted(t.zone for t in traces))}, or leave --zones out for all")
             unknown = sorted(set(wanted) - {t.zone for t in traces})
             if unknown:
                 raise ValueError(f"zones {unknown} have no trace; traces cover {sorted(t.zone for t in traces)}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import shutil
@@ -52,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-memory", dest="min_memory_gib", type=float, default=argparse.SUPPRESS,
                    help=argparse.SUPPRESS)  # the spelling of `offers`
     p.add_argument("--regions", default="", help="comma-separated regions (default: all)")
-    p.add_argument("--restart-overhead-seconds", type=float, default=600.0)
+    p.add_argument("--restart-overhead-seconds", type=float, default=600.0,
+                   help="seconds a new instance works for nothing (boot, restore, warm-up; default 600)")
     p.add_argument("--top", type=int, default=15, help="show this many offers, cheapest expected cost first")
     p.add_argument("--json", dest="json_out", action="store_true", help="print the ranking as JSON")
 
@@ -73,8 +75,12 @@ def parse_measured(items: list[str]) -> dict[str, float]:
             value = float(secs)
         except ValueError:
             raise EstimateError(f"--measured {item!r}: {secs!r} is not a number of seconds") from None
-        if not value > 0:
-            raise EstimateError(f"--measured {item!r}: seconds per step must be positive")
+        if not (value > 0 and math.isfinite(value)):
+            raise EstimateError(f"--measured {item!r}: seconds per step must be a positive, finite number, "
+                                f"got {value:g}")
+        if out.get(gpu, value) != value:  # two figures for one GPU: which one was meant is a guess
+            raise EstimateError(f"--measured gives {gpu} twice ({out[gpu]:g} and {value:g} s); give one figure per "
+                                "GPU model (e.g. their mean)")
         out[gpu] = value
     return out
 
@@ -141,24 +147,41 @@ def rank(args: argparse.Namespace) -> tuple[list, object]:
         raise EstimateError(f"--gpus must be at least 1, got {args.gpus}")
     if args.top < 1:
         raise EstimateError(f"--top is how many offers to show and must be at least 1, got {args.top}")
-    if not args.restart_overhead_seconds >= 0:  # also NaN
+    if not 0 <= args.restart_overhead_seconds < math.inf:  # also NaN
         raise EstimateError(f"--restart-overhead-seconds is the time a new instance works for nothing and must be "
-                            f">= 0, got {args.restart_overhead_seconds}")
+                            f"a finite number >= 0, got {args.restart_overhead_seconds}")
     if not args.min_memory_gib >= 0:
         raise EstimateError(f"--min-memory-gib must be >= 0, got {args.min_memory_gib}")
     measured = parse_measured(args.measured)
-    if args.profile_command:
+    if args.profile_as and args.profile_command is None:
+        raise EstimateError("--profile-as names the GPU a profiling run stands for, and no --profile-command was "
+                            "given: add --profile-command CMD, or give the figure as --measured GPU=SECONDS")
+    if args.profile_command is not None:
         if not args.profile_as:
             raise EstimateError("--profile-command needs --profile-as GPU: which GPU model the run stands for")
         try:
             profile_as = canonical_gpu_name(args.profile_as)
         except ValueError as exc:
             raise EstimateError(f"--profile-as: {exc}") from None
-        measured[profile_as] = profile_step_seconds(
-            shlex.split(args.profile_command), args.profile_steps, timeout=args.profile_timeout)
+        if not 0 < args.profile_timeout < math.inf:  # also NaN, which would never time out
+            raise EstimateError(f"--profile-timeout is the seconds the profiling run may take and must be > 0, "
+                                f"got {args.profile_timeout}")
+        try:
+            command = shlex.split(args.profile_command)
+        except ValueError as exc:  # an unclosed quote
+            raise EstimateError(f"--profile-command {args.profile_command!r} cannot be split into words ({exc}); "
+                                "quote it as a shell would") from None
+        if not command:
+            raise EstimateError("--profile-command is empty; give the training command, e.g. \"python train.py\"")
+        measured[profile_as] = profile_step_seconds(command, args.profile_steps, timeout=args.profile_timeout)
     if not measured:
         raise EstimateError("give a step time: --measured GPU=SECONDS, or --profile-command CMD --profile-as GPU")
-    by_throughput = {instance_throughput(g, 1): t for g, t in measured.items()}
+    # GPU models with one throughput figure (T4 and T4g) are one point of the fit: their log-mean, as a
+    # least-squares fit in log space would place them
+    logs: dict[float, list[float]] = {}
+    for g, t in measured.items():
+        logs.setdefault(instance_throughput(g, 1), []).append(math.log(t))
+    by_throughput = {x: math.exp(sum(ys) / len(ys)) for x, ys in logs.items()}
     model = fit_step_time(by_throughput)
     regions = [r for r in args.regions.split(",") if r]
     try:
@@ -188,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out:
         print(json.dumps([e.to_dict() for e in ranked[: args.top]], indent=2))
         return 0
-    print(f"step time fit: t = {model.step_seconds(1.0):.4f} s on a V100 x throughput^-{model.b:.2f}")
+    print(f"step time fit: t = {model.step_seconds(1.0):.4f} s on a V100 x throughput^{0.0 - model.b:.2f}")
     print(f"{'instance':<16}{'market':<11}{'zone':<14}{'GPU':<10}{'$/h':>8}{'hours':>9}{'expected $':>12}{'+-':>6}")
     for e in ranked[: args.top]:
         o = e.offer

@@ -32,9 +32,10 @@ from urllib.parse import urlparse
 
 from airflow_spot.policy.decision import DecisionParams
 from airflow_spot.policy.observations import PoolEvent, ledger_events, pool_views
-from airflow_spot.storage.availability import COMPACT_AFTER_HOURS, AvailabilityLog
+from airflow_spot.storage.availability import COMPACT_AFTER_HOURS, AvailabilityLog, _entry_time
 from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import (
+    LocalStore,
     ObjectStore,
     StoreConfigError,
     open_existing_store,
@@ -73,6 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def open_log(uri: str, endpoint_url: str | None = None) -> tuple[AvailabilityLog, ObjectStore | None]:
     """The log at ``uri``; for a job's root, its own log (``control/availability/``) and the job's store
     (whose ledger holds its instances' launches and preemptions)."""
+    if not (isinstance(uri, str) and uri.strip()):
+        raise StoreConfigError(f"the availability log URI must be a non-empty string, got {uri!r}")
     scheme = urlparse(uri).scheme if isinstance(uri, str) else ""
     if scheme and scheme not in ("file", "s3"):
         raise StoreConfigError(f"unsupported availability log URI scheme {scheme!r} in {uri!r}; give file:///path, "
@@ -82,10 +85,42 @@ def open_log(uri: str, endpoint_url: str | None = None) -> tuple[AvailabilityLog
         raise StoreConfigError(problem.replace("checkpoint URI", "availability log URI"))
     store = open_existing_store(uri, endpoint_url, "the availability log (e.g. the _availability folder beside "
                                                    "the job roots) or a job's root")
+    if isinstance(store, LocalStore) and store.root.is_file():
+        raise StoreConfigError(f"{store.root} is a file; give the availability log's folder (e.g. the "
+                               "_availability folder beside the job roots) or a job's root")
     own = store.child(JobLayout.AVAILABILITY_PREFIX)
     if own.list() or store.list("control/"):
         return AvailabilityLog(own), store
+    problem = _not_a_log(store)
+    if problem:
+        raise StoreConfigError(problem)
     return AvailabilityLog(store), None
+
+
+def _not_a_log(store: ObjectStore) -> str | None:
+    """Why ``store`` holds something other than one log (``<pool>/<entry>.json``), or None.
+
+    A folder above a log (a DAG's root: job roots, ``_availability``, ``_overheads``) would be read as one
+    log mixing every log under it, and pruned by the times in its file names: ``_overheads`` entries and
+    other time-named records would go too."""
+    keys = store.list()
+    if not keys:
+        return None  # an empty log: nothing written yet
+    foreign = [k for k in keys if k.count("/") != 1]
+    if not foreign and any(_entry_time(k) is not None for k in keys):
+        return None
+    # the logs beneath: a deep key whose last two parts are <pool>/<entry>; a job's own log by its root
+    logs = sorted({k.rsplit("/", 2)[0].removesuffix("/" + JobLayout.AVAILABILITY_PREFIX.rstrip("/"))
+                   for k in foreign if k.count("/") >= 2 and AvailabilityLog._parse_name(k) is not None})
+    hint = ""
+    if logs:
+        more = f" (and {len(logs) - 3} more)" if len(logs) > 3 else ""
+        hint = "; logs and job roots under it: " + ", ".join(f"{store.uri}/{x}" for x in logs[:3]) + more
+    odd = foreign or keys  # deeper keys, else keys that are no event
+    what = f"{odd[0]}" + (f" and {len(odd) - 1} more" if len(odd) > 1 else "")
+    return (f"{store.uri} is not an availability log: it holds {what}, where a log holds only <pool>/<event>.json "
+            "entries. Give the log itself (the _availability folder beside the job roots, or "
+            f"AIRFLOW_SPOT_AVAILABILITY_URI) or a job's root{hint}. Nothing was read or deleted")
 
 
 def run(args: argparse.Namespace, now: float | None = None) -> int:

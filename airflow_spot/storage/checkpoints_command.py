@@ -14,7 +14,7 @@ or ``--endpoint-url`` point it at MinIO or moto).
 * ``restore --step N URI``: make the newest verified checkpoint at step N the one the next resume uses, by
   moving every newer checkpoint (and every broken one at step N) under ``quarantine/`` in the same store.
   Nothing is deleted: move a directory back from ``quarantine/`` to undo. Stop the job first, or its next
-  save lands after step N again. ``--dry-run`` only prints the moves. With ``--to PATH`` the store is left
+  save lands after step N again. ``--dry-run`` only prints the moves (or the copy). With ``--to PATH`` the store is left
   as it is and step N's payload is copied to ``PATH`` (a file in an existing folder, or a directory to hold
   ``state.pt``).
 
@@ -34,7 +34,9 @@ import uuid
 from urllib.parse import urlparse
 
 from airflow_spot.storage.checkpoint import DIGEST_ENV, MANIFEST, QUARANTINE, CheckpointStatus, CheckpointStore
-from airflow_spot.storage.object_store import ObjectNotFound, StoreConfigError, open_existing_store, store_errors
+from airflow_spot.storage.object_store import (
+    LocalStore, ObjectNotFound, StoreConfigError, open_existing_store, store_errors,
+)
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 
@@ -58,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--step", type=int, required=True, metavar="N", help="the step to resume from")
             p.add_argument("--to", default=None, metavar="PATH",
                            help="copy step N's payload to PATH instead of changing the store")
-            p.add_argument("--dry-run", action="store_true", help="print what would move, move nothing")
+            p.add_argument("--dry-run", action="store_true",
+                           help="print what would move (or, with --to, be copied), change nothing")
 
 
 #: a key of a checkpoint store: a checkpoint's directory (committed or not) or the quarantine
@@ -72,8 +75,10 @@ def open_checkpoints(uri: str, endpoint_url: str | None = None) -> CheckpointSto
 
     :raises StoreConfigError: when ``uri`` holds no job store (no ``checkpoints/``, no ``control/``, no
         checkpoint directory of its own), naming the layout expected and any job stores found under it."""
-    store = open_existing_store(uri, endpoint_url, "the job's checkpoint_uri (the folder that holds its "
-                                                   "checkpoints/) or that checkpoints/ folder")
+    what = "the job's checkpoint_uri (the folder that holds its checkpoints/) or that checkpoints/ folder"
+    store = open_existing_store(uri, endpoint_url, what)
+    if isinstance(store, LocalStore) and store.root.is_file():
+        raise StoreConfigError(f"{store.root} is a file; give {what}")
     nested = store.child("checkpoints")
     if nested.list():
         return CheckpointStore(nested, writer="cli")
@@ -209,7 +214,7 @@ def _restore(ckpts: CheckpointStore, step: int, to: str | None, dry_run: bool) -
         return EXIT_USAGE
     chosen = at_step[-1]
     if to is not None:
-        return _copy_out(ckpts, chosen, to)
+        return _copy_out(ckpts, chosen, to, dry_run)
     doomed = [s for s in statuses if s.step > step or (s.step == step and not s.ok)]
     if not doomed:
         print(f"step {step} ({chosen.directory}) is already the newest usable checkpoint under {ckpts.store.uri}: "
@@ -237,9 +242,10 @@ class _TargetError(Exception):
     """The copy's target could not be written (kept apart from the store's own errors)."""
 
 
-def _copy_out(ckpts: CheckpointStore, chosen: CheckpointStatus, to: str) -> int:
+def _copy_out(ckpts: CheckpointStore, chosen: CheckpointStatus, to: str, dry_run: bool = False) -> int:
     """``restore --to``: copy ``chosen``'s verified payload to ``to`` (a file, or a folder to hold it),
-    through a temporary file beside the target, so a failed copy leaves any file already there as it was."""
+    through a temporary file beside the target, so a failed copy leaves any file already there as it was.
+    ``dry_run``: say what would be copied, write nothing (a file at the target would be replaced)."""
     entry = chosen.manifest.files[0]
     target = os.path.abspath(os.path.join(to, entry.name) if os.path.isdir(to) else to)
     folder = os.path.dirname(target)
@@ -250,6 +256,11 @@ def _copy_out(ckpts: CheckpointStore, chosen: CheckpointStatus, to: str) -> int:
               f"--to an existing folder. Nothing was copied; step {step} verifies and the store is unchanged",
               file=sys.stderr)
         return EXIT_USAGE
+    if dry_run:
+        replaces = " (replacing the file there)" if os.path.exists(target) else ""
+        print(f"would copy step {step} ({chosen.directory}/{entry.name}, verified) to {target}{replaces}; "
+              "nothing was copied and the store is unchanged")
+        return EXIT_OK
     partial = os.path.join(folder, f".{os.path.basename(target)}.partial-{uuid.uuid4().hex[:8]}")
 
     def copy(path: str) -> None:

@@ -51,7 +51,7 @@ def test_no_match_says_which_constraint_to_relax(endpoint, capsys):
 def test_local_no_match_names_what_the_market_does_have(capsys):
     assert main(["offers", "--gpu-names", "K80"]) == 1  # a GPU the markets know, but the catalog does not sell
     err = capsys.readouterr().err
-    assert "after the gpu names filter (names=['K80'])" in err and "'A10G'" in err and "'V100'" in err
+    assert "after the gpu names filter (--gpu-names ['K80'])" in err and "'A10G'" in err and "'V100'" in err
     assert main(["offers", "--gpus", "3", "--regions", "us-east-1"]) == 1
     err = capsys.readouterr().err
     assert "nothing with 3 GPU(s) per instance in regions ['us-east-1']" in err and "[1, 4, 8] GPUs" in err  # 2: Graviton only
@@ -131,7 +131,7 @@ def test_an_unknown_gpu_name_is_a_usage_error_listing_the_valid_ones(flag, capsy
 def test_a_gpu_of_the_markets_throughput_overrides_is_known(capsys):
     options = json.dumps({"throughput_overrides": {"B200": 8.0}})
     assert main(["offers", "--gpu-names", "b200", "--market-options", options]) == 1  # known, but not sold
-    assert "names=['B200']" in capsys.readouterr().err
+    assert "(--gpu-names ['B200'])" in capsys.readouterr().err
 
 
 def test_an_unknown_market_option_names_the_valid_ones(capsys):
@@ -145,8 +145,33 @@ def test_an_unknown_market_option_names_the_valid_ones(capsys):
     (["--limit", "0"], "--limit", "--step-seconds"),
     (["--step-seconds", "0"], "--step-seconds", "--limit"),
     (["--step-seconds", "nan"], "--step-seconds", "--limit"),
+    (["--step-seconds", "inf"], "--step-seconds", "--limit"),
 ])
 def test_each_flag_has_its_own_message(argv, flag, other, capsys):
     assert main(["offers", *argv]) == 2
     err = capsys.readouterr().err
     assert f"offers: {flag} " in err and other not in err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--gpus", "0"], "--gpus is the GPUs per instance and must be at least 1, got 0"),
+    (["--min-memory-gib", "-5"], "--min-memory-gib is the GiB of memory per GPU and must be a finite number >= 0"),
+    (["--min-memory", "nan"], "--min-memory-gib is the GiB of memory per GPU and must be a finite number >= 0"),
+    (["--max-price", "0"], "--max-price is a cap on $/h and must be a finite number > 0 (leave it out for no cap)"),
+    (["--max-price", "inf"], "--max-price is a cap on $/h and must be a finite number > 0"),
+    (["--gpu-names", "V100", "--exclude-gpus", "v100"], "['V100'] are both in --gpu-names and in --exclude-gpus"),
+])
+def test_request_errors_name_the_flags_not_the_python_fields(argv, message, capsys):
+    # GpuRequest's own messages speak of count=, min_memory_gib=, max_price_per_hour=, exclude_names
+    assert main(["offers", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert "GpuRequest" not in err and "_gib=" not in err and "_per_hour" not in err, err
+
+
+def test_no_match_names_the_flag_to_relax(capsys):
+    assert main(["offers", "--max-price", "0.01"]) == 1
+    err = capsys.readouterr().err
+    assert "after the price cap filter (--max-price 0.01)" in err and "max_price_per_hour" not in err, err
+    assert main(["offers", "--min-memory-gib", "500"]) == 1
+    assert "after the gpu memory filter (--min-memory-gib 500.0)" in capsys.readouterr().err

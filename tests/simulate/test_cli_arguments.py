@@ -48,11 +48,25 @@ def run(capsys, *argv: str) -> tuple[int | None, str]:
         (["--prices", "p.csv", "--spot-price", "1"], "--prices gives every zone its spot and on-demand price, so "
                                                      "--spot-price would be ignored"),
         (["--prices", "p.csv", "--on-demand-price", "3"], "so --on-demand-price would be ignored"),
+        # infinities: no quantity (before, tracebacks, a cryptic "cannot convert float NaN", or silent garbage)
+        (["--history-hours", "inf"], "--history-hours must be a finite number, got inf"),
+        (["--offsets", "--offset-step-hours", "inf"], "--offset-step-hours must be a finite number, got inf"),
+        (["--start-hour", "inf"], "--start-hour must be a finite number, got inf"),
+        (["--segment-minutes", "inf"], "--segment-minutes must be a finite number, got inf"),
+        (["--spot-price", "inf", "--on-demand-price", "3"], "--spot-price must be a finite number, got inf"),
+        (["--transfer-dollars", "inf"], "--transfer-dollars must be a finite number, got inf"),
+        (["--checkpoint-gib", "inf", "--transfer-dollars-per-gib", "0.02"], "--checkpoint-gib must be a finite number"),
+        # lists that name nothing
+        (["--policies", ","], "--policies ',' names no policy; give one or more of: fixed-one-zone"),
+        (["--zones", ","], "--zones ',' names no zone; give some of us-east-1c"),
+        # a job whose replay would run almost wholly past the traces (1e9 h ran for hours)
+        (["--work-hours", "1e9"], "--work-hours 1e+09 is more than twice the 177.4 h of traces left from "
+                                  "--start-hour 0"),
     ],
 )
 def test_simulate_rejects_bad_arguments_without_a_traceback(capsys, argv, message):
-    if argv[:2] == ["--work-hours", "0"]:  # the flag's own value, not the default's
-        argv, base = argv[2:], ["--work-hours", "0"]
+    if argv[0] == "--work-hours":  # the flag's own value, not the default's
+        argv, base = argv[2:], argv[:2]
     else:
         base = ["--work-hours", "1"]
     rc, text = run(capsys, "simulate", *base, *argv)
@@ -87,3 +101,17 @@ def test_reap_unknown_backend_option_lists_the_valid_ones(capsys, tmp_path):
     rc, text = run(capsys, "reap", "--backend-options", json.dumps({"state-dir": str(tmp_path)}), "--dry-run")
     assert rc == 2 and "Traceback" not in text, text
     assert "backend 'local' takes no option(s) ['state-dir']; its options are:" in text and "state_dir" in text, text
+
+
+def test_simulate_names_a_prices_file_it_cannot_use(capsys, tmp_path):
+    base = ["simulate", "--work-hours", "1", "--policies", "ours"]
+    rc, text = run(capsys, *base, "--prices", str(tmp_path))
+    assert rc == 2 and f"--prices {tmp_path} is a folder; give a CSV file" in text, text  # was "does not exist"
+    binary = tmp_path / "p.csv"
+    binary.write_bytes(b"\xff\xfe\x00")
+    rc, text = run(capsys, *base, "--prices", str(binary))
+    assert rc == 2 and f"--prices {binary} cannot be read as a CSV text file" in text, text
+    zones = ("us-east-1c", "us-east-1f", "us-west-2b", "us-west-2c")
+    binary.write_text("".join(f"{z},{'inf' if z == zones[0] else 1},3\n" for z in zones))
+    rc, text = run(capsys, *base, "--prices", str(binary))
+    assert rc == 2 and "zone us-east-1c's prices must be finite numbers ($/h), got spot inf" in text, text

@@ -37,7 +37,18 @@ def test_estimate_json_scales_the_measured_gpu_to_the_others(capsys):
         (["--steps", "10", "--profile-command", "python x.py", "--profile-as", "Z80"], "--profile-as: unknown GPU 'Z80'"),
         (["--steps", "10", "--measured", "V100"], "expected GPU=SECONDS"),
         (["--steps", "10", "--measured", "V100=fast"], "is not a number"),
-        (["--steps", "10", "--measured", "V100=-1"], "must be positive"),
+        (["--steps", "10", "--measured", "V100=-1"], "must be a positive, finite number, got -1"),
+        (["--steps", "10", "--measured", "V100=inf"], "must be a positive, finite number, got inf"),
+        (["--steps", "10", "--measured", "V100=0.2", "--measured", "v100=0.3"], "--measured gives V100 twice (0.2 and "
+                                                                                 "0.3 s); give one figure per GPU"),
+        (["--steps", "10", "--measured", "V100=0.2", "--profile-as", "T4"], "no --profile-command was given"),
+        (["--steps", "10", "--profile-command", " ", "--profile-as", "T4"], "--profile-command is empty"),
+        (["--steps", "10", "--profile-command", "python 'x.py", "--profile-as", "T4"],
+         "cannot be split into words (No closing quotation)"),
+        (["--steps", "10", "--profile-command", "true", "--profile-as", "T4", "--profile-timeout", "nan"],
+         "--profile-timeout is the seconds the profiling run may take and must be > 0, got nan"),
+        (["--steps", "10", "--measured", "V100=1", "--restart-overhead-seconds", "inf"],
+         "--restart-overhead-seconds is the time a new instance works for nothing and must be a finite number >= 0"),
         (["--steps", "0", "--measured", "V100=1"], "--steps must be a positive"),
         (["--steps", "10"], "give a step time"),
         (["--steps", "10", "--profile-command", "python x.py"], "needs --profile-as"),
@@ -45,7 +56,8 @@ def test_estimate_json_scales_the_measured_gpu_to_the_others(capsys):
         (["--steps", "10", "--measured", "V100=1", "--gpus", "0"], "--gpus must be at least 1"),
         (["--steps", "10", "--measured", "V100=1", "--top", "0"], "--top is how many offers to show and must be"),
         (["--steps", "10", "--measured", "V100=1", "--restart-overhead-seconds", "-5"],
-         "--restart-overhead-seconds is the time a new instance works for nothing and must be >= 0, got -5.0"),
+         "--restart-overhead-seconds is the time a new instance works for nothing and must be a finite number >= 0, "
+         "got -5.0"),
         (["--steps", "10", "--measured", "V100=1", "--min-memory-gib", "-1"], "--min-memory-gib must be >= 0"),
         # what the catalog does have, so the user can choose what to loosen
         (["--steps", "10", "--measured", "V100=1", "--gpus", "3", "--regions", "us-east-1"],
@@ -54,7 +66,24 @@ def test_estimate_json_scales_the_measured_gpu_to_the_others(capsys):
 )
 def test_estimate_bad_arguments_say_what_to_fix(capsys, argv, message):
     assert main(["estimate", *argv]) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+
+
+def test_the_fit_line_spells_its_exponent_once(capsys):
+    # equal step times on two GPUs fit an exponent of 0; a faster GPU measured slower, a positive one
+    assert main(["estimate", "--steps", "10", "--measured", "V100=0.2", "--measured", "H100=0.2", "--top", "1"]) == 0
+    assert "x throughput^0.00" in capsys.readouterr().out
+    assert main(["estimate", "--steps", "10", "--measured", "V100=0.2", "--measured", "H100=0.5", "--top", "1"]) == 0
+    assert "x throughput^0.66" in capsys.readouterr().out
+
+
+def test_two_gpu_models_of_one_throughput_both_count(capsys):
+    # T4 and T4g share a throughput figure: the fit takes both measurements (their log-mean), not the last
+    assert main(["estimate", "--steps", "3600", "--measured", "T4=0.5", "--measured", "T4g=2.0", "--json",
+                 "--top", "200"]) == 0
+    t4 = next(r for r in json.loads(capsys.readouterr().out) if r["gpu_name"] == "T4")
+    assert t4["hours"] == pytest.approx(1.0)  # sqrt(0.5 * 2.0) s x 3600 steps
 
 
 def test_gpu_names_are_matched_case_insensitively(capsys):

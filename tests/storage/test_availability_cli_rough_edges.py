@@ -61,3 +61,41 @@ def test_an_unsupported_scheme_speaks_of_the_availability_log(capsys):
     assert main(["availability", "prune", "s3:/bucket/log", "--older-than-days", "14"]) == 2
     err = capsys.readouterr().err
     assert "availability log URI" in err and "s3://bucket/log" in err and "checkpoint" not in err
+
+
+def test_prune_of_a_folder_above_the_log_is_refused_and_deletes_nothing(tmp_path, capsys):
+    # a DAG's root, as the operators lay it out: the deployment's log in _availability beside the job roots,
+    # the overhead history in _overheads (entries named by time too) and a job root with its own log
+    old = time.time() - 30 * 86400
+    dag = open_store(str(tmp_path / "my_dag"))
+    AvailabilityLog(dag.child("_availability")).append(PoolEvent(A, "launched", old, "j"))
+    dag.put_bytes(f"_overheads/{old:018.3f}-run1.json", b"{}")
+    job = dag.child("run1")
+    job.put_bytes("control/job.json", b"{}")
+    AvailabilityLog(job.child(JobLayout.AVAILABILITY_PREFIX)).append(PoolEvent(A, "launched", old, "j"))
+    before = dag.list()
+    for argv in (["prune", "--older-than-days", "14"], ["compact"], ["show"]):
+        assert main(["availability", *argv, str(tmp_path / "my_dag")]) == 2
+        err = capsys.readouterr().err
+        assert "is not an availability log" in err and "Nothing was read or deleted" in err, err
+        assert f"{dag.uri}/_availability" in err and f"{dag.uri}/run1" in err, err  # where the logs are
+    assert dag.list() == before
+    # a job's checkpoints/ folder, the overheads folder: objects, none an event
+    for folder in ("_overheads", "run1/control"):
+        assert main(["availability", "prune", "--older-than-days", "14", str(tmp_path / "my_dag" / folder)]) == 2
+        assert "is not an availability log" in capsys.readouterr().err
+    assert dag.list() == before
+    # the log itself and the job's root still prune
+    assert main(["availability", "prune", "--older-than-days", "14", str(tmp_path / "my_dag" / "_availability")]) == 0
+    assert main(["availability", "prune", "--older-than-days", "14", str(tmp_path / "my_dag" / "run1")]) == 0
+    assert "deleted 1 events" in capsys.readouterr().out
+    assert sorted(set(before) - set(dag.list())) == sorted(k for k in before if k.endswith(".launched.json"))
+
+
+def test_a_file_or_an_empty_uri_is_a_usage_error_that_speaks_of_the_log(tmp_path, capsys):
+    (tmp_path / "log.csv").write_text("x")
+    assert main(["availability", "show", str(tmp_path / "log.csv")]) == 2
+    assert "is a file; give the availability log's folder" in capsys.readouterr().err
+    assert main(["availability", "show", ""]) == 2
+    err = capsys.readouterr().err
+    assert "availability log URI must be a non-empty string" in err and "checkpoint" not in err

@@ -136,3 +136,22 @@ def test_a_folder_that_is_no_job_store_is_an_error_with_the_expected_layout(job,
     for uri in (fresh, fresh / "checkpoints"):
         assert main(["checkpoints", "list", str(uri)]) == 0
         assert "no checkpoints yet under" in capsys.readouterr().out
+
+
+def test_restore_to_with_dry_run_writes_nothing(job, tmp_path, capsys):
+    root, ckpts = job
+    before = _snapshot(ckpts)
+    target = tmp_path / "mine.pt"
+    target.write_bytes(b"the user's own file")
+    assert main(["checkpoints", "restore", "--step", "200", "--to", str(target), "--dry-run", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "would copy step 200" in out and str(target) in out and "replacing the file there" in out, out
+    assert target.read_bytes() == b"the user's own file" and _snapshot(ckpts) == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no partial copy either
+
+
+def test_a_file_given_as_the_store_is_a_usage_error(tmp_path, capsys):
+    (tmp_path / "state.pt").write_bytes(b"x")
+    assert main(["checkpoints", "list", str(tmp_path / "state.pt")]) == 2
+    err = capsys.readouterr().err
+    assert "state.pt is a file; give the job's checkpoint_uri" in err and "NotADirectoryError" not in err, err
