@@ -105,7 +105,7 @@ class ProgressPrinter:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
-        self.poll()  # the last attempts, ended just before the run did
+        self.poll(final=True)  # the last attempts, ended just before the run did
 
     def _loop(self) -> None:
         while not self._stop.wait(POLL_SECONDS):
@@ -114,7 +114,10 @@ class ProgressPrinter:
             except Exception as exc:  # noqa: BLE001 - a half-written object is read again next round
                 print(f"  (progress not readable yet: {exc})", file=self.console)
 
-    def poll(self) -> None:
+    def poll(self, final: bool = False) -> None:
+        """Print the attempts that ended since the last poll. An attempt whose status is written but whose
+        ledger row is not yet (it is being accounted) waits for the next poll, so that its line's "cost so
+        far" holds its own cost; ``final`` prints it all the same."""
         from airflow_spot.storage.job_view import JobView
         from airflow_spot.storage.object_store import open_store
 
@@ -127,7 +130,7 @@ class ProgressPrinter:
             snap = view.snapshot(time.time())
             cost = 0.0
             for a in snap["attempts"]:
-                if a["outcome"] == "running":
+                if a["outcome"] == "running" or (a.get("cost") is None and not final):
                     continue
                 cost += a.get("cost") or 0.0
                 if a["attempt_id"] in self.printed:

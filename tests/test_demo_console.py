@@ -91,3 +91,25 @@ def test_a_failed_attempt_line_says_where_its_output_is():
                          "market": "spot", "started_at": 0.0, "ended_at": 2.0, "instance_id": "local-0003",
                          "attempt_id": "train.segment_001.try1"}, 600, 0.0, None)
     assert "instances/local-0003/attempts/train.segment_001.try1.log" in line
+
+
+def test_an_attempt_being_accounted_waits_for_its_row_so_its_line_holds_its_cost(tmp_path):
+    """Its status is written before its ledger row: printed then, its line's "cost so far" left out its own
+    cost (the demo printed the same figure for two segments, and the summary came out above the last)."""
+    from airflow_spot.storage.protocol import AttemptStatus, JobLayout
+
+    jobs = tmp_path / "jobs" / "dag"
+    jobs.mkdir(parents=True)
+    out = io.StringIO()
+    printer = ProgressPrinter(jobs, out)
+    store = open_store(f"file://{jobs / 'run1'}")
+    JobLayout(store).write_status(AttemptStatus("s0.try1", "completed", 0, 0.0, 3600.0, 90))
+    printer.poll()
+    assert out.getvalue() == ""  # not yet: no row
+    LedgerStore(store).write(LedgerRow("s0.try1", "i-1", "g5.xlarge", "z", "spot", 0.36, 1.0, 0.0, 3600.0, 90,
+                                       "completed", step_seconds=0.05))
+    printer.poll()
+    assert "cost so far $0.3600" in out.getvalue()
+    JobLayout(store).write_status(AttemptStatus("s1.try1", "completed", 0, 3600.0, 3700.0, 100))
+    printer.poll(final=True)  # the run is over: printed all the same
+    assert len(out.getvalue().splitlines()) == 2
