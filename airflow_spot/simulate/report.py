@@ -21,7 +21,11 @@ def read_prices(path: str | Path) -> dict[str, tuple[float, float]]:
     """``zone,spot,on_demand`` CSV (a header line is allowed) -> zone -> (spot $/h, on-demand $/h)."""
     import csv
 
+    import math
+
     p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"prices file {p} is a folder; give a CSV with lines zone,spot,on_demand")
     if not p.is_file():
         raise ValueError(f"prices file {p} does not exist; give a CSV with lines zone,spot,on_demand")
     out: dict[str, tuple[float, float]] = {}
@@ -39,8 +43,9 @@ def read_prices(path: str | Path) -> dict[str, tuple[float, float]]:
             except ValueError:
                 raise ValueError(
                     f"{p} line {n}: prices must be numbers ($/h), got {cells[1]!r}, {cells[2]!r}") from None
-            if not (spot > 0 and od > 0):
-                raise ValueError(f"{p} line {n}: prices must be positive, got spot {spot}, on-demand {od}")
+            if not (0 < spot and 0 < od and math.isfinite(spot) and math.isfinite(od)):
+                raise ValueError(f"{p} line {n}: prices must be positive and finite ($/h), got spot {spot}, "
+                                 f"on-demand {od}")
             if cells[0] in out:
                 raise ValueError(f"{p} line {n}: zone {cells[0]} is listed twice")
             out[cells[0]] = (spot, od)

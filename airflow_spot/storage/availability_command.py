@@ -35,10 +35,10 @@ from airflow_spot.policy.observations import PoolEvent, ledger_events, pool_view
 from airflow_spot.storage.availability import COMPACT_AFTER_HOURS, AvailabilityLog, _entry_time
 from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import (
-    LocalStore,
     ObjectStore,
     StoreConfigError,
     open_existing_store,
+    store_error_hint,
     store_errors,
     uri_problem,
 )
@@ -85,9 +85,6 @@ def open_log(uri: str, endpoint_url: str | None = None) -> tuple[AvailabilityLog
         raise StoreConfigError(problem.replace("checkpoint URI", "availability log URI"))
     store = open_existing_store(uri, endpoint_url, "the availability log (e.g. the _availability folder beside "
                                                    "the job roots) or a job's root")
-    if isinstance(store, LocalStore) and store.root.is_file():
-        raise StoreConfigError(f"{store.root} is a file; give the availability log's folder (e.g. the "
-                               "_availability folder beside the job roots) or a job's root")
     own = store.child(JobLayout.AVAILABILITY_PREFIX)
     if own.list() or store.list("control/"):
         return AvailabilityLog(own), store
@@ -148,7 +145,7 @@ def run(args: argparse.Namespace, now: float | None = None) -> int:
     except BrokenPipeError:
         raise  # our reader went away (| head): not the store's fault; the command line ends quietly
     except store_errors() as exc:
-        print(f"error: cannot read {args.uri}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"error: cannot read {args.uri}: {type(exc).__name__}: {exc}{store_error_hint(exc)}", file=sys.stderr)
         return EXIT_FAILED
 
 

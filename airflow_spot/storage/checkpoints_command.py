@@ -35,7 +35,7 @@ from urllib.parse import urlparse
 
 from airflow_spot.storage.checkpoint import DIGEST_ENV, MANIFEST, QUARANTINE, CheckpointStatus, CheckpointStore
 from airflow_spot.storage.object_store import (
-    LocalStore, ObjectNotFound, StoreConfigError, open_existing_store, store_errors,
+    ObjectNotFound, StoreConfigError, open_existing_store, store_error_hint, store_errors,
 )
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
@@ -77,8 +77,6 @@ def open_checkpoints(uri: str, endpoint_url: str | None = None) -> CheckpointSto
         checkpoint directory of its own), naming the layout expected and any job stores found under it."""
     what = "the job's checkpoint_uri (the folder that holds its checkpoints/) or that checkpoints/ folder"
     store = open_existing_store(uri, endpoint_url, what)
-    if isinstance(store, LocalStore) and store.root.is_file():
-        raise StoreConfigError(f"{store.root} is a file; give {what}")
     nested = store.child("checkpoints")
     if nested.list():
         return CheckpointStore(nested, writer="cli")
@@ -115,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         raise  # our reader went away (| head): not the store's fault; the command line ends quietly
     except store_errors() as exc:
-        print(f"error: cannot read {args.uri}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"error: cannot read {args.uri}: {type(exc).__name__}: {exc}{store_error_hint(exc)}", file=sys.stderr)
         return EXIT_BROKEN
 
 

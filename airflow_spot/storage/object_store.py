@@ -591,6 +591,23 @@ def store_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def store_error_hint(exc: BaseException) -> str:
+    """What to do about a store error a user can fix (credentials, region, access), or ``""``."""
+    name = type(exc).__name__
+    if name in ("NoCredentialsError", "PartialCredentialsError"):
+        return ("; no AWS credentials were found: set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                "or run where an instance role grants them (a local S3 such as moto or MinIO: --endpoint-url "
+                "and any key pair)")
+    if name == "NoRegionError":
+        return "; no AWS region is set: set AWS_DEFAULT_REGION (or the profile's region)"
+    code = getattr(exc, "response", {}).get("Error", {}).get("Code") if hasattr(exc, "response") else None
+    if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"):
+        return "; the credentials in use may not read this bucket: they need s3:ListBucket and s3:GetObject on it"
+    if code in ("NoSuchBucket",):
+        return "; the bucket does not exist: check the URI's bucket name"
+    return ""
+
+
 def uri_problem(uri: str) -> str | None:
     """What is wrong with the shape of a checkpoint URI (None when nothing is), shared by
     :func:`open_store` and the operator's parse-time checks so both say the same thing."""
@@ -631,10 +648,12 @@ def open_existing_store(uri: str, endpoint_url: str | None = None, what: str = "
     store = open_store(uri, **({"endpoint_url": endpoint_url} if endpoint_url and uri.startswith("s3://") else {}))
     if isinstance(store, LocalStore) and not store.root.exists():
         raise StoreConfigError(f"{store.root} does not exist; give {what}")
+    if isinstance(store, LocalStore) and not store.root.is_dir():
+        raise StoreConfigError(f"{store.root} is a file, not a folder; give {what}")
     return store
 
 
 __all__ = [
     "LocalStore", "ObjectNotFound", "ObjectStore", "S3Store", "StoreConfigError", "open_existing_store", "open_store",
-    "store_errors", "uri_problem",
+    "store_error_hint", "store_errors", "uri_problem",
 ]

@@ -168,10 +168,13 @@ def test_prices_file(tmp_path):
     f.write_text("zone,spot,on_demand\nus-west-2b,0.9,3.06\nus-east-1a,0.7,3.2\n")
     assert read_prices(f) == {"us-west-2b": (0.9, 3.06), "us-east-1a": (0.7, 3.2)}
     for bad, msg in (("us-west-2b,x,3\n", "must be numbers"), ("us-west-2b,1\n", "zone,spot,on_demand"),
-                     ("us-west-2b,0,3\n", "positive"), ("a,1,2\na,1,2\n", "twice")):
+                     ("us-west-2b,0,3\n", "positive"), ("us-west-2b,inf,3\n", "finite"),
+                     ("us-west-2b,1,nan\n", "finite"), ("a,1,2\na,1,2\n", "twice")):
         f.write_text(bad)
         with pytest.raises(ValueError, match=msg):
             read_prices(f)
+    with pytest.raises(ValueError, match="is a folder"):
+        read_prices(tmp_path)
     traces = [SpotTrace("z", "us-west-2b", 60.0, (1, 1)), SpotTrace("y", "us-east-1a", 60.0, (1, 1))]
     f.write_text("us-west-2b,0.9,3.06\nus-east-1a,0.7,3.2\n")
     pools, od = build_pools(traces, spot_price=None, on_demand_price=None, prices=read_prices(f))

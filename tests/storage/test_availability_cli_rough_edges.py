@@ -95,7 +95,7 @@ def test_prune_of_a_folder_above_the_log_is_refused_and_deletes_nothing(tmp_path
 def test_a_file_or_an_empty_uri_is_a_usage_error_that_speaks_of_the_log(tmp_path, capsys):
     (tmp_path / "log.csv").write_text("x")
     assert main(["availability", "show", str(tmp_path / "log.csv")]) == 2
-    assert "is a file; give the availability log's folder" in capsys.readouterr().err
+    assert "is a file, not a folder; give the availability log" in capsys.readouterr().err
     assert main(["availability", "show", ""]) == 2
     err = capsys.readouterr().err
     assert "availability log URI must be a non-empty string" in err and "checkpoint" not in err

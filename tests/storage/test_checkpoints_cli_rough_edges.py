@@ -154,4 +154,4 @@ def test_a_file_given_as_the_store_is_a_usage_error(tmp_path, capsys):
     (tmp_path / "state.pt").write_bytes(b"x")
     assert main(["checkpoints", "list", str(tmp_path / "state.pt")]) == 2
     err = capsys.readouterr().err
-    assert "state.pt is a file; give the job's checkpoint_uri" in err and "NotADirectoryError" not in err, err
+    assert "state.pt is a file, not a folder; give the job's checkpoint_uri" in err and "NotADirectoryError" not in err, err

@@ -27,3 +27,25 @@ def test_other_uri_messages_are_unchanged():
         open_store("gs://bucket/x")
     with pytest.raises(StoreConfigError, match="must be absolute"):
         open_store("file://host/x")
+
+
+def test_store_errors_a_user_can_fix_say_how():
+    from botocore.exceptions import ClientError, NoCredentialsError, NoRegionError
+
+    from airflow_spot.storage.object_store import store_error_hint
+
+    assert "AWS_ACCESS_KEY_ID" in store_error_hint(NoCredentialsError())
+    assert "AWS_DEFAULT_REGION" in store_error_hint(NoRegionError())
+    denied = ClientError({"Error": {"Code": "AccessDenied", "Message": "denied"}}, "ListObjectsV2")
+    assert "s3:ListBucket" in store_error_hint(denied)
+    assert "bucket name" in store_error_hint(ClientError({"Error": {"Code": "NoSuchBucket"}}, "ListObjectsV2"))
+    assert store_error_hint(OSError("disk")) == ""
+
+
+def test_a_file_given_as_a_store_is_named(tmp_path):
+    from airflow_spot.storage.object_store import StoreConfigError, open_existing_store
+
+    f = tmp_path / "state.pt"
+    f.write_bytes(b"x")
+    with pytest.raises(StoreConfigError, match="state.pt is a file, not a folder; give a job root"):
+        open_existing_store(str(f), what="a job root")
