@@ -212,6 +212,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([e.to_dict() for e in ranked[: args.top]], indent=2))
         return 0
     print(f"step time fit: t = {model.step_seconds(1.0):.4f} s on a V100 x throughput^{0.0 - model.b:.2f}")
+    if model.b < 0:  # the GPU the catalog calls faster measured slower: the ranking below trusts that fit
+        print("warning: the measurements say the faster GPUs are slower for this job (a positive exponent); "
+              "check that each --measured figure is the step time of the same job and batch on that GPU",
+              file=sys.stderr)
     print(f"{'instance':<16}{'market':<11}{'zone':<14}{'GPU':<10}{'$/h':>8}{'hours':>9}{'expected $':>12}{'+-':>6}")
     for e in ranked[: args.top]:
         o = e.offer
