@@ -552,6 +552,11 @@ class SpotSegmentOperator(BaseOperator):
             launch = AttemptLaunch.read(store, recorded["attempt_id"])
             if launch is None or launch.instance_id != recorded.get("instance_id"):
                 return None  # the store was replaced or the job root reused: nothing of ours to reattach to
+            since = self._budget_start(context, store)
+            if since is not None and launch.requested_at < since:
+                # from before the task was cleared: its trigger's on_kill ends and bills it, and the agent's
+                # "preempted" is the kill's; waiting for it would spend a preemption (as _unrecorded_attempt)
+                launch = None
         if launch is None or launch.attempt_id in accounted:
             # Nothing recorded, or an older try's attempt that was accounted for: a later try may have asked
             # its instance and died before its record (the worker went, the record's write failed, or

@@ -47,7 +47,7 @@ from airflow_spot.operators.validation import (
 )
 from airflow_spot.policy.offers import GpuRequest
 from airflow_spot.storage.object_store import StoreConfigError
-from airflow_spot.storage.protocol import JobLayout, SchemaError
+from airflow_spot.storage.protocol import JobLayout
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -108,8 +108,11 @@ class SpotJobSummaryOperator(BaseOperator):
         # when the run was due (run_after, kept when a task is cleared; start_date is reset then)
         run_started = next((getattr(getattr(dag_run, name, None), "timestamp", None)
                             for name in ("run_after", "start_date") if getattr(dag_run, name, None) is not None), None)
-        self._account_abandoned(hook, store, set(leftover), terminated_at,
-                                run_started() if run_started is not None else None)
+        try:
+            self._account_abandoned(hook, store, set(leftover), terminated_at,
+                                    run_started() if run_started is not None else None)
+        except Exception as exc:  # noqa: BLE001 - billing is best effort: the summary and the instances' end come first
+            self.log.warning("attempts not checked for missing ledger rows (%s: %s)", type(exc).__name__, exc)
         latest = newest_usable_step(store)
         summary = accounting.summarize(store, now=time.time())
         summary.update(
@@ -167,7 +170,7 @@ class SpotJobSummaryOperator(BaseOperator):
         for attempt_id in sorted(set(view.attempt_ids()) - accounted):
             try:
                 launch = AttemptLaunch.read(store, attempt_id)
-            except (SchemaError, TypeError, ValueError) as exc:
+            except Exception as exc:  # noqa: BLE001 - torn, or the store did not answer: the others are still billed
                 self.log.warning("attempt %s has an unreadable launch record (%s); not billed", attempt_id, exc)
                 continue
             if launch is None or (run_started is not None and launch.requested_at < run_started):

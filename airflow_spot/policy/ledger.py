@@ -13,9 +13,10 @@ nothing for a completed attempt.
 
 The job's ``on_demand_cost`` is what an on-demand instance of the same type pays for the same work
 (``on_demand_seconds``): a completed attempt's whole bill, since an on-demand run of that segment boots,
-restores, saves and meets the billing minimum too; of any other attempt only its kept steps. So the time
-a preemption threw away, and the restart it cost, are never credited as savings, while the overheads any
-run pays do not turn a spot discount into a loss. Totals are sums over rows. Pure maths: rows come from the store through
+restores, saves and meets the billing minimum too; of any other attempt only its kept steps, and of a
+completed attempt that restarted a segment after a preemption (:func:`summarize`) only its kept steps too:
+an on-demand run would not have restarted. So the time a preemption threw away, and the restart it cost,
+are never credited as savings, while the overheads any run pays do not turn a spot discount into a loss. Totals are sums over rows. Pure maths: rows come from the store through
 :mod:`airflow_spot.storage.ledger_store`.
 """
 from __future__ import annotations
@@ -224,7 +225,7 @@ def summarize(rows: Iterable[LedgerRow], probes: Iterable[LedgerRow] = ()) -> Jo
         attempts=len(rows),
         preemptions=sum(r.is_preemption for r in rows),
         cost=sum(r.cost for r in rows) + probe_dollars,
-        on_demand_cost=sum(r.on_demand_cost for r in rows),
+        on_demand_cost=sum(_on_demand_cost(r, rows) for r in rows),
         spot_cost=sum(r.cost for r in rows if r.market == Market.SPOT.value) + probe_dollars,
         billed_seconds=sum(r.billed_seconds for r in rows),
         gpu_hours=sum(r.billed_seconds * r.gpu_count for r in rows) / 3600.0,
@@ -235,6 +236,16 @@ def summarize(rows: Iterable[LedgerRow], probes: Iterable[LedgerRow] = ()) -> Jo
         probes=len(probes),
         probe_dollars=probe_dollars,
     )
+
+
+def _on_demand_cost(row: LedgerRow, rows: list[LedgerRow]) -> float:
+    """``row.on_demand_cost``, except that a completed attempt which restarted its segment after a
+    preemption is credited only its kept steps: its boot, restore and billing minimum are the preemption's
+    cost (an on-demand run would have gone on), not savings."""
+    if row.outcome == "completed" and any(
+            r.is_preemption and r.segment_index == row.segment_index and r.ended_at <= row.started_at for r in rows):
+        return row.useful_seconds / 3600.0 * row.on_demand_price_per_hour
+    return row.on_demand_cost
 
 
 #: the name the Airflow layer uses

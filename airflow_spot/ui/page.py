@@ -331,7 +331,8 @@ def job_page(dag_id: str, run_id: str, snap: dict[str, Any], offers: list[dict[s
     summary_note = (
         "<p class=muted id=savings-note>Savings compare the cost with what an on-demand instance of the same type "
         "pays for the same work: a completed attempt's whole time (an on-demand run boots, restores and saves "
-        "too), only the kept steps of any other attempt. Time a preemption threw away, and the restart it "
+        "too), only the kept steps of any other attempt and of one that restarted its segment after a "
+        "preemption. Time a preemption threw away, and the restart it "
         "cost, earn no savings; a running attempt counts its steps so far.</p>"
     )
     warnings = ""

@@ -163,3 +163,22 @@ def test_a_probe_the_segment_launched_is_in_the_jobs_cost(tmp_path):
     view = JobView(store)
     assert view.totals(time.time())["probes"] == 1
     assert [u["key"] for u in view.unreadable] == ["control/probes/torn.json"]
+
+
+def test_billing_that_cannot_read_the_store_does_not_fail_the_finish_task(tmp_path, monkeypatch):
+    """Review: a launch record the store does not serve now (a transient error, not a torn record) failed
+    the finish task before its summary and its instances' end were reported: billing is best effort."""
+    from airflow_spot.operators.attempt_record import AttemptLaunch
+
+    now = time.time()
+    op, context, backend, pushed = run_finish(tmp_path, monkeypatch, now - 3600, [now - 50], latest=10)
+    store = open_store(f"file://{tmp_path}/job")
+    AttemptLaunch("s.try9", 0, 0, 10, "i-running", OFFER.to_dict(), now - 100, now - 100, False, 9, "s").write(store)
+
+    def unreachable(cls, store, attempt_id):
+        raise ConnectionError("store unreachable (simulated)")
+
+    monkeypatch.setattr(AttemptLaunch, "read", classmethod(unreachable))
+    summary = op.execute(context)
+    assert summary["attempts"] == 1 and pushed["summary"]["completed"]
+    assert "i-running" in backend.terminated

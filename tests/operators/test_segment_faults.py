@@ -220,3 +220,34 @@ def test_an_earlier_tries_attempt_whose_instance_went_without_a_status_is_billed
     assert (row.started_at, row.ended_at) == (pytest.approx(now - 900), pytest.approx(now - 300))
     assert (row.steps_done, row.steps_lost) == (2, 2)
     assert row.cost == pytest.approx(600 / 3600 * 0.5)
+
+
+def test_a_try_after_a_clear_does_not_wait_for_the_killed_attempt(tmp_path):
+    """Review: clearing a deferred segment kills its trigger (on_kill ends the instance; the agent then
+    reports ``preempted``) and starts a new try, whose task state record still names the killed attempt.
+    Reattaching to it turned the kill into a preemption (execute_complete's row over on_kill's abandoned
+    one, the budget spent). Attempts from before the clear are not this try's, as without a record."""
+    from datetime import timezone
+
+    from airflow_spot.storage.protocol import AttemptStatus, SegmentRequest
+
+    uri = f"file://{tmp_path}/job"
+    store = open_store(uri)
+    layout = JobLayout(store)
+    offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.5, 1.0, "A10G", 1, 24.0)
+    now = time.time()
+    AttemptLaunch(attempt_id="seg.try1", segment_index=0, start_step=0, end_step=10, instance_id="i-1",
+                  offer=offer.to_dict(), requested_at=now - 600, billed_from=now - 600, reused_instance=False,
+                  try_number=1, task_id="seg", resume_step=0).write(store)
+    layout.write_request("i-1", SegmentRequest("seg.try1", uri, 0, 0, 10, ["true"], created_at=now - 600))
+    layout.write_status(AttemptStatus("seg.try1", "preempted", 143, now - 600, now - 5, 4))  # the kill's
+    op = SpotSegmentOperator(task_id="seg", command=["python", "x.py"], checkpoint_uri=uri, start_step=0,
+                             end_step=10, total_steps=20, backend="local", backend_options=backend_options(tmp_path))
+    state = {SpotSegmentOperator.ATTEMPT_STATE_KEY: {"attempt_id": "seg.try1", "instance_id": "i-1", "try_number": 1}}
+    ti = SimpleNamespace(try_number=2, id="ti-2", max_tries=op.retries + 1)
+    cleared = SimpleNamespace(start_date=datetime.fromtimestamp(now - 10, timezone.utc))  # reset by the clear
+    context = {"ti": ti, "run_id": "r", "task_state_store": SimpleNamespace(get=state.get), "dag_run": cleared}
+    assert op._reattach(context, store) is None
+    # a crashed worker's try (no clear: the run started before the attempt) is still waited for
+    context["dag_run"] = SimpleNamespace(start_date=datetime.fromtimestamp(now - 900, timezone.utc))
+    assert op._reattach(context, store).attempt_id == "seg.try1"

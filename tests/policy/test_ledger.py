@@ -122,3 +122,17 @@ def test_mean_price_refuses_bad_input_with_what_is_wrong():
         mean_price([], 10.0, 5.0, quoted=0.1)
     with pytest.raises(ValueError, match="finite"):
         mean_price([(1.0, float("nan"))], 0.0, 5.0, quoted=0.1)
+
+
+def test_a_restart_after_a_preemption_is_not_credited_as_savings():
+    """Review: a segment on a warm instance is preempted and completes on a new one. An on-demand run
+    would have gone on warm: the retry's boot, restore and 60 s minimum are the preemption's cost, and
+    crediting the completed retry's whole bill made them savings."""
+    lost = row(1, end=300.0, price=1.0, od=3.0, done=20, lost=5, outcome="preempted", step_seconds=10.0,
+               new_instance=False)
+    retry = row(2, start=400.0, end=500.0, price=1.0, od=3.0, done=5, step_seconds=10.0)  # 50 s restart
+    s = summarize([lost, retry])
+    assert s.on_demand_cost == pytest.approx((200 + 50) * 3.0 / 3600)
+    # another segment's completed attempt keeps its whole bill
+    other = row(3, start=600.0, end=700.0, price=1.0, od=3.0, done=5, step_seconds=10.0, segment_index=1)
+    assert summarize([lost, retry, other]).on_demand_cost == pytest.approx((200 + 50 + 100) * 3.0 / 3600)

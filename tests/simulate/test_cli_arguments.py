@@ -114,4 +114,4 @@ def test_simulate_names_a_prices_file_it_cannot_use(capsys, tmp_path):
     zones = ("us-east-1c", "us-east-1f", "us-west-2b", "us-west-2c")
     binary.write_text("".join(f"{z},{'inf' if z == zones[0] else 1},3\n" for z in zones))
     rc, text = run(capsys, *base, "--prices", str(binary))
-    assert rc == 2 and "zone us-east-1c's prices must be finite numbers ($/h), got spot inf" in text, text
+    assert rc == 2 and "prices must be positive and finite ($/h), got spot inf" in text, text
