@@ -206,10 +206,7 @@ def test_an_earlier_tries_attempt_whose_instance_went_without_a_status_is_billed
     layout = JobLayout(store)
     offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.5, 1.0, "A10G", 1, 24.0)
     now = time.time()
-    AttemptLaunch(attempt_id="seg.try1", segment_index=0, start_step=0, end_step=10, instance_id="i-vanished",
-                  offer=offer.to_dict(), requested_at=now - 900, billed_from=now - 900, reused_instance=False,
-                  try_number=1, task_id="seg", resume_step=0).write(store)
-    layout.write_request("i-vanished", SegmentRequest("seg.try1", uri, 0, 0, 10, ["true"], created_at=now - 900))
+    _try1_launched(store, offer, "i-vanished", now - 900)
     layout.write_heartbeat(Heartbeat("seg.try1", step=4, time=now - 300, last_committed_step=2))
     op = SpotSegmentOperator(task_id="seg", command=["python", "x.py"], checkpoint_uri=uri, start_step=0,
                              end_step=10, total_steps=20, backend="local", backend_options=backend_options(tmp_path))
@@ -236,10 +233,7 @@ def test_a_try_after_a_clear_does_not_wait_for_the_killed_attempt(tmp_path):
     layout = JobLayout(store)
     offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.5, 1.0, "A10G", 1, 24.0)
     now = time.time()
-    AttemptLaunch(attempt_id="seg.try1", segment_index=0, start_step=0, end_step=10, instance_id="i-1",
-                  offer=offer.to_dict(), requested_at=now - 600, billed_from=now - 600, reused_instance=False,
-                  try_number=1, task_id="seg", resume_step=0).write(store)
-    layout.write_request("i-1", SegmentRequest("seg.try1", uri, 0, 0, 10, ["true"], created_at=now - 600))
+    _try1_launched(store, offer, "i-1", now - 600)
     layout.write_status(AttemptStatus("seg.try1", "preempted", 143, now - 600, now - 5, 4))  # the kill's
     op = SpotSegmentOperator(task_id="seg", command=["python", "x.py"], checkpoint_uri=uri, start_step=0,
                              end_step=10, total_steps=20, backend="local", backend_options=backend_options(tmp_path))
@@ -251,3 +245,14 @@ def test_a_try_after_a_clear_does_not_wait_for_the_killed_attempt(tmp_path):
     # a crashed worker's try (no clear: the run started before the attempt) is still waited for
     context["dag_run"] = SimpleNamespace(start_date=datetime.fromtimestamp(now - 900, timezone.utc))
     assert op._reattach(context, store).attempt_id == "seg.try1"
+
+
+def _try1_launched(store, offer, instance_id: str, at: float) -> None:
+    """Try 1's launch record and request, as the operator writes them."""
+    from airflow_spot.storage.protocol import SegmentRequest
+
+    AttemptLaunch(attempt_id="seg.try1", segment_index=0, start_step=0, end_step=10, instance_id=instance_id,
+                  offer=offer.to_dict(), requested_at=at, billed_from=at, reused_instance=False,
+                  try_number=1, task_id="seg", resume_step=0).write(store)
+    JobLayout(store).write_request(instance_id, SegmentRequest("seg.try1", store.uri, 0, 0, 10, ["true"],
+                                                               created_at=at))
