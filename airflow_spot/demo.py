@@ -308,7 +308,7 @@ def read_summary(root: Path, dag_id: str, run_id: str) -> dict[str, Any]:
 
 def report(state: Any, s: dict[str, Any], wall: float, total: float, logs: str = "in the task logs") -> str:
     from airflow_spot.operators.training import format_summary
-    from airflow_spot.policy.ledger import LedgerRow
+    from airflow_spot.policy.ledger import LedgerRow, credited_seconds
 
     state = getattr(state, "value", state)
     lines = [f"\nDAG run: {state}   (wall time {wall:.1f} s; with DB setup {total:.1f} s)"]
@@ -318,17 +318,20 @@ def report(state: Any, s: dict[str, Any], wall: float, total: float, logs: str =
     rows = s.get("rows") or []
     same_time_on_demand = sum(r["billed_seconds"] * r["on_demand_price_per_hour"] / 3600.0 for r in rows)
     if same_time_on_demand > 0:
-        discount = 1.0 - s.get("cost", 0.0) / same_time_on_demand
-        lines.append(f"  spot discount       {100 * discount:.1f} % on the billed time")
-        thrown = sum(row.billed_seconds - row.on_demand_seconds
-                     for row in (LedgerRow.from_dict(r) for r in rows) if row.outcome != "completed")
-        here = (f"Here\n                      {thrown:.0f} s of paid time that attempts cut short threw away (a "
-                "preemption's\n                      lost steps and restart) earn nothing: why savings sit below "
-                "the spot discount." if thrown > 0 else
+        discount = 1.0 - sum(r["cost"] for r in rows) / same_time_on_demand
+        lines.append(f"  spot discount       {100 * discount:.1f} % on the attempts' billed time")
+        ledger = [LedgerRow.from_dict(r) for r in rows]
+        thrown = sum(row.billed_seconds - credited_seconds(row, ledger) for row in ledger)
+        idle = (s.get("probe_dollars") or 0.0) + (s.get("idle_dollars") or 0.0)
+        why = ([f"{thrown:.0f} s of paid time that preemptions cost (steps lost, restarts)"] if thrown > 0 else []) + (
+            [f"${idle:.4f} of instances that ran no attempt (probes, warm ones idle at the end)"] if idle > 0 else [])
+        here = ("Here\n                      " + " and ".join(why) + " earn nothing:\n                      "
+                "why savings sit below the spot discount." if why else
                 "No attempt\n                      was cut short here: the savings are the spot discount.")
         lines.append(
             "  how savings count   savings = what on-demand pays for the same work, minus what was paid: a\n"
-            f"                      completed attempt's whole time, only the kept steps of a preempted one. {here}"
+            "                      completed attempt's whole time, only the kept steps of a preempted one and\n"
+            f"                      of the attempt that restarted its segment after it. {here}"
         )
     useful = s.get("useful_step_seconds")
     if useful:

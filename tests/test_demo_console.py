@@ -113,3 +113,22 @@ def test_an_attempt_being_accounted_waits_for_its_row_so_its_line_holds_its_cost
     JobLayout(store).write_status(AttemptStatus("s1.try1", "completed", 0, 3600.0, 3700.0, 100))
     printer.poll(final=True)  # the run is over: printed all the same
     assert len(out.getvalue().splitlines()) == 2
+
+
+def test_the_demos_thrown_away_seconds_follow_the_savings_rule():
+    """Savings credit a completed attempt that restarted its segment after a preemption only its kept steps
+    (its boot and restore are the preemption's cost); the demo's "thrown away" seconds, which explain the
+    gap between savings and the spot discount, left that restart out."""
+    from airflow_spot.demo import report
+    from airflow_spot.policy.ledger import summarize
+
+    def row(aid, seg, start, end, steps, outcome):
+        return LedgerRow(aid, "i-" + aid, "g5.xlarge", "z", "spot", 0.3, 1.0, start, end, steps, outcome,
+                         segment_index=seg, step_seconds=60.0)
+
+    rows = [row("s0.try1", 0, 0.0, 600.0, 5, "preempted"),      # 300 s kept, 300 s thrown
+            row("s0.try2", 0, 600.0, 1800.0, 10, "completed"),   # the restart: 600 s kept, 600 s thrown
+            row("s1.try1", 1, 1800.0, 2400.0, 8, "completed")]   # first try: its whole time credited
+    s = {**summarize(rows).to_dict(), "rows": [r.to_dict() for r in rows]}
+    out = report("success", s, wall=2400.0, total=2400.0)
+    assert "900 s of paid time that preemptions cost" in out

@@ -120,6 +120,9 @@ def account_abandoned(
     except ValueError:  # a torn row is rewritten whole
         pass
     layout = JobLayout(store)
+    recorded_kill = layout.read_kill(launch.attempt_id)  # its task was killed (the trigger's or worker's on_kill)
+    if recorded_kill is not None:
+        killed_at = recorded_kill if killed_at is None else min(killed_at, recorded_kill)
     status, hb = _readable(layout.read_status, launch.attempt_id), _readable(layout.read_heartbeat, launch.attempt_id)
     own_end = (status is not None and status.outcome in {o.value for o in Outcome}
                and (killed_at is None or status.ended_at < killed_at))
@@ -141,6 +144,31 @@ def account_abandoned(
     log.warning("attempt %s on %s was not accounted for: billed as %s, %.0f s", launch.attempt_id,
                 launch.instance_id, outcome.value, row["billed_seconds"])
     return row
+
+
+def bill_idle(store: ObjectStore, instance_ids: Iterable[str], rows: list[LedgerRow], terminated_at: float) -> float:
+    """Bill each warm instance terminated at ``terminated_at`` (its warm time was no good offer any more, the
+    job moved, or the job ended) from its last attempt's end: an attempt reusing a warm instance pays the
+    idle time before it, an instance nobody reused paid none. Best effort; returns the dollars billed."""
+    billed = 0.0
+    for instance_id in instance_ids:
+        last = max((r for r in rows if r.instance_id == instance_id), key=lambda r: r.ended_at, default=None)
+        if last is None or last.is_preemption or terminated_at <= last.ended_at:
+            continue  # no attempt of its own (the attempt's row bills it), or gone with a preemption
+        try:
+            row = LedgerRow(
+                attempt_id=f"idle.{instance_id}", instance_id=instance_id, instance_type=last.instance_type,
+                zone=last.zone, market=last.market, price_per_hour=last.price_per_hour,
+                on_demand_price_per_hour=last.on_demand_price_per_hour, started_at=last.ended_at,
+                ended_at=terminated_at, steps_done=0, outcome="idle", region=last.region,
+                segment_index=last.segment_index, new_instance=False, gpu_count=last.gpu_count)
+            if LedgerStore(store).write_idle(row) is not None:
+                billed += row.cost
+                log.info("warm instance %s idle %.0f s after its last attempt until terminated: $%.4f billed",
+                         instance_id, row.billed_seconds, row.cost)
+        except Exception as exc:  # noqa: BLE001 - only the bill is missing; the termination stands
+            log.warning("idle time of %s not billed (%s: %s)", instance_id, type(exc).__name__, exc)
+    return billed
 
 
 def _readable(read, attempt_id: str):

@@ -49,6 +49,9 @@ class AttemptLaunch:
     transfer_dollars: float = 0.0
     #: egress per billed hour for its saves written back to a store in another region
     remote_dollars_per_hour: float = 0.0
+    #: the DAG run that launched it (empty in records written before 2026-11-27): a store shared by runs
+    #: holds other runs' attempts, which only their own run bills
+    run_id: str = ""
     schema: int = field(default=SCHEMA_VERSION)
 
     @property

@@ -451,7 +451,8 @@ class SpotSegmentOperator(BaseOperator):
         if plan.committed and not job.get("deadline_committed"):
             write_job(store, {**job, "deadline_committed": True})
         attempt_id = self.attempt_id(context, store, create=True)
-        instance, reused = self._get_instance(context, store, plan, alive, recorder=recorder, replan=replan)
+        instance, reused = self._get_instance(context, store, plan, alive, recorder=recorder, replan=replan,
+                                              rows=rows)
         self._instance_id = instance.instance_id  # for on_kill while waiting in the worker
         requested_at = time.time()
         launch = AttemptLaunch(
@@ -469,6 +470,7 @@ class SpotSegmentOperator(BaseOperator):
             resume_step=max(latest or 0, self.start_step),
             transfer_dollars=0.0 if reused or home in (None, instance.offer.region) else transfer.dollars,
             remote_dollars_per_hour=0.0 if home in (None, instance.offer.region) else transfer.dollars_per_hour,
+            run_id=context["run_id"],
         )
         launch.write(store)
         JobLayout(store).write_request(instance.instance_id, self._request(attempt_id, requested_at, plan))
@@ -487,6 +489,7 @@ class SpotSegmentOperator(BaseOperator):
         """Wait for the attempt to end: defer to the triggerer, or poll in this worker."""
         store_uri = store_uri or self.hook.get_store(self.checkpoint_uri).uri
         self._instance_id = launch.instance_id  # for on_kill while waiting in the worker
+        self._killable = (store_uri, launch.attempt_id)
         trigger = SegmentTrigger(
             job_uri=store_uri,
             attempt_id=launch.attempt_id,
@@ -741,15 +744,14 @@ class SpotSegmentOperator(BaseOperator):
 
     def _bill_probe(self, store: ObjectStore, offer, info: InstanceInfo, ended_at: float) -> None:
         """A probe that launched bills its minimum (as the simulator charges it): the job's cost holds it."""
-        started = info.launched_at if info.launched_at is not None else ended_at
-        row = LedgerRow(
-            attempt_id=safe_id(self.task_id, "probe", info.instance_id), instance_id=info.instance_id,
-            instance_type=offer.instance_type, zone=offer.zone, market=offer.market,
-            price_per_hour=offer.price_per_hour, on_demand_price_per_hour=offer.on_demand_price_per_hour,
-            started_at=started, ended_at=max(started, ended_at), steps_done=0, outcome="probe", region=offer.region,
-            segment_index=self.segment_index, gpu_count=offer.gpu_count)
-        try:
-            LedgerStore(store).write_probe(row)
+        try:  # a malformed launch time or price must not fail the segment: only the bill would be missing
+            started = float(info.launched_at if info.launched_at is not None else ended_at)
+            LedgerStore(store).write_probe(LedgerRow(
+                attempt_id=safe_id(self.task_id, "probe", info.instance_id), instance_id=info.instance_id,
+                instance_type=offer.instance_type, zone=offer.zone, market=offer.market,
+                price_per_hour=offer.price_per_hour, on_demand_price_per_hour=offer.on_demand_price_per_hour,
+                started_at=started, ended_at=max(started, ended_at), steps_done=0, outcome="probe",
+                region=offer.region, segment_index=self.segment_index, gpu_count=offer.gpu_count))
         except Exception as exc:  # noqa: BLE001 - the probe's answer still counts; only its bill is missing
             self.log.warning("probe %s of %s not billed in the job's cost (%s: %s)", info.instance_id, offer.pool,
                              type(exc).__name__, exc)
@@ -776,7 +778,7 @@ class SpotSegmentOperator(BaseOperator):
 
     def _get_instance(
         self, context: Context, store, plan: planning.Plan, alive: list[InstanceInfo],
-        recorder: planning.AvailabilityRecorder | None = None, replan=None,
+        recorder: planning.AvailabilityRecorder | None = None, replan=None, rows: list[LedgerRow] = (),
     ) -> tuple[InstanceInfo, bool]:
         backend = self.hook.get_backend()
         warm = planning.pick_warm(alive, plan)
@@ -784,6 +786,7 @@ class SpotSegmentOperator(BaseOperator):
         if extra:  # warm instances we will not use only cost money
             self.log.info("terminating warm instances that are no longer a good offer: %s", extra)
             backend.terminate(extra)
+            accounting.bill_idle(store, extra, list(rows), time.time())
         if warm is not None:
             if warm.offer.is_spot and plan.move_to:
                 # make before break: the warm instance goes only once a cheaper pool has accepted
@@ -791,6 +794,7 @@ class SpotSegmentOperator(BaseOperator):
                 if moved is not None:
                     self.log.info("moved from %s to the cheaper %s (%s)", warm.offer.pool, moved.offer.pool, plan.reason)
                     backend.terminate([warm.instance_id])
+                    accounting.bill_idle(store, [warm.instance_id], list(rows), time.time())
                     return moved, False
                 self.log.info("cheaper pools refused (%s); keeping the warm instance in %s", "; ".join(errors),
                               warm.offer.pool)
@@ -1004,6 +1008,13 @@ class SpotSegmentOperator(BaseOperator):
         """
         instance_id = getattr(self, "_instance_id", None)
         if instance_id:
+            killable = getattr(self, "_killable", None)
+            if killable is not None:  # before the termination: the status it brings about is the kill's
+                try:
+                    JobLayout(self.hook.get_store(killable[0])).write_kill(killable[1], time.time())
+                except Exception as exc:  # noqa: BLE001 - the instance must go all the same
+                    self.log.warning("kill of attempt %s not recorded (%s: %s); its instance's last status may be "
+                                     "billed as a preemption", killable[1], type(exc).__name__, exc)
             self.log.info("task killed: terminating instance %s", instance_id)
             self.hook.get_backend().terminate([instance_id])
 

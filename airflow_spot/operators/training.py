@@ -96,9 +96,9 @@ class SpotJobSummaryOperator(BaseOperator):
         hook = SpotHook(backend=self.backend, backend_options=self.backend_options, aws_conn_id=self.aws_conn_id)
         backend = hook.get_backend()
         tags = job_tags(self.dag_id, context["run_id"], self.job_name)
-        leftover = [i.instance_id for i in backend.list_instances(tags=tags) if not InstanceState(i.state).is_terminal()]
+        running = [i.instance_id for i in backend.list_instances(tags=tags) if not InstanceState(i.state).is_terminal()]
         # stopped instances serve nothing (reported terminated) but their volumes bill until terminated
-        leftover += [i.instance_id for i in stopped_leftovers(backend, tags, older_than=0.0, now=time.time())]
+        leftover = running + [i.instance_id for i in stopped_leftovers(backend, tags, older_than=0.0, now=time.time())]
         terminated_at = time.time()  # a status written after this is the termination's, not the attempt's
         if leftover:
             self.log.info("terminating the job's instances: %s", leftover)
@@ -110,9 +110,14 @@ class SpotJobSummaryOperator(BaseOperator):
                             for name in ("run_after", "start_date") if getattr(dag_run, name, None) is not None), None)
         try:
             self._account_abandoned(hook, store, set(leftover), terminated_at,
-                                    run_started() if run_started is not None else None)
+                                    run_started() if run_started is not None else None, context["run_id"])
         except Exception as exc:  # noqa: BLE001 - billing is best effort: the summary and the instances' end come first
             self.log.warning("attempts not checked for missing ledger rows (%s: %s)", type(exc).__name__, exc)
+        if running:  # a warm instance nobody reused ran from its last attempt's end until now
+            try:
+                accounting.bill_idle(store, running, accounting.read_rows(store), terminated_at)
+            except Exception as exc:  # noqa: BLE001 - the same: best effort
+                self.log.warning("warm instances' idle time not billed (%s: %s)", type(exc).__name__, exc)
         latest = newest_usable_step(store)
         summary = accounting.summarize(store, now=time.time())
         summary.update(
@@ -152,7 +157,7 @@ class SpotJobSummaryOperator(BaseOperator):
         return summary
 
     def _account_abandoned(self, hook: SpotHook, store, terminated: set[str], terminated_at: float,
-                           run_started: float | None) -> None:
+                           run_started: float | None, run_id: str) -> None:
         """Bill this run's attempts that nobody accounted for (``Outcome.ABANDONED``): a segment marked
         failed or success while it ran in a worker, a try whose worker went and was never retried. Without
         a ledger row their instance time is missing from the job's cost and the page shows them running."""
@@ -173,8 +178,9 @@ class SpotJobSummaryOperator(BaseOperator):
             except Exception as exc:  # noqa: BLE001 - torn, or the store did not answer: the others are still billed
                 self.log.warning("attempt %s has an unreadable launch record (%s); not billed", attempt_id, exc)
                 continue
-            if launch is None or (run_started is not None and launch.requested_at < run_started):
-                continue  # nothing launched, or another run's attempt (a store shared by runs)
+            if launch is None or (launch.run_id and launch.run_id != run_id) or (
+                    run_started is not None and launch.requested_at < run_started):
+                continue  # nothing launched, or another run's attempt (a store shared by runs; one still running)
             if market is None:
                 market = accounting.billing_market(hook)
             try:
@@ -226,6 +232,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  cost                ${s.get('cost', 0.0):.4f}",
         *([f"  of which probes     ${s.get('probe_dollars', 0.0):.4f} ({s['probes']} spot instances launched "
            "only to learn whether their pool had capacity)"] if s.get("probes") else []),
+        *([f"  of which idle       ${s.get('idle_dollars', 0.0):.4f} ({s.get('idle_seconds', 0.0):.0f} s of warm "
+           "instances after their last attempt, until terminated)"] if s.get("idle_dollars") else []),
         f"  on-demand cost      ${s.get('on_demand_cost', 0.0):.4f}",
         f"  savings             ${s.get('savings', 0.0):.4f} ({100 * s.get('savings_fraction', 0.0):.1f} %)",
     ]

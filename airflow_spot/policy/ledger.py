@@ -200,6 +200,9 @@ class JobSummary:
     #: spot instances launched only to learn whether their pool has capacity, and of ``cost`` their bill
     probes: int = 0
     probe_dollars: float = 0.0
+    #: of ``cost``: warm instances between their last attempt and their termination (no attempt ran)
+    idle_seconds: float = 0.0
+    idle_dollars: float = 0.0
 
     @property
     def savings(self) -> float:
@@ -215,18 +218,23 @@ class JobSummary:
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in d.items()}
 
 
-def summarize(rows: Iterable[LedgerRow], probes: Iterable[LedgerRow] = ()) -> JobSummary:
+def summarize(rows: Iterable[LedgerRow], probes: Iterable[LedgerRow] = (),
+              idle: Iterable[LedgerRow] = ()) -> JobSummary:
     """Job totals: every figure is the sum of the rows' figures. ``probes`` (rows of spot instances
     launched only to learn whether their pool has capacity, ``LedgerStore.write_probe``) add their bill to
-    ``cost`` and ``spot_cost``, as the simulator charges them, and to nothing else: they did no work."""
-    rows, probes = list(rows), list(probes)
+    ``cost`` and ``spot_cost``, as the simulator charges them, and to nothing else: they did no work. So do
+    ``idle`` rows (``LedgerStore.write_idle``: a warm instance's time after its last attempt), to ``cost``
+    and, for a spot instance, ``spot_cost``."""
+    rows, probes, idle = list(rows), list(probes), list(idle)
     probe_dollars = sum(p.cost for p in probes)
+    idle_dollars = sum(r.cost for r in idle)
     return JobSummary(
         attempts=len(rows),
         preemptions=sum(r.is_preemption for r in rows),
-        cost=sum(r.cost for r in rows) + probe_dollars,
+        cost=sum(r.cost for r in rows) + probe_dollars + idle_dollars,
         on_demand_cost=sum(_on_demand_cost(r, rows) for r in rows),
-        spot_cost=sum(r.cost for r in rows if r.market == Market.SPOT.value) + probe_dollars,
+        spot_cost=(sum(r.cost for r in rows if r.market == Market.SPOT.value) + probe_dollars
+                   + sum(r.cost for r in idle if r.market == Market.SPOT.value)),
         billed_seconds=sum(r.billed_seconds for r in rows),
         gpu_hours=sum(r.billed_seconds * r.gpu_count for r in rows) / 3600.0,
         lost_gpu_hours=sum(r.lost_seconds * r.gpu_count for r in rows) / 3600.0,
@@ -235,17 +243,23 @@ def summarize(rows: Iterable[LedgerRow], probes: Iterable[LedgerRow] = ()) -> Jo
         transfer_dollars=sum(r.transfer_dollars for r in rows),
         probes=len(probes),
         probe_dollars=probe_dollars,
+        idle_seconds=sum(r.billed_seconds for r in idle),
+        idle_dollars=idle_dollars,
     )
 
 
-def _on_demand_cost(row: LedgerRow, rows: list[LedgerRow]) -> float:
-    """``row.on_demand_cost``, except that a completed attempt which restarted its segment after a
+def credited_seconds(row: LedgerRow, rows: list[LedgerRow]) -> float:
+    """``row.on_demand_seconds``, except that a completed attempt which restarted its segment after a
     preemption is credited only its kept steps: its boot, restore and billing minimum are the preemption's
-    cost (an on-demand run would have gone on), not savings."""
+    cost (an on-demand run would have gone on), not savings. ``rows``: the job's rows."""
     if row.outcome == "completed" and any(
             r.is_preemption and r.segment_index == row.segment_index and r.ended_at <= row.started_at for r in rows):
-        return row.useful_seconds / 3600.0 * row.on_demand_price_per_hour
-    return row.on_demand_cost
+        return row.useful_seconds
+    return row.on_demand_seconds
+
+
+def _on_demand_cost(row: LedgerRow, rows: list[LedgerRow]) -> float:
+    return credited_seconds(row, rows) / 3600.0 * row.on_demand_price_per_hour
 
 
 #: the name the Airflow layer uses

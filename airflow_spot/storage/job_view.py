@@ -216,6 +216,15 @@ class JobView:
             self._note_unreadable(key, error)
         return rows
 
+    def idle_rows(self) -> list[LedgerRow]:
+        """The bills of the job's warm instances after their last attempt (``LedgerStore.write_idle``), as
+        :meth:`probe_rows`."""
+        rows, bad = LedgerStore(self.store).idle_rows()
+        for key, error in bad:
+            log.warning("idle row %s/%s left out: %s", self.uri, key, error)
+            self._note_unreadable(key, error)
+        return rows
+
     def readable_ledger_rows(self) -> list[LedgerRow]:
         """Every ledger row that decodes, ordered as :meth:`ledger_rows` orders them; each one that does not
         is left out and noted in :attr:`unreadable`. For showing a job (:meth:`snapshot` with
@@ -273,7 +282,7 @@ class JobView:
     def totals(self, now: float, rows: list[LedgerRow] | None = None) -> dict[str, Any]:
         """Ledger totals plus the counts and times the finish task, the demo and the UI show."""
         rows = self.ledger_rows() if rows is None else rows
-        out = summarize(rows, self.probe_rows()).to_dict()
+        out = summarize(rows, self.probe_rows(), self.idle_rows()).to_dict()
         started = min((r.started_at for r in rows), default=now)
         out.update(
             lost=sum(r.outcome == Outcome.LOST.value for r in rows),
@@ -513,6 +522,7 @@ class JobView:
             "transfer_dollars": totals["transfer_dollars"],
             "probes": totals["probes"],
             "probe_dollars": totals["probe_dollars"],
+            "idle_dollars": totals["idle_dollars"],
             "preemptions": sum(a.is_preemption for a in attempts),
             **final,
             "steps_lost": totals["steps_lost"],

@@ -54,10 +54,30 @@ class LedgerStore:
         self.store.put_bytes(key, json.dumps(row.to_dict(), sort_keys=True).encode())
         return key
 
+    def write_idle(self, row: LedgerRow) -> str | None:
+        """A warm instance's bill from its last attempt's end to its termination (``row.instance_id``: one
+        per instance, never rewritten, so a second termination call bills nothing twice). Kept apart from
+        the attempts' rows, as probes are; None when the instance was billed already."""
+        key = JobLayout.idle_key(row.instance_id)
+        try:
+            self.store.get_bytes(key)
+            return None
+        except ObjectNotFound:
+            pass
+        self.store.put_bytes(key, json.dumps(row.to_dict(), sort_keys=True).encode())
+        return key
+
     def probe_rows(self) -> tuple[list[LedgerRow], list[tuple[str, str]]]:
         """Every probe's row, and ``(key, error)`` of each that does not decode (left out: a probe's bill
         is never a budget's input, so a torn one is shown as unreadable rather than stop a reader)."""
-        keys = [k for k in self.store.list(JobLayout.PROBES_PREFIX) if k.endswith(".json")]
+        return self._extra_rows(JobLayout.PROBES_PREFIX)
+
+    def idle_rows(self) -> tuple[list[LedgerRow], list[tuple[str, str]]]:
+        """Every warm instance's idle bill (:meth:`write_idle`), as :meth:`probe_rows`."""
+        return self._extra_rows(JobLayout.IDLE_PREFIX)
+
+    def _extra_rows(self, prefix: str) -> tuple[list[LedgerRow], list[tuple[str, str]]]:
+        keys = [k for k in self.store.list(prefix) if k.endswith(".json")]
         rows, bad = [], []
         for key, raw in self.store.get_many(keys).items():
             try:

@@ -194,8 +194,11 @@ class JobLayout:
         control/attempts/<attempt_id>/heartbeat.json      heartbeat_key
         control/attempts/<attempt_id>/status.json         status_key
         control/attempts/<attempt_id>/price.json          price_key: a running attempt's price so far
+        control/attempts/<attempt_id>/killed.json         killed_key: when its task was killed (the first kill)
         control/ledger/<attempt_id>.json                  ledger_key
         control/probes/<probe_id>.json                    probe_key: a probe's bill (a ledger row, no work)
+        control/idle/<instance_id>.json                   idle_key: a warm instance's bill between its last
+                                                          attempt and its termination (a ledger row, no work)
         control/availability/<pool>/<time>-<job>-<n>.<tag>.<kind>.json
                                                           AVAILABILITY_PREFIX: the job's pool events
                                                           (storage/availability.py)
@@ -205,6 +208,7 @@ class JobLayout:
     ATTEMPTS_PREFIX = "control/attempts/"
     LEDGER_PREFIX = "control/ledger/"
     PROBES_PREFIX = "control/probes/"
+    IDLE_PREFIX = "control/idle/"
     AVAILABILITY_PREFIX = "control/availability/"
     JOB_KEY = "control/job.json"
     SUMMARY_KEY = "control/summary.json"
@@ -212,6 +216,7 @@ class JobLayout:
     STATUS_NAME = "status.json"
     LAUNCH_NAME = "launch.json"
     PRICE_NAME = "price.json"
+    KILLED_NAME = "killed.json"
 
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
@@ -250,12 +255,20 @@ class JobLayout:
         return cls.attempt_prefix(attempt_id) + cls.PRICE_NAME
 
     @classmethod
+    def killed_key(cls, attempt_id: str) -> str:
+        return cls.attempt_prefix(attempt_id) + cls.KILLED_NAME
+
+    @classmethod
     def ledger_key(cls, attempt_id: str) -> str:
         return f"{cls.LEDGER_PREFIX}{safe_id(attempt_id)}.json"
 
     @classmethod
     def probe_key(cls, probe_id: str) -> str:
         return f"{cls.PROBES_PREFIX}{safe_id(probe_id)}.json"
+
+    @classmethod
+    def idle_key(cls, instance_id: str) -> str:
+        return f"{cls.IDLE_PREFIX}{safe_id(instance_id)}.json"
 
     @staticmethod
     def try_key(ti_id: object) -> str:
@@ -303,6 +316,21 @@ class JobLayout:
 
     def read_status(self, attempt_id: str) -> AttemptStatus | None:
         return self._read(self.status_key(attempt_id), AttemptStatus)
+
+    def write_kill(self, attempt_id: str, at: float) -> None:
+        """Record that the attempt's task was killed at ``at`` (before its instance is terminated): a status
+        its agent writes after that is the kill's doing (a termination reads as ``preempted``), which whoever
+        bills the attempt later must know (``accounting.account_abandoned``). The first kill stands."""
+        if self.read_kill(attempt_id) is None:
+            self.store.put_bytes(self.killed_key(attempt_id), json.dumps({"killed_at": float(at)}).encode())
+
+    def read_kill(self, attempt_id: str) -> float | None:
+        try:
+            return float(json.loads(self.store.get_bytes(self.killed_key(attempt_id)))["killed_at"])
+        except ObjectNotFound:
+            return None
+        except (ValueError, TypeError, KeyError):  # torn: the kill is known to have happened, not when
+            return None
 
     def write_live_price(self, price: LivePrice) -> None:
         self.store.put_bytes(self.price_key(price.attempt_id), price.to_json())

@@ -637,6 +637,10 @@ class SegmentTrigger(BaseTrigger):
         killed_at = time.time()
 
         def release_and_bill() -> None:
+            try:  # before the termination: a status it brings about is the kill's, for whoever bills it later
+                JobLayout(hook.get_store(self.job_uri)).write_kill(self.attempt_id, killed_at)
+            except Exception as exc:  # noqa: BLE001 - the instance must go all the same
+                self.log.warning("kill of attempt %s not recorded (%s: %s)", self.attempt_id, type(exc).__name__, exc)
             hook.get_backend().terminate([self.instance_id])
             self.log.info("terminated instance %s of killed attempt %s", self.instance_id, self.attempt_id)
             try:  # no execute_complete follows a kill: its time is billed here (Outcome.ABANDONED)

@@ -267,7 +267,9 @@ def job_page(dag_id: str, run_id: str, snap: dict[str, Any], offers: list[dict[s
             f" <span class=muted id=transfers>of which checkpoint transfers {_money(snap['transfer_dollars'])}</span>"
             if snap.get("transfer_dollars") else "") + (
             f" <span class=muted id=probes>of which {_e(snap.get('probes'))} spot probes "
-            f"{_money(snap['probe_dollars'])}</span>" if snap.get("probe_dollars") else "")),
+            f"{_money(snap['probe_dollars'])}</span>" if snap.get("probe_dollars") else "") + (
+            f" <span class=muted id=idle>of which warm instances idle after their last attempt "
+            f"{_money(snap['idle_dollars'])}</span>" if snap.get("idle_dollars") else "")),
         ("on-demand cost of the same work", _money(snap.get("on_demand_cost"))),
         ("savings", f"{_money(snap.get('savings'))} ({_pct(snap.get('savings_fraction') or 0)})"),
         ("preemptions", _e(snap.get("preemptions", 0))),

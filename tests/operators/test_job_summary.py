@@ -9,7 +9,7 @@ import pytest
 
 from airflow_spot.backends.base import InstanceInfo, InstanceState
 from airflow_spot.hooks.spot import SpotHook
-from airflow_spot.operators.training import SpotJobSummaryOperator
+from airflow_spot.operators.training import SpotJobSummaryOperator, format_summary
 from airflow_spot.policy.ledger import LedgerRow
 from airflow_spot.policy.offers import Market, Offer
 from airflow_spot.storage.ledger_store import LedgerStore
@@ -140,6 +140,46 @@ def test_attempts_nobody_accounted_for_are_billed_by_the_finish_task(tmp_path, m
     assert len(LedgerStore(store).rows()) == 3
 
 
+def test_another_runs_attempt_on_a_shared_store_is_left_to_that_run(tmp_path, monkeypatch):
+    """A store shared by runs (a checkpoint_uri without {{ run_id }}): a later run's attempt, still running
+    when this run's finish task comes, has no ledger row yet. It was billed here as abandoned (and shown so
+    on the page) until its own accounting overwrote it; launch records now name their run."""
+    from airflow_spot.operators.attempt_record import AttemptLaunch
+
+    now = time.time()
+    op, context, backend, pushed = run_finish(tmp_path, monkeypatch, now - 3600, [], latest=10)
+    store = open_store(f"file://{tmp_path}/job")
+    for attempt_id, run_id in (("s.try1", "r"), ("s.try1_other", "r-later")):
+        AttemptLaunch(attempt_id, 0, 0, 10, "i-" + run_id, OFFER.to_dict(), now - 600, now - 600, False, 1, "s",
+                      run_id=run_id).write(store)
+    op.execute(context)
+    assert [r.attempt_id for r in LedgerStore(store).rows()] == ["s.try1"]
+
+
+def test_a_warm_instance_nobody_reused_is_billed_to_its_termination(tmp_path, monkeypatch):
+    """The last segment's instance stays warm for a next segment; the finish task terminates it. Its time
+    after its last attempt was paid to AWS and missing from the job's cost (a reused instance's next
+    attempt pays it). Billed once, without the 60 s minimum; a stopped instance (no compute bill) is not."""
+    now = time.time()
+    op, context, backend, pushed = run_finish(tmp_path, monkeypatch, now - 3600, [], latest=10)
+    store = open_store(f"file://{tmp_path}/job")
+    for attempt_id, instance_id in (("s.try1", "i-running"), ("s.try2", "i-stopped")):
+        LedgerStore(store).write(LedgerRow(
+            attempt_id=attempt_id, instance_id=instance_id, instance_type="g5.xlarge", zone="us-east-1a",
+            market="spot", price_per_hour=0.5, on_demand_price_per_hour=1.0, started_at=now - 1000,
+            ended_at=now - 30, steps_done=5, outcome="completed", segment_index=0))
+    summary = op.execute(context)
+    (idle,), _ = LedgerStore(store).idle_rows()
+    assert idle.instance_id == "i-running" and idle.started_at == now - 30
+    assert idle.billed_seconds == pytest.approx(30, abs=5)  # no minimum: the instance was billed already
+    assert summary["idle_dollars"] == pytest.approx(idle.cost, abs=1e-6) and summary["idle_dollars"] > 0
+    rows_cost = sum(r.cost for r in LedgerStore(store).rows())
+    assert summary["cost"] == pytest.approx(rows_cost + idle.cost, abs=1e-6)
+    assert "of which idle" in format_summary(summary)
+    op.execute(context)  # the finish task again (a clear): nothing billed twice
+    assert len(LedgerStore(store).idle_rows()[0]) == 1
+
+
 def test_a_probe_the_segment_launched_is_in_the_jobs_cost(tmp_path):
     """The operators probe spot pools while on on-demand; each probe that launched bills AWS's minimum. The
     simulator charges it to the job; the job's own cost (summary, page) now holds it too."""
@@ -154,6 +194,9 @@ def test_a_probe_the_segment_launched_is_in_the_jobs_cost(tmp_path):
                    t0 + 4.0)
     op._bill_probe(store, OFFER, InstanceInfo("i-probe", InstanceState.TERMINATED, OFFER, store.uri, launched_at=t0),
                    t0 + 4.5)  # the same probe billed again (a retried segment start) is one bill
+    # a launch time the backend could not give as a number loses the bill, not the segment
+    op._bill_probe(store, OFFER, InstanceInfo("i-odd", InstanceState.TERMINATED, OFFER, store.uri,
+                                              launched_at="not a time"), t0 + 5.0)
     totals = JobView(store).totals(time.time())
     assert totals["probes"] == 1 and totals["attempts"] == 0 and totals["preemptions"] == 0
     assert totals["probe_dollars"] == pytest.approx(60 * OFFER.price_per_hour / 3600, abs=1e-6)  # rounded

@@ -12,6 +12,7 @@ from airflow_spot.operators.planning import NoOfferError, pick_warm, plan, segme
 from airflow_spot.policy.ledger import LedgerRow
 from airflow_spot.policy.offer_ranking import cost_per_step
 from airflow_spot.policy.offers import GpuRequest, Market
+from airflow_spot.storage.ledger_store import LedgerStore
 
 T0 = 1_800_000_000.0
 GPUS = GpuRequest(count=1, min_memory_gib=16)
@@ -429,10 +430,17 @@ def test_the_operator_moves_a_warm_instance_only_once_a_cheaper_pool_accepts(tmp
         kept, reused = op._get_instance(context, store, p, [warm], recorder=rec)
         assert (kept.instance_id, reused) == (warm.instance_id, True)
         backend.launch = refusing
-        moved, reused = op._get_instance(context, store, p, [warm], recorder=rec)
+        last = LedgerRow("seg.try1", warm.instance_id, worst.instance_type, worst.zone, "spot", worst.price_per_hour,
+                         worst.on_demand_price_per_hour, time.time() - 900, time.time() - 120, 10, "completed")
+        moved, reused = op._get_instance(context, store, p, [warm], recorder=rec, rows=[last])
         assert not reused and moved.offer.pool == p.move_to[0].pool
         states = {i.instance_id: InstanceState(i.state) for i in backend.list_instances({})}
         assert states[warm.instance_id].is_terminal() and not states[moved.instance_id].is_terminal()
+        # the warm instance's time from its last attempt to its termination is in the job's cost (no
+        # attempt reused it to pay it); kept, it was not billed
+        (idle,), bad = LedgerStore(store).idle_rows()
+        assert not bad and idle.instance_id == warm.instance_id and idle.started_at == last.ended_at
+        assert idle.billed_seconds == pytest.approx(120, abs=5) and idle.outcome == "idle"
     finally:
         backend.terminate([i.instance_id for i in backend.list_instances({})
                            if not InstanceState(i.state).is_terminal()])

@@ -107,6 +107,55 @@ def test_on_kill_terminates_the_awaited_instance(tmp_path):
     assert not group_alive(backend.record(info.instance_id).pgid)
 
 
+def test_a_kill_in_the_worker_is_recorded_so_the_finish_task_bills_it_abandoned_not_preempted(tmp_path):
+    """A segment killed while it waits in a worker (non-deferrable) ends its instance in on_kill; the
+    training process then saves and exits as on a preemption, and its agent writes ``preempted``. No
+    execute_complete follows: the finish task bills it later, and took that status for the attempt's own
+    end, a preemption the job never had (spent from no budget, but on the page and in the summary). The
+    kill's time is now recorded in the store before the termination."""
+    import sys
+    import time
+
+    from airflow_spot.backends.base import LaunchSpec, get_backend
+    from airflow_spot.operators import accounting
+    from airflow_spot.operators.attempt_record import AttemptLaunch
+    from airflow_spot.operators.segment import SpotSegmentOperator
+    from airflow_spot.policy.offers import Market, Offer
+    from airflow_spot.storage.object_store import open_store
+    from airflow_spot.storage.protocol import JobLayout, SegmentRequest
+
+    options = backend_options(tmp_path)
+    backend = get_backend("local", **options)
+    uri = f"file://{tmp_path}/job"
+    store, layout = open_store(uri), JobLayout(open_store(uri))
+    offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.4, 1.0, "A10G", 1, 24.0)
+    info = backend.launch(LaunchSpec(offer, uri, "kill-record-test", idle_timeout_seconds=60))
+    try:
+        now = time.time()
+        launch = AttemptLaunch("seg.try1", 0, 0, 1000, info.instance_id, offer.to_dict(), now, now, False, 1, "seg")
+        launch.write(store)
+        layout.write_request(info.instance_id, SegmentRequest(
+            "seg.try1", uri, 0, 0, 1000, protocol_command("--step-seconds", "0.2"), created_at=now))
+        deadline = time.time() + 60
+        while layout.read_heartbeat("seg.try1") is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert layout.read_heartbeat("seg.try1") is not None, "the attempt never started"
+        op = SpotSegmentOperator(task_id="seg", command=protocol_command(), checkpoint_uri=uri, start_step=0,
+                                 end_step=1000, total_steps=1000, backend="local", backend_options=options)
+        op._instance_id, op._killable = info.instance_id, (uri, "seg.try1")  # what _wait records
+        op.on_kill()
+        killed_at = layout.read_kill("seg.try1")
+        assert killed_at is not None and killed_at <= time.time()
+        while layout.read_status("seg.try1") is None and time.time() < deadline:
+            time.sleep(0.2)
+        status = layout.read_status("seg.try1")
+        assert status is not None and status.outcome == "preempted" and status.ended_at >= killed_at  # the kill's
+        row = accounting.account_abandoned(store, launch, now=time.time())  # as the finish task bills it
+        assert row["outcome"] == "abandoned" and row["ended_at"] == killed_at
+    finally:
+        backend.terminate([info.instance_id])
+
+
 def test_a_store_whose_checkpoints_all_fail_to_verify_fails_without_retry_or_launch(airflow_db, tmp_path):  # noqa: F811
     from airflow_spot.storage.object_store import open_store
     from airflow_spot.storage.protocol import JobLayout

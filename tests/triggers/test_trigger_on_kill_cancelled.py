@@ -80,6 +80,7 @@ def test_a_killed_attempt_is_billed_up_to_its_kill(tmp_path):
         row = LedgerStore(store).read("seg.try1")
         assert row is not None and row.outcome == "abandoned"
         assert row.started_at == now - 100.0 and row.ended_at >= now
+        assert JobLayout(store).read_kill("seg.try1") == row.ended_at  # recorded for any later accountant
         assert row.cost == pytest.approx(row.billed_seconds / 3600 * OFFER.price_per_hour)
         assert InstanceState(backend.describe([info.instance_id])[info.instance_id].state) is InstanceState.TERMINATED
     finally:

@@ -174,6 +174,9 @@ def test_the_cost_card_shows_the_checkpoint_transfers_in_it():
     snap = {"state": "finished", "attempts": [], "checkpoints": [], "series": [], "cost": 12.5}
     assert 'id=transfers' not in job_page("d", "r", snap, [])
     assert "of which checkpoint transfers $1.2500" in job_page("d", "r", {**snap, "transfer_dollars": 1.25}, [])
+    assert 'id=idle' not in job_page("d", "r", snap, [])
+    assert "of which warm instances idle after their last attempt $0.0300" in job_page(
+        "d", "r", {**snap, "idle_dollars": 0.03}, [])
 
 
 def test_each_attempt_shows_the_price_it_paid():
