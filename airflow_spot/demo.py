@@ -323,7 +323,8 @@ def report(state: Any, s: dict[str, Any], wall: float, total: float, logs: str =
         ledger = [LedgerRow.from_dict(r) for r in rows]
         thrown = sum(row.billed_seconds - credited_seconds(row, ledger) for row in ledger)
         idle = (s.get("probe_dollars") or 0.0) + (s.get("idle_dollars") or 0.0)
-        why = ([f"{thrown:.0f} s of paid time that preemptions cost (steps lost, restarts)"] if thrown > 0 else []) + (
+        why = ([f"{thrown:.0f} s of paid time that kept no work (preemptions' lost steps and restarts, failed or killed\n"
+                   "                      attempts)"] if thrown > 0 else []) + (
             [f"${idle:.4f} of instances that ran no attempt (probes, warm ones idle at the end)"] if idle > 0 else [])
         here = ("Here\n                      " + " and ".join(why) + " earn nothing:\n                      "
                 "why savings sit below the spot discount." if why else

@@ -131,4 +131,4 @@ def test_the_demos_thrown_away_seconds_follow_the_savings_rule():
             row("s1.try1", 1, 1800.0, 2400.0, 8, "completed")]   # first try: its whole time credited
     s = {**summarize(rows).to_dict(), "rows": [r.to_dict() for r in rows]}
     out = report("success", s, wall=2400.0, total=2400.0)
-    assert "900 s of paid time that preemptions cost" in out
+    assert "900 s of paid time that kept no work" in out

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from airflow_spot.operators.attempt_record import AttemptLaunch
-from airflow_spot.policy.ledger import LedgerRow, totals
+from airflow_spot.policy.ledger import AWS_MINIMUM_BILLED_SECONDS, LedgerRow, totals
 from airflow_spot.storage.job_view import JobView
 from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import ObjectStore
@@ -152,14 +152,17 @@ def bill_idle(store: ObjectStore, instance_ids: Iterable[str], rows: list[Ledger
     idle time before it, an instance nobody reused paid none. Best effort; returns the dollars billed."""
     billed = 0.0
     for instance_id in instance_ids:
-        last = max((r for r in rows if r.instance_id == instance_id), key=lambda r: r.ended_at, default=None)
-        if last is None or last.is_preemption or terminated_at <= last.ended_at:
-            continue  # no attempt of its own (the attempt's row bills it), or gone with a preemption
+        own = [r for r in rows if r.instance_id == instance_id]
+        last = max(own, key=lambda r: r.ended_at, default=None)
+        # where its bill so far ends: a short first attempt paid the launch's minimum past its own end
+        paid_to = max((r.started_at + AWS_MINIMUM_BILLED_SECONDS for r in own if r.new_instance), default=0.0)
+        if last is None or last.is_preemption or terminated_at <= max(last.ended_at, paid_to):
+            continue  # no attempt of its own (the attempt's row bills it), gone with a preemption, or paid
         try:
             row = LedgerRow(
                 attempt_id=f"idle.{instance_id}", instance_id=instance_id, instance_type=last.instance_type,
                 zone=last.zone, market=last.market, price_per_hour=last.price_per_hour,
-                on_demand_price_per_hour=last.on_demand_price_per_hour, started_at=last.ended_at,
+                on_demand_price_per_hour=last.on_demand_price_per_hour, started_at=max(last.ended_at, paid_to),
                 ended_at=terminated_at, steps_done=0, outcome="idle", region=last.region,
                 segment_index=last.segment_index, new_instance=False, gpu_count=last.gpu_count)
             if LedgerStore(store).write_idle(row) is not None:
@@ -194,7 +197,7 @@ def count(
 
 def job_totals(store: ObjectStore) -> dict[str, Any]:
     view = JobView(store)
-    return totals(view.ledger_rows(), view.probe_rows()).to_dict()
+    return totals(view.ledger_rows(), view.probe_rows(), view.idle_rows()).to_dict()
 
 
 def summarize(store: ObjectStore, now: float) -> dict[str, Any]:

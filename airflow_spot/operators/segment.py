@@ -43,7 +43,7 @@ from airflow_spot.operators.retry import segment_retry_policy
 from airflow_spot.operators.validation import (
     validate_gpus, validate_option_names, validate_places, validate_step_profile,
 )
-from airflow_spot.policy.ledger import LedgerRow
+from airflow_spot.policy.ledger import AWS_MINIMUM_BILLED_SECONDS, LedgerRow
 from airflow_spot.policy.offers import GpuRequest, Market
 from airflow_spot.policy.transfer import TransferCost, saves_per_hour, transfer_cost
 from airflow_spot.storage.checkpoint import DIGEST_ENV, NoUsableCheckpointError, digest_setting
@@ -473,6 +473,7 @@ class SpotSegmentOperator(BaseOperator):
             run_id=context["run_id"],
         )
         launch.write(store)
+        self._killable = (store.uri, attempt_id)  # a kill from here on is recorded (on_kill): it has a launch
         JobLayout(store).write_request(instance.instance_id, self._request(attempt_id, requested_at, plan))
         offer = instance.offer
         self.log.info(
@@ -569,7 +570,14 @@ class SpotSegmentOperator(BaseOperator):
             if launch is None:
                 return None  # accounted for (or nothing launched): a new attempt is due
             recorded = {"try_number": launch.try_number}
-        ended = JobLayout(store).read_status(launch.attempt_id) is not None
+        status = JobLayout(store).read_status(launch.attempt_id)
+        killed_at = JobLayout(store).read_kill(launch.attempt_id)
+        if killed_at is not None and (status is None or status.ended_at >= killed_at):
+            # its task was killed (an execution_timeout, a worker's shutdown: on_kill, then a retry without a
+            # clear): the status its instance's termination brings about is the kill's, no preemption to wait for
+            self._end_killed_attempt(store, launch, rows)
+            return None
+        ended = status is not None
         info = self.hook.get_backend().describe([launch.instance_id]).get(launch.instance_id)
         if not ended and (info is None or InstanceState(info.state).is_terminal()):
             self.log.info("attempt %s of an earlier try left no status and its instance %s is gone; launching anew",
@@ -596,6 +604,31 @@ class SpotSegmentOperator(BaseOperator):
             recorded.get("try_number"),
         )
         return launch
+
+    def _end_killed_attempt(self, store: ObjectStore, launch: AttemptLaunch, rows: list) -> None:
+        """An earlier try's attempt whose task was killed: its instance ended again where the kill's
+        termination failed (it would train on beside this try's attempt), and its time billed up to the kill
+        (``Outcome.ABANDONED``). Best effort: the finish task bills what is left. Not billed while its
+        instance may still run it: unaccounted, that instance stays out of the warm ones (``_busy``)."""
+        self.log.info("attempt %s of an earlier try was killed; not waiting for it, launching anew", launch.attempt_id)
+        try:
+            backend = self.hook.get_backend()
+            info = backend.describe([launch.instance_id]).get(launch.instance_id)
+            if info is not None and not InstanceState(info.state).is_terminal():
+                self.log.warning("instance %s of killed attempt %s still runs: terminating it", launch.instance_id,
+                                 launch.attempt_id)
+                backend.terminate([launch.instance_id])
+        except Exception as exc:  # noqa: BLE001 - the finish task and reap end it then
+            self.log.warning("instance %s of killed attempt %s not checked (%s: %s); billed later",
+                             launch.instance_id, launch.attempt_id, type(exc).__name__, exc)
+            return
+        try:
+            row = accounting.account_abandoned(store, launch, now=time.time(),
+                                               market=accounting.billing_market(self.hook))
+            if row is not None:
+                rows.append(LedgerRow.from_dict(row))
+        except Exception as exc:  # noqa: BLE001 - the finish task bills it then
+            self.log.warning("attempt %s not billed here (%s: %s)", launch.attempt_id, type(exc).__name__, exc)
 
     def _checkpoint_transfer(self, store: ObjectStore, newest: Manifest | None,
                              step_seconds: float | None) -> tuple[str | None, TransferCost]:
@@ -630,11 +663,15 @@ class SpotSegmentOperator(BaseOperator):
     @staticmethod
     def _billed_from(instance: InstanceInfo, reused: bool, rows: list, requested_at: float) -> float:
         """A new instance is billed from its launch; a warm one continues its bill where its last attempt's
-        ledger row ended, so the idle time between segments is paid by the next attempt."""
+        ledger row ended, so the idle time between segments is paid by the next attempt, but not before the
+        end of the launch's billing minimum, which its first attempt paid already (as ``bill_idle``)."""
         if not reused:
             return instance.launched_at or requested_at
-        ends = [r.ended_at for r in rows if r.instance_id == instance.instance_id]
-        return min(max(ends), requested_at) if ends else requested_at
+        own = [r for r in rows if r.instance_id == instance.instance_id]
+        if not own:
+            return requested_at
+        paid_to = max((r.started_at + AWS_MINIMUM_BILLED_SECONDS for r in own if r.new_instance), default=0.0)
+        return max(min(max(r.ended_at for r in own), requested_at), paid_to)
 
     def _check_command(self) -> None:
         if not self.command or not all(isinstance(a, str) and a for a in self.command):
@@ -715,9 +752,17 @@ class SpotSegmentOperator(BaseOperator):
             return alive
         rows = accounting.read_rows(store) if rows is None else rows  # the caller's read of the ledger, if any
         busy = self._busy(store, [i.instance_id for i in alive], rows)
-        if busy:
+        killed = self._killed(store, sorted(busy), rows) if busy else set()
+        if busy - killed:
             self.log.warning("instances %s still run an attempt nobody has accounted for: not reused, not "
-                             "terminated here (the finish task or their idle timeout ends them)", sorted(busy))
+                             "terminated here (the finish task or their idle timeout ends them)", sorted(busy - killed))
+        if killed:  # the kill's termination failed: its attempt would train on beside this segment's
+            self.log.warning("instances %s still run an attempt whose task was killed: terminating them again",
+                             sorted(killed))
+            try:
+                self.hook.get_backend().terminate(sorted(killed))
+            except Exception as exc:  # noqa: BLE001 - never reused either way; reap and the finish task retry
+                self.log.warning("could not terminate %s (%s)", sorted(killed), exc)
         # an instance whose attempt was preempted or lost is on its way out (its termination may have failed)
         taken = {r.instance_id for r in rows if r.outcome in (Outcome.PREEMPTED.value, Outcome.LOST.value)}
         taken = {i.instance_id for i in alive} & taken - busy
@@ -741,6 +786,21 @@ class SpotSegmentOperator(BaseOperator):
             if any(a not in accounted and layout.read_status(a) is None for a in names if "/" not in a):
                 busy.add(instance_id)
         return busy
+
+    @staticmethod
+    def _killed(store: ObjectStore, instance_ids: list[str], rows) -> set[str]:
+        """Of busy instances, those whose every unaccounted attempt without a status had its task killed
+        (``JobLayout.write_kill``): nobody waits for them, and their instance should be gone."""
+        layout = JobLayout(store)
+        accounted = {r.attempt_id for r in rows}
+        killed = set()
+        for instance_id in instance_ids:
+            prefix = layout.request_prefix(instance_id)
+            names = [k[len(prefix):-len(".json")] for k in store.list(prefix) if k.endswith(".json")]
+            running = [a for a in names if "/" not in a and a not in accounted and layout.read_status(a) is None]
+            if running and all(layout.read_kill(a) is not None for a in running):
+                killed.add(instance_id)
+        return killed
 
     def _bill_probe(self, store: ObjectStore, offer, info: InstanceInfo, ended_at: float) -> None:
         """A probe that launched bills its minimum (as the simulator charges it): the job's cost holds it."""
@@ -885,6 +945,19 @@ class SpotSegmentOperator(BaseOperator):
         launch = AttemptLaunch.read(store, attempt_id)
         if launch is None:
             raise AirflowException(f"attempt {attempt_id} has no launch record in {store.uri}; cannot account for it")
+        killed_at = JobLayout(store).read_kill(attempt_id)
+        if (killed_at is not None and outcome is not Outcome.COMPLETED
+                and float(event.get("ended_at") or time.time()) >= killed_at):
+            # the task was killed (on_kill recorded it before ending the instance) and this is the status
+            # the termination brought about: no preemption and no code failure, billed as the kill's
+            try:
+                accounting.account_abandoned(store, launch, now=time.time(),
+                                             market=accounting.billing_market(self.hook))
+            except Exception as exc:  # noqa: BLE001 - the finish task bills it then
+                self.log.warning("killed attempt %s not billed here (%s: %s)", attempt_id, type(exc).__name__, exc)
+            raise AirflowException(
+                f"segment {self.segment_index} attempt {attempt_id} was killed (its task, at {killed_at:.0f}); its "
+                f"instance's {outcome.value} status is the kill's: billed as abandoned, no preemption counted")
         latest = newest_usable_step(store)
         if outcome is Outcome.COMPLETED and (latest is None or latest < self.end_step):
             outcome = Outcome.FAILED

@@ -122,7 +122,7 @@ def _from_summary(job: JobRef, snap: dict[str, Any], session) -> str:
         snap["state"] = finished_state(summary)
         return note + "; its finish task's summary lacks the final figures, so none are shown."
     snap.update(final)
-    for key in ("steps_lost", "transfer_dollars", "probes", "probe_dollars"):
+    for key in ("steps_lost", "transfer_dollars", "probes", "probe_dollars", "idle_dollars"):
         if isinstance(summary.get(key), (int, float)) and not isinstance(summary.get(key), bool):
             snap[key] = summary[key]
     # its GPU request (for the offers now) from the DAG, since the store's job record is gone

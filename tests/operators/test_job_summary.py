@@ -225,3 +225,60 @@ def test_billing_that_cannot_read_the_store_does_not_fail_the_finish_task(tmp_pa
     summary = op.execute(context)
     assert summary["attempts"] == 1 and pushed["summary"]["completed"]
     assert "i-running" in backend.terminated
+
+
+def test_an_attempts_job_cost_so_far_holds_the_idle_time_billed_before_it(tmp_path):
+    """Review of the idle bills: a segment that terminated a warm instance it would not use billed its idle
+    time into the job's cost, but the next attempts' XCom summaries (``job_cost_so_far``, from
+    ``accounting.job_totals``) left it out: they said less than the job's cost on the page at that moment."""
+    from airflow_spot.operators import accounting
+    from airflow_spot.storage.job_view import JobView
+
+    store = open_store(f"file://{tmp_path}/job")
+    now = time.time()
+    row = LedgerRow(attempt_id="s.try1", instance_id="i-warm", instance_type="g5.xlarge", zone="us-east-1a",
+                    market="spot", price_per_hour=0.5, on_demand_price_per_hour=1.0, started_at=now - 1000,
+                    ended_at=now - 600, steps_done=5, outcome="completed", segment_index=0)
+    LedgerStore(store).write(row)
+    assert accounting.bill_idle(store, ["i-warm"], [row], now) > 0
+    totals = accounting.job_totals(store)
+    assert totals["idle_dollars"] > 0
+    assert totals["cost"] == pytest.approx(JobView(store).totals(now)["cost"])
+
+
+def test_idle_time_the_instances_billing_minimum_paid_already_is_not_billed_again(tmp_path):
+    """Review of the idle bills: a fresh instance's first attempt pays AWS's 60 s minimum. A 20 s attempt
+    is billed 60 s, to 40 s past its end; the idle bill started at the attempt's end and billed those 40 s
+    a second time (the demo's short segments: most of its idle bill). It starts where the instance's bill
+    so far ends."""
+    from airflow_spot.operators import accounting
+
+    store = open_store(f"file://{tmp_path}/job")
+    now = time.time()
+    row = LedgerRow(attempt_id="s.try1", instance_id="i-warm", instance_type="g5.xlarge", zone="us-east-1a",
+                    market="spot", price_per_hour=0.5, on_demand_price_per_hour=1.0, started_at=now - 120,
+                    ended_at=now - 100, steps_done=5, outcome="completed", segment_index=0)
+    assert row.billed_seconds == 60
+    assert accounting.bill_idle(store, ["i-warm"], [row], now - 70) == 0.0  # inside the minimum: nothing
+    assert LedgerStore(store).idle_rows() == ([], [])
+    accounting.bill_idle(store, ["i-warm"], [row], now)
+    (idle,), _ = LedgerStore(store).idle_rows()
+    assert idle.started_at == pytest.approx(now - 60) and idle.billed_seconds == pytest.approx(60, abs=1)
+
+
+def test_a_warm_instances_next_attempt_is_not_billed_the_minimum_its_first_attempt_paid():
+    """A new instance's first attempt of 20 s is billed AWS's 60 s minimum, i.e. up to 40 s past its end. The
+    next attempt on that warm instance was billed from that end, so those 40 s were billed twice."""
+    from airflow_spot.operators.segment import SpotSegmentOperator
+
+    info = InstanceInfo("i-warm", InstanceState.RUNNING, OFFER, "file:///job", launched_at=1000.0)
+    first = LedgerRow("s0.try1", "i-warm", "g5.xlarge", "us-east-1a", "spot", 0.5, 1.0, 1000.0, 1020.0, 5,
+                      "completed", segment_index=0)
+    assert first.billed_seconds == 60  # paid to 1060
+    billed_from = SpotSegmentOperator._billed_from
+    assert billed_from(info, True, [first], requested_at=1030.0) == 1060.0
+    assert billed_from(info, True, [first], requested_at=1500.0) == 1060.0  # idle from 1060 is the next's
+    longer = LedgerRow("s0.try1", "i-warm", "g5.xlarge", "us-east-1a", "spot", 0.5, 1.0, 1000.0, 1300.0, 5,
+                       "completed", segment_index=0)
+    assert billed_from(info, True, [longer], requested_at=1500.0) == 1300.0  # the minimum long paid: as before
+    assert billed_from(info, False, [], requested_at=1500.0) == 1000.0  # a new one from its launch

@@ -256,3 +256,107 @@ def _try1_launched(store, offer, instance_id: str, at: float) -> None:
                   try_number=1, task_id="seg", resume_step=0).write(store)
     JobLayout(store).write_request(instance_id, SegmentRequest("seg.try1", store.uri, 0, 0, 10, ["true"],
                                                                created_at=at))
+
+
+def test_a_retry_after_a_kill_in_the_worker_does_not_wait_for_the_killed_attempt(tmp_path):
+    """Review of the kill record: a segment waiting in a worker is killed without a clear (its
+    execution_timeout, the worker's graceful shutdown: on_kill records the kill and ends the instance; the
+    agent then writes ``preempted``) and Airflow retries it. The run started before the attempt, so the
+    clear rule does not apply: try 2 reattached to the killed attempt and execute_complete billed the kill
+    as a preemption (the budget spent, one more try). A recorded kill now says it: billed abandoned, to the
+    kill, and a new attempt is due."""
+    from datetime import timezone
+
+    from airflow_spot.storage.protocol import AttemptStatus
+
+    uri = f"file://{tmp_path}/job"
+    store = open_store(uri)
+    layout = JobLayout(store)
+    offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.5, 1.0, "A10G", 1, 24.0)
+    now = time.time()
+    _try1_launched(store, offer, "i-1", now - 600)
+    layout.write_kill("seg.try1", now - 20)
+    layout.write_status(AttemptStatus("seg.try1", "preempted", 143, now - 600, now - 15, 4))  # the kill's
+    op = SpotSegmentOperator(task_id="seg", command=["python", "x.py"], checkpoint_uri=uri, start_step=0,
+                             end_step=10, total_steps=20, backend="local", backend_options=backend_options(tmp_path))
+    state = {SpotSegmentOperator.ATTEMPT_STATE_KEY: {"attempt_id": "seg.try1", "instance_id": "i-1", "try_number": 1}}
+    ti = SimpleNamespace(try_number=2, id="ti-2", max_tries=op.retries)
+    run = SimpleNamespace(start_date=datetime.fromtimestamp(now - 900, timezone.utc))  # no clear
+    for record in (state, {}):  # with the task state record, and without one (the store's records)
+        store.delete([LedgerStore.key("seg.try1")])
+        context = {"ti": ti, "run_id": "r", "task_state_store": SimpleNamespace(get=record.get), "dag_run": run}
+        assert op._reattach(context, store) is None
+        row = LedgerStore(store).read("seg.try1")
+        assert row is not None and row.outcome == "abandoned" and row.ended_at == pytest.approx(now - 20)
+    # an attempt that ended on its own before the kill (its status first) is waited for and judged as before
+    store.delete([LedgerStore.key("seg.try1")])
+    layout.write_status(AttemptStatus("seg.try1", "preempted", 143, now - 600, now - 30, 4))
+    context = {"ti": ti, "run_id": "r", "task_state_store": SimpleNamespace(get=state.get), "dag_run": run}
+    assert op._reattach(context, store).attempt_id == "seg.try1"
+
+
+def test_execute_complete_bills_a_status_the_kill_brought_about_as_abandoned(tmp_path):
+    """Review of the kill record: killed in a worker (non-deferrable), the task's process lives on a few
+    seconds after on_kill (SIGTERM, then SIGKILL 5 s later), and its wait sees the ``preempted`` status the
+    termination brought about: execute_complete wrote a preemption row (counted, on the page) although the
+    kill is in the store. Billed abandoned, to the kill; no preemption, no SegmentPreempted."""
+    from airflow.sdk.exceptions import AirflowException
+
+    from airflow_spot.operators.segment import SegmentPreempted
+    from airflow_spot.storage.protocol import AttemptStatus
+
+    uri = f"file://{tmp_path}/job"
+    store = open_store(uri)
+    layout = JobLayout(store)
+    offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.5, 1.0, "A10G", 1, 24.0)
+    now = time.time()
+    _try1_launched(store, offer, "i-1", now - 600)
+    layout.write_kill("seg.try1", now - 20)
+    layout.write_status(AttemptStatus("seg.try1", "preempted", 143, now - 600, now - 15, 4))
+    op = SpotSegmentOperator(task_id="seg", command=["python", "x.py"], checkpoint_uri=uri, start_step=0,
+                             end_step=10, total_steps=20, backend="local", backend_options=backend_options(tmp_path))
+    pushed = {}
+    ti = SimpleNamespace(try_number=1, id=None, max_tries=op.retries,
+                         xcom_push=lambda key, value: pushed.update({key: value}))
+    event = {"status": "preempted", "attempt_id": "seg.try1", "instance_id": "i-1", "message": "agent reported",
+             "ended_at": now - 15, "last_step": 4}
+    with pytest.raises(AirflowException, match="killed") as raised:
+        op.execute_complete({"ti": ti, "run_id": "r"}, event)
+    assert not isinstance(raised.value, SegmentPreempted)
+    row = LedgerStore(store).read("seg.try1")
+    assert row.outcome == "abandoned" and row.ended_at == pytest.approx(now - 20)
+    assert "attempt" not in pushed
+
+
+def test_an_instance_still_running_a_killed_attempt_is_terminated_again_not_left_busy(tmp_path):
+    """Review of the kill record: the kill's termination can fail (the trigger's on_kill, the worker's); its
+    attempt then trains on with no status and no ledger row, and the next segment left that "busy" instance
+    running beside its own attempt (two trainers in one store) until the finish task. The store says it was
+    killed: terminated once more, as a lost attempt's instance is."""
+    from airflow_spot.backends.base import InstanceState, LaunchSpec, get_backend
+    from airflow_spot.operators.segment import job_tags
+    from airflow_spot.storage.protocol import SegmentRequest
+
+    uri = f"file://{tmp_path}/job"
+    store = open_store(uri)
+    layout = JobLayout(store)
+    op = SpotSegmentOperator(task_id="seg2", command=["python", "x.py"], checkpoint_uri=uri, start_step=10,
+                             end_step=20, total_steps=20, segment_index=1, backend="local",
+                             backend_options=backend_options(tmp_path))
+    backend = get_backend("local", **backend_options(tmp_path))
+    offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.5, 1.0, "A10G", 1, 24.0)
+    tags = job_tags("d", "r", op.job_name)
+    op._tags = lambda context: tags  # no DAG around it
+    killed = backend.launch(LaunchSpec(offer, uri, idempotency_token="t-killed", tags=tags, idle_timeout_seconds=60))
+    busy = backend.launch(LaunchSpec(offer, uri, idempotency_token="t-busy", tags=tags, idle_timeout_seconds=60))
+    try:
+        now = time.time()
+        for attempt_id, info in (("seg.try1", killed), ("other.try1", busy)):
+            layout.write_request(info.instance_id, SegmentRequest(attempt_id, uri, 0, 0, 10, ["true"], created_at=now))
+        layout.write_kill("seg.try1", now - 5)
+        assert op._warm_instances({"run_id": "r"}, store, []) == []
+        assert InstanceState(backend.describe([killed.instance_id])[killed.instance_id].state).is_terminal()
+        # an attempt nobody killed is still left alone (its try's record was lost: a later try waits for it)
+        assert not InstanceState(backend.describe([busy.instance_id])[busy.instance_id].state).is_terminal()
+    finally:
+        backend.terminate([killed.instance_id, busy.instance_id])

@@ -188,3 +188,46 @@ def test_a_later_segment_refuses_to_start_again_from_step_zero_when_the_store_lo
     with pytest.raises(AirflowFailException, match="holds no checkpoint at all"):
         op.execute(context={})
     assert instance_count(tmp_path) == 0
+
+
+def test_a_kill_after_the_request_but_before_the_wait_is_recorded_too(tmp_path, monkeypatch):
+    """Review of the kill record: on_kill ends the instance from the moment execute has it, but the kill
+    was recorded only once the wait began. A kill in between (the task state record's and the link's calls
+    to the execution API) ended an instance that had its request: its agent's ``preempted`` was then billed
+    as a preemption by the finish task. Recorded from the launch record's write on."""
+    import time
+    from types import SimpleNamespace
+
+    from airflow_spot.backends.base import InstanceInfo, InstanceState
+    from airflow_spot.operators.segment import SpotSegmentOperator
+    from airflow_spot.policy.offers import Market, Offer
+    from airflow_spot.storage.object_store import open_store
+    from airflow_spot.storage.protocol import JobLayout
+
+    offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.ON_DEMAND, 1.0, 1.0, "A10G", 1, 24.0)
+    terminated = []
+
+    class KilledBeforeTheWait(SpotSegmentOperator):
+        def _warm_instances(self, context, store=None, rows=None):
+            return []
+
+        def _get_instance(self, context, store, plan, alive, **kwargs):
+            return InstanceInfo("i-new", InstanceState.RUNNING, offer, store.uri, launched_at=time.time()), False
+
+        def _remember_attempt(self, context, launch):
+            self.on_kill()  # SIGTERM arrives here
+            raise RuntimeError("killed")
+
+    monkeypatch.setattr(SpotSegmentOperator, "dag_id", property(lambda self: "d"))
+    uri = f"file://{tmp_path}/job"
+    op = KilledBeforeTheWait(task_id="seg", command=protocol_command(), checkpoint_uri=uri, start_step=0,
+                             end_step=10, total_steps=10, backend="local", backend_options=backend_options(tmp_path),
+                             probe_spot=False)
+    monkeypatch.setattr(type(op.hook), "get_backend",
+                        lambda self: SimpleNamespace(terminate=lambda ids: terminated.extend(ids)))
+    context = {"ti": SimpleNamespace(try_number=1, id=None, max_tries=0), "run_id": "r", "task_state_store": None}
+    with pytest.raises(RuntimeError, match="killed"):
+        op._run_segment(context)
+    assert terminated == ["i-new"]
+    killed_at = JobLayout(open_store(uri)).read_kill("seg.try1")
+    assert killed_at is not None and killed_at <= time.time()

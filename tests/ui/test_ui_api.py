@@ -330,6 +330,7 @@ def test_a_finished_jobs_row_comes_from_its_summary_xcom_even_with_its_store_gon
     from airflow_spot.ui.jobs import ROW_FIELDS, find_jobs, job_row
 
     uri, summary = finished_job(tmp_path / "job")
+    summary["idle_dollars"] = 0.0125  # a warm instance billed after its last attempt: shown with the store gone
     with DAG(FINISHED_DAG, schedule=None, start_date=datetime(2024, 1, 1)) as dag:
         @task(task_id="train.segment_001")
         def segment(**context):
@@ -366,6 +367,7 @@ def test_a_finished_jobs_row_comes_from_its_summary_xcom_even_with_its_store_gon
     assert j["total_steps"] == 200 and j["cost"] > 0 and "gone or empty" in j["store_note"]
     html = client.get(f"/spot/jobs/{FINISHED_DAG}/{run.run_id}", headers=auth).text
     assert "id=store-note" in html and "200 / 200 steps" in html
+    assert j["idle_dollars"] == 0.0125 and "of which warm instances idle" in html
     assert "has not recorded its GPU request yet" not in html
 
     # the run cleared and going on: a new attempt's link is newer than the summary, so the store is read
