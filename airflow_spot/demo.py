@@ -308,7 +308,7 @@ def read_summary(root: Path, dag_id: str, run_id: str) -> dict[str, Any]:
 
 def report(state: Any, s: dict[str, Any], wall: float, total: float, logs: str = "in the task logs") -> str:
     from airflow_spot.operators.training import format_summary
-    from airflow_spot.policy.ledger import LedgerRow, credited_seconds
+    from airflow_spot.policy.ledger import AWS_MINIMUM_BILLED_SECONDS, LedgerRow, credited_seconds
 
     state = getattr(state, "value", state)
     lines = [f"\nDAG run: {state}   (wall time {wall:.1f} s; with DB setup {total:.1f} s)"]
@@ -334,6 +334,12 @@ def report(state: Any, s: dict[str, Any], wall: float, total: float, logs: str =
             "                      completed attempt's whole time, only the kept steps of a preempted one and\n"
             f"                      of the attempt that restarted its segment after it. {here}"
         )
+        short = sum(row.new_instance and row.duration_seconds < AWS_MINIMUM_BILLED_SECONDS for row in ledger)
+        if short:
+            lines.append(f"                      {short} of the {len(ledger)} attempts ran shorter than the "
+                         f"{AWS_MINIMUM_BILLED_SECONDS:.0f} s AWS bills a new\n"
+                         "                      instance at least: a job this short pays that minimum again at "
+                         "each preemption.")
     useful = s.get("useful_step_seconds")
     if useful:
         lines.append(f"  goodput             {useful / wall:.2f} (time in kept training steps / wall time)")

@@ -132,3 +132,9 @@ def test_the_demos_thrown_away_seconds_follow_the_savings_rule():
     s = {**summarize(rows).to_dict(), "rows": [r.to_dict() for r in rows]}
     out = report("success", s, wall=2400.0, total=2400.0)
     assert "900 s of paid time that kept no work" in out
+    assert "ran shorter than" not in out  # every attempt outlasted the 60 s minimum
+    short = LedgerRow("s2.try1", "i-s", "g5.xlarge", "z", "spot", 0.3, 1.0, 2400.0, 2420.0, 1, "completed",
+                      segment_index=2, step_seconds=10.0)
+    rows.append(short)
+    s = {**summarize(rows).to_dict(), "rows": [r.to_dict() for r in rows]}
+    assert "1 of the 4 attempts ran shorter than the 60 s AWS bills" in report("success", s, wall=2420.0, total=2420.0)

@@ -43,7 +43,7 @@ from airflow_spot.operators.retry import segment_retry_policy
 from airflow_spot.operators.validation import (
     validate_gpus, validate_option_names, validate_places, validate_step_profile,
 )
-from airflow_spot.policy.ledger import AWS_MINIMUM_BILLED_SECONDS, LedgerRow
+from airflow_spot.policy.ledger import LedgerRow
 from airflow_spot.policy.offers import GpuRequest, Market
 from airflow_spot.policy.transfer import TransferCost, saves_per_hour, transfer_cost
 from airflow_spot.storage.checkpoint import DIGEST_ENV, NoUsableCheckpointError, digest_setting
@@ -663,15 +663,13 @@ class SpotSegmentOperator(BaseOperator):
     @staticmethod
     def _billed_from(instance: InstanceInfo, reused: bool, rows: list, requested_at: float) -> float:
         """A new instance is billed from its launch; a warm one continues its bill where its last attempt's
-        ledger row ended, so the idle time between segments is paid by the next attempt, but not before the
-        end of the launch's billing minimum, which its first attempt paid already (as ``bill_idle``)."""
+        ledger row ended, so the idle time between segments is paid by the next attempt. (Within the launch's
+        60 s minimum, which its first attempt paid, that bills a few seconds twice; starting the bill after
+        the minimum instead would bill, and so credit against on-demand, none of that attempt's work.)"""
         if not reused:
             return instance.launched_at or requested_at
-        own = [r for r in rows if r.instance_id == instance.instance_id]
-        if not own:
-            return requested_at
-        paid_to = max((r.started_at + AWS_MINIMUM_BILLED_SECONDS for r in own if r.new_instance), default=0.0)
-        return max(min(max(r.ended_at for r in own), requested_at), paid_to)
+        ends = [r.ended_at for r in rows if r.instance_id == instance.instance_id]
+        return min(max(ends), requested_at) if ends else requested_at
 
     def _check_command(self) -> None:
         if not self.command or not all(isinstance(a, str) and a for a in self.command):

@@ -265,20 +265,3 @@ def test_idle_time_the_instances_billing_minimum_paid_already_is_not_billed_agai
     (idle,), _ = LedgerStore(store).idle_rows()
     assert idle.started_at == pytest.approx(now - 60) and idle.billed_seconds == pytest.approx(60, abs=1)
 
-
-def test_a_warm_instances_next_attempt_is_not_billed_the_minimum_its_first_attempt_paid():
-    """A new instance's first attempt of 20 s is billed AWS's 60 s minimum, i.e. up to 40 s past its end. The
-    next attempt on that warm instance was billed from that end, so those 40 s were billed twice."""
-    from airflow_spot.operators.segment import SpotSegmentOperator
-
-    info = InstanceInfo("i-warm", InstanceState.RUNNING, OFFER, "file:///job", launched_at=1000.0)
-    first = LedgerRow("s0.try1", "i-warm", "g5.xlarge", "us-east-1a", "spot", 0.5, 1.0, 1000.0, 1020.0, 5,
-                      "completed", segment_index=0)
-    assert first.billed_seconds == 60  # paid to 1060
-    billed_from = SpotSegmentOperator._billed_from
-    assert billed_from(info, True, [first], requested_at=1030.0) == 1060.0
-    assert billed_from(info, True, [first], requested_at=1500.0) == 1060.0  # idle from 1060 is the next's
-    longer = LedgerRow("s0.try1", "i-warm", "g5.xlarge", "us-east-1a", "spot", 0.5, 1.0, 1000.0, 1300.0, 5,
-                       "completed", segment_index=0)
-    assert billed_from(info, True, [longer], requested_at=1500.0) == 1300.0  # the minimum long paid: as before
-    assert billed_from(info, False, [], requested_at=1500.0) == 1000.0  # a new one from its launch
