@@ -77,3 +77,20 @@ def canonical_gpu_names(flag: str, names: Iterable[str], known: Iterable[str] | 
         except ValueError as exc:
             raise ValueError(f"{flag}: {exc}") from None
     return out
+
+
+#: the most $/h a price flag takes for one instance: the dearest GPU instances cost under $100/h on demand, so
+#: anything near this is a typo (a price per month, a stray exponent), and far above it the figures overflow
+MAX_PRICE_PER_HOUR = 10_000.0
+
+
+def check_price(flag: str, value: float | None, what: str = "$/h of one instance") -> None:
+    """Refuse a price that is not a plausible $/h: not a number, not > 0, or above
+    :data:`MAX_PRICE_PER_HOUR` (``1e300`` printed 300-digit costs); the message names ``flag``."""
+    if value is None:
+        return
+    if not value > 0:  # also NaN
+        raise ValueError(f"{flag} is {what} and must be > 0, got {value}")
+    if not value <= MAX_PRICE_PER_HOUR:
+        raise ValueError(f"{flag} is {what} and must be at most {MAX_PRICE_PER_HOUR:,.0f} (no GPU instance costs "
+                         f"that much an hour: a typo, or a price per month?), got {value:g}")

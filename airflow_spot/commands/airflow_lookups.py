@@ -1,7 +1,54 @@
 """What the commands read from Airflow: cloud clients of an AWS connection, and DAG-run states."""
 from __future__ import annotations
 
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
+
 from airflow_spot.backends.base import Clients
+
+
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at each write (a test's capture, a redirected stream)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str):  # encoding, fileno, ...: the current stderr's
+        return getattr(sys.stderr, name)
+
+
+@contextlib.contextmanager
+def airflow_logs_to_stderr() -> Iterator[None]:
+    """While a command asks Airflow (imports it, reads connections, builds clients), what is written to stdout
+    goes to stderr, and so do Airflow's log lines after: stdout keeps the command's own output."""
+    with contextlib.redirect_stdout(_CurrentStderr()):
+        yield
+    logs_to_stderr()
+
+
+def logs_to_stderr() -> None:
+    """Send Airflow's log lines (its logging config writes them to stdout) to stderr: a command's stdout is
+    its table, which a reader pipes or parses (``airflow-spot offers ... | head``). Call after Airflow is
+    imported (which configures the logging)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and getattr(handler, "stream", None) is sys.stdout:
+            handler.setStream(_CurrentStderr())
+    try:  # Airflow's structlog loggers write to the stdout of when each is made, through this factory
+        import structlog
+
+        factory = structlog.get_config().get("logger_factory")
+    except Exception:  # noqa: BLE001 - no structlog, or another config: the stdlib handlers above suffice
+        return
+    if getattr(factory, "io", False) is None:
+        factory.io = _CurrentStderr()
 
 
 def clients_for(aws_conn_id: str | None) -> Clients:
@@ -16,6 +63,7 @@ def clients_for(aws_conn_id: str | None) -> Clients:
     if aws_conn_id is not None and not aws_conn_id.strip():
         raise ValueError("--aws-conn-id must name an Airflow AWS connection, or be 'none' for boto3's default "
                          "credential chain; got an empty string")
+    logs_to_stderr()
     hook = SpotHook(aws_conn_id=aws_conn_id)
     if aws_conn_id is not None:
         try:
@@ -35,6 +83,7 @@ def dag_run_states(keys: list[tuple[str, str]]) -> dict[tuple[str, str], str | N
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
+    logs_to_stderr()
     out: dict[tuple[str, str], str | None] = {}
     with create_session() as session:
         for dag_id, run_id in keys:

@@ -20,7 +20,12 @@ import sys
 from airflow_spot.backends.base import backend_class, backend_names
 from airflow_spot.policy.offer_ranking import cost_per_step, rank_offers
 from airflow_spot.policy.offers import GpuRequest, Market
-from airflow_spot.cli_types import AWS_CONN_ID_HELP, aws_conn_id, canonical_gpu_names, json_object, known_gpu_names
+from airflow_spot.cli_types import (
+    AWS_CONN_ID_HELP, MAX_PRICE_PER_HOUR, aws_conn_id, canonical_gpu_names, json_object, known_gpu_names,
+)
+
+#: the longest --step-seconds taken (a day): far above it the $/step column is a typo's
+MAX_STEP_SECONDS = 86_400.0
 
 
 def _names(text: str) -> list[str]:
@@ -88,6 +93,9 @@ def _check(args: argparse.Namespace) -> None:
     if not 0 < args.step_seconds < math.inf:  # also NaN
         raise ValueError(f"--step-seconds is the seconds one step takes on one V100 and must be a finite number "
                          f"> 0, got {args.step_seconds:g}")
+    if args.step_seconds > MAX_STEP_SECONDS:
+        raise ValueError(f"--step-seconds is the seconds one step takes on one V100 and must be at most "
+                         f"{MAX_STEP_SECONDS:,.0f} (a day), got {args.step_seconds:g}")
     # GpuRequest checks these too, but in its Python names (count=, min_memory_gib=): say the flags
     if args.gpus < 1:
         raise ValueError(f"--gpus is the GPUs per instance and must be at least 1, got {args.gpus}")
@@ -97,6 +105,9 @@ def _check(args: argparse.Namespace) -> None:
     if args.max_price is not None and not 0 < args.max_price < math.inf:
         raise ValueError(f"--max-price is a cap on $/h and must be a finite number > 0 (leave it out for no cap), "
                          f"got {args.max_price:g}")
+    if args.max_price is not None and args.max_price > MAX_PRICE_PER_HOUR:
+        raise ValueError(f"--max-price is a cap on $/h and must be at most {MAX_PRICE_PER_HOUR:,.0f}: no instance "
+                         f"costs that much (leave it out for no cap), got {args.max_price:g}")
     if args.limit < 1:
         raise ValueError(f"--limit is how many offers to print and must be at least 1, got {args.limit}")
     try:
@@ -110,9 +121,69 @@ def _check(args: argparse.Namespace) -> None:
     both = [n for n in args.gpu_names if n in args.exclude_gpus]
     if both:
         raise ValueError(f"GPU models {both} are both in --gpu-names and in --exclude-gpus; drop them from one")
+    _check_places(args)
+
+
+def _check_places(args: argparse.Namespace) -> None:
+    """Refuse a region or zone the market can never offer, as ``SpotTraining`` does at parse time: an unknown
+    zone would otherwise leave only the on-demand offers of its region, silently."""
+    from airflow_spot.operators.validation import SpotTrainingConfigError, validate_places
+
+    if not args.regions and not args.zones:
+        return
+    try:
+        validate_places(GpuRequest(count=args.gpus, regions=tuple(args.regions), zones=tuple(args.zones)),
+                        args.backend, args.market_options)
+    except SpotTrainingConfigError as exc:
+        # its words are SpotTraining's (gpus: ... in regions; airflow-spot offers lists ...): say the flags
+        text = str(exc).removeprefix("gpus: ")
+        text = text.replace(" in regions;", " in --regions;").replace(
+            " (airflow-spot offers lists the zones of each offer)",
+            "; leave out --zones to see the zone of each offer")
+        raise ValueError(("--zones: " if "zones" in text.split(";")[0] else "--regions: ") + text) from None
+
+
+def _check_zones_offered(args: argparse.Namespace, pool: list) -> None:
+    """A zone that no spot offer of the market is in (whatever the other filters) would leave only the
+    on-demand offers of its region: say so instead of listing those."""
+    if not args.zones:
+        return
+    offered = {o.zone for o in pool if Market(o.market) is Market.SPOT}
+    missing = [z for z in args.zones if z not in offered]
+    if missing:
+        where = f" in --regions {','.join(args.regions)}" if args.regions else ""
+        near = sorted(offered)
+        raise ValueError(
+            f"--zones: no offer of {args.gpus} GPU(s) per instance is in zone(s) {missing}{where}; "
+            + (f"the zones with such offers{where or ''}: {', '.join(near[:40])}"
+               + (f" ... ({len(near)} in all)" if len(near) > 40 else "")
+               if near else "the market offers no spot instance with that many GPUs there")
+            + " (leave out --zones to see the zone of each offer)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from airflow_spot.commands.airflow_lookups import airflow_logs_to_stderr
+
+    with airflow_logs_to_stderr():  # Airflow's log lines (the connection's, ...) are no part of the table
+        code, offers = _offers(args)
+    if code:
+        return code
+    ranked = rank_offers(offers, now=0.0)
+    print(f"{'type':<16}{'zone':<14}{'market':<10}{'gpu':<12}{'$/h':>9}{'od $/h':>9}{'$/step':>12}"
+          f"{'risk/h':>8}")
+    for offer in ranked[: args.limit]:
+        per_step = cost_per_step(offer) * args.step_seconds / 3600.0
+        gpu = f"{offer.gpu_count}x{offer.gpu_name}"
+        print(f"{offer.instance_type:<16}{offer.zone:<14}{Market(offer.market).value:<10}{gpu:<12}"
+              f"{offer.price_per_hour:>9.4f}{offer.on_demand_price_per_hour:>9.4f}{per_step:>12.3e}"
+              f"{offer.preemption_rate_per_hour:>8.3f}")
+    if len(ranked) > args.limit:
+        print(f"... {len(ranked) - args.limit} more (raise --limit)")
+    return 0
+
+
+def _offers(args: argparse.Namespace) -> tuple[int, list]:
+    """``(0, offers)``, or ``(exit code, [])`` after saying on stderr why there are none."""
     from airflow_spot.market import get_market
 
     try:
@@ -127,25 +198,16 @@ def run(args: argparse.Namespace) -> int:
 
             clients = clients_for(args.aws_conn_id)
         market = get_market(args.backend, clients=clients, **options)
+        pool = market.offers(_request(args, filters=False)) if args.zones else None
+        _check_zones_offered(args, pool or [])
         offers = market.offers(request)
         if not offers:
-            pool = market.offers(_request(args, filters=False))
+            pool = market.offers(_request(args, filters=False)) if pool is None else pool
             why = request.describe_mismatch(pool) if pool else _nothing_offered(args, market)
             why = _SETTING.sub(lambda m: "(" + _FLAGS[m.group(1)], why)
             print(f"airflow-spot offers: no offer matches the request: {why}", file=sys.stderr)
-            return 1
+            return 1, []
     except (ValueError, TypeError, KeyError, RuntimeError) as exc:
         print(f"airflow-spot offers: {exc}", file=sys.stderr)
-        return 2
-    ranked = rank_offers(offers, now=0.0)
-    print(f"{'type':<16}{'zone':<14}{'market':<10}{'gpu':<12}{'$/h':>9}{'od $/h':>9}{'$/step':>12}"
-          f"{'risk/h':>8}")
-    for offer in ranked[: args.limit]:
-        per_step = cost_per_step(offer) * args.step_seconds / 3600.0
-        gpu = f"{offer.gpu_count}x{offer.gpu_name}"
-        print(f"{offer.instance_type:<16}{offer.zone:<14}{Market(offer.market).value:<10}{gpu:<12}"
-              f"{offer.price_per_hour:>9.4f}{offer.on_demand_price_per_hour:>9.4f}{per_step:>12.3e}"
-              f"{offer.preemption_rate_per_hour:>8.3f}")
-    if len(ranked) > args.limit:
-        print(f"... {len(ranked) - args.limit} more (raise --limit)")
-    return 0
+        return 2, []
+    return 0, offers

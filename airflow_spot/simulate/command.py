@@ -26,6 +26,7 @@ import re
 import sys
 from pathlib import Path
 
+from airflow_spot.cli_types import MAX_PRICE_PER_HOUR, check_price
 from airflow_spot.market.traces import (
     PREEMPTION_TRACES_SUBDIR, TraceError, check_node_count, check_region, default_traces_dir, load_traces,
     read_notes,
@@ -173,6 +174,25 @@ _FLOAT_FLAGS = ("work_hours", "save_cost_seconds", "restart_overhead_hours", "no
                 "start_hour", "offset_step_hours")
 
 
+#: the most jobs ``--jobs`` replays together
+MAX_JOBS = 100
+
+#: flag -> (the most it takes, what it is): far above these a figure is a typo, and the replay's sums overflow
+#: or print meaningless digits (``--transfer-dollars 1e300``); each bound is far past any real job's
+_UPPER_BOUNDS = {
+    "save_cost_seconds": (86_400.0, "the training stall per checkpoint in seconds (a day at most)"),
+    "restart_overhead_hours": (24.0, "the paid hours without progress per new instance (a day at most)"),
+    "notice_seconds": (86_400.0, "the preemption notice window in seconds (clouds give 30-120 s; a day at most)"),
+    "segment_minutes": (10_080.0, "the wall-clock minutes of one segment (a week at most)"),
+    "transfer_seconds": (86_400.0, "the extra restart seconds to move the checkpoint to another region (a day at "
+                                   "most)"),
+    "transfer_dollars": (MAX_PRICE_PER_HOUR, "$ per checkpoint moved across regions"),
+    "checkpoint_gib": (1_048_576.0, "the checkpoint's size in GiB (a PiB at most)"),
+    "transfer_dollars_per_gib": (10.0, "inter-region $ per GiB (AWS charges about 0.02; $10 at most)"),
+    "transfer_seconds_per_gib": (3_600.0, "restore seconds per GiB across regions (an hour at most)"),
+}
+
+
 def _check_arguments(args: argparse.Namespace) -> None:
     """Argument checks JobSpec does not make, and the job's own in the command's terms (JobSpec validates
     the job again, in its field names); ``ValueError`` says the fix."""
@@ -203,8 +223,12 @@ def _check_arguments(args: argparse.Namespace) -> None:
                              f"would be ignored; drop {' and '.join(given)}, or drop --prices to price every "
                              "zone alike")
     for flag, value in (("--spot-price", args.spot_price), ("--on-demand-price", args.on_demand_price)):
-        if value is not None and not value > 0:  # also NaN
-            raise ValueError(f"{flag} is $/h of an instance and must be > 0, got {value}")
+        check_price(flag, value, "$/h of an instance")
+    for name, (most, what) in _UPPER_BOUNDS.items():
+        value = getattr(args, name)
+        if value is not None and value > most:
+            flag = f"--{name.replace('_', '-')}"
+            raise ValueError(f"{flag} is {what} and must be at most {most:,.0f}, got {value:g}")
     if not args.start_hour >= 0:
         raise ValueError(f"--start-hour must be >= 0 (hours into the traces), got {args.start_hour}")
     if not args.segment_minutes > 0:
@@ -230,6 +254,11 @@ def _read_prices(path: str) -> dict[str, tuple[float, float]]:
         if not (math.isfinite(spot) and math.isfinite(od)):
             raise ValueError(f"{path}: zone {zone}'s prices must be finite numbers ($/h), got spot {spot}, "
                              f"on-demand {od}")
+        for which, value in (("spot", spot), ("on-demand", od)):
+            try:
+                check_price(f"--prices {path}: zone {zone}'s {which} price", value)
+            except ValueError as exc:
+                raise ValueError(f"{exc}; fix that zone's line in the file") from None
     return prices
 
 
@@ -325,6 +354,9 @@ def run(args: argparse.Namespace) -> int:
         _check_arguments(args)
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        if args.jobs > MAX_JOBS:  # each job reads the others' events: 50 took a minute, a million never ended
+            raise ValueError(f"--jobs is how many jobs of one deployment start together and must be at most "
+                             f"{MAX_JOBS} (a row each; more replay for hours), got {args.jobs}")
         names = [n.strip() for n in args.policies.split(",") if n.strip()]
         if not names:
             raise ValueError(f"--policies {args.policies!r} names no policy; give one or more of: "
@@ -361,7 +393,8 @@ def run(args: argparse.Namespace) -> int:
                                  f"{', '.join(sorted(t.zone for t in traces))}, or leave --zones out for all")
             unknown = sorted(set(wanted) - {t.zone for t in traces})
             if unknown:
-                raise ValueError(f"zones {unknown} have no trace; traces cover {sorted(t.zone for t in traces)}")
+                raise ValueError(f"--zones: zones {unknown} have no trace; traces cover "
+                                 f"{sorted(t.zone for t in traces)}: give some of those, or other --traces")
             traces = [t for z in wanted for t in traces if t.zone == z]
         check_node_count(traces, args.nodes)
         if args.store_region and args.store_region in {t.zone for t in traces}:

@@ -32,6 +32,14 @@ from airflow_spot.policy.offers import GpuRequest, Market
 PROFILE_POLL_SECONDS = 0.05
 
 
+#: the longest step (a day) and restart overhead (a day) taken; far above these the figures are typos and
+#: print hundreds of digits
+MAX_STEP_SECONDS = 86_400.0
+MAX_RESTART_OVERHEAD_SECONDS = 86_400.0
+#: the longest job an estimate is given for, in hours on its fastest offer (about 11 years)
+MAX_JOB_HOURS = 100_000.0
+
+
 class EstimateError(ValueError):
     """A bad argument or a profiling run that measured nothing; the message says what to change."""
 
@@ -78,6 +86,9 @@ def parse_measured(items: list[str]) -> dict[str, float]:
         if not (value > 0 and math.isfinite(value)):
             raise EstimateError(f"--measured {item!r}: seconds per step must be a positive, finite number, "
                                 f"got {value:g}")
+        if value > MAX_STEP_SECONDS:
+            raise EstimateError(f"--measured {item!r}: seconds per step must be at most {MAX_STEP_SECONDS:,.0f} "
+                                f"(a day), got {value:g}; give the seconds of one step, not of the run")
         if out.get(gpu, value) != value:  # two figures for one GPU: which one was meant is a guess
             raise EstimateError(f"--measured gives {gpu} twice ({out[gpu]:g} and {value:g} s); give one figure per "
                                 "GPU model (e.g. their mean)")
@@ -150,6 +161,10 @@ def rank(args: argparse.Namespace) -> tuple[list, object]:
     if not 0 <= args.restart_overhead_seconds < math.inf:  # also NaN
         raise EstimateError(f"--restart-overhead-seconds is the time a new instance works for nothing and must be "
                             f"a finite number >= 0, got {args.restart_overhead_seconds}")
+    if args.restart_overhead_seconds > MAX_RESTART_OVERHEAD_SECONDS:
+        raise EstimateError(f"--restart-overhead-seconds is the time a new instance works for nothing and must be "
+                            f"at most {MAX_RESTART_OVERHEAD_SECONDS:,.0f} (a day), got "
+                            f"{args.restart_overhead_seconds:g}")
     if not args.min_memory_gib >= 0:
         raise EstimateError(f"--min-memory-gib must be >= 0, got {args.min_memory_gib}")
     measured = parse_measured(args.measured)
@@ -188,7 +203,8 @@ def rank(args: argparse.Namespace) -> tuple[list, object]:
         market = get_market("local", regions=regions or None)
         offers = market.offers(GpuRequest(count=args.gpus, min_memory_gib=args.min_memory_gib))
     except ValueError as exc:
-        raise EstimateError(str(exc)) from exc
+        text = str(exc)
+        raise EstimateError(f"--regions: {text}" if regions and "regions" in text else text) from exc
     if not offers:
         # say what the catalog has in the regions asked, so the fix is a choice, not a guess
         shapes = {(o.gpu_count, o.gpu_memory_gib) for o in market.offers_of_every_count()}
@@ -199,6 +215,11 @@ def rank(args: argparse.Namespace) -> tuple[list, object]:
             f"{max((m for _, m in shapes), default=0):g} GiB each: loosen --gpus, --min-memory-gib or --regions")
     ranked = rank_offers_for_job(offers, args.steps, model, list(by_throughput),
                                  overhead_seconds=args.restart_overhead_seconds)
+    shortest = min((e.hours for e in ranked), default=0.0)
+    if not shortest <= MAX_JOB_HOURS:  # also NaN
+        raise EstimateError(f"the job of --steps {args.steps} would take {shortest:.3g} hours even on its fastest "
+                            f"offer, more than {MAX_JOB_HOURS:,.0f} (about 11 years): check --steps (the whole "
+                            f"job's steps) and the step time (--measured: the seconds of one step)")
     return ranked, model
 
 

@@ -120,6 +120,9 @@ def _not_a_log(store: ObjectStore) -> str | None:
             f"AIRFLOW_SPOT_AVAILABILITY_URI) or a job's root{hint}. Nothing was read or deleted")
 
 
+#: how an error line starts, as the other subcommands' and argparse's own do
+_ERROR = "airflow-spot availability: error:"
+
 def run(args: argparse.Namespace, now: float | None = None) -> int:
     now = time.time() if now is None else now
     try:
@@ -140,12 +143,12 @@ def run(args: argparse.Namespace, now: float | None = None) -> int:
                                    "(a decision reads the recent events: keep a week or more)")
         return _prune(open_log(args.uri, args.endpoint_url)[0], now, args.older_than_days, args.dry_run)
     except StoreConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{_ERROR} {exc}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
         raise  # our reader went away (| head): not the store's fault; the command line ends quietly
     except store_errors() as exc:
-        print(f"error: cannot read {args.uri}: {type(exc).__name__}: {exc}{store_error_hint(exc)}", file=sys.stderr)
+        print(f"{_ERROR} cannot read {args.uri}: {type(exc).__name__}: {exc}{store_error_hint(exc)}", file=sys.stderr)
         return EXIT_FAILED
 
 

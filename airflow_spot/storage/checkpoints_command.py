@@ -99,6 +99,9 @@ def open_checkpoints(uri: str, endpoint_url: str | None = None) -> CheckpointSto
     )
 
 
+#: how an error line starts, as the other subcommands' and argparse's own do
+_ERROR = "airflow-spot checkpoints: error:"
+
 def run(args: argparse.Namespace) -> int:
     try:
         ckpts = open_checkpoints(args.uri, args.endpoint_url)
@@ -108,12 +111,12 @@ def run(args: argparse.Namespace) -> int:
             return _verify(ckpts)
         return _restore(ckpts, args.step, args.to, args.dry_run)
     except StoreConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{_ERROR} {exc}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
         raise  # our reader went away (| head): not the store's fault; the command line ends quietly
     except store_errors() as exc:
-        print(f"error: cannot read {args.uri}: {type(exc).__name__}: {exc}{store_error_hint(exc)}", file=sys.stderr)
+        print(f"{_ERROR} cannot read {args.uri}: {type(exc).__name__}: {exc}{store_error_hint(exc)}", file=sys.stderr)
         return EXIT_BROKEN
 
 
@@ -207,7 +210,7 @@ def _restore(ckpts: CheckpointStore, step: int, to: str | None, dry_run: bool) -
     at_step = [s for s in statuses if s.step == step and s.ok]
     if not at_step:
         good = sorted({s.step for s in statuses if s.ok})
-        print(f"error: no verified checkpoint at step {step} under {ckpts.store.uri}; "
+        print(f"{_ERROR} no verified checkpoint at step {step} under {ckpts.store.uri}; "
               f"verified steps: {good or 'none'}", file=sys.stderr)
         return EXIT_USAGE
     chosen = at_step[-1]
@@ -228,7 +231,7 @@ def _restore(ckpts: CheckpointStore, step: int, to: str | None, dry_run: bool) -
         return EXIT_OK
     now = ckpts.latest_step()
     if now != step:  # a writer saved meanwhile: say so rather than claim success
-        print(f"error: after the moves a resume would use step {now}, not {step}; is the job still running?",
+        print(f"{_ERROR} after the moves a resume would use step {now}, not {step}; is the job still running?",
               file=sys.stderr)
         return EXIT_BROKEN
     print(f"a resume now starts from step {step} ({chosen.directory}); moved {len(doomed)} checkpoint(s) under "
@@ -250,7 +253,7 @@ def _copy_out(ckpts: CheckpointStore, chosen: CheckpointStatus, to: str, dry_run
     step = chosen.step
     if not os.path.isdir(folder):
         what = "is not a folder" if os.path.exists(folder) else "does not exist"
-        print(f"error: cannot write {target}: its folder {folder} {what}; create it (mkdir -p {folder}) or give "
+        print(f"{_ERROR} cannot write {target}: its folder {folder} {what}; create it (mkdir -p {folder}) or give "
               f"--to an existing folder. Nothing was copied; step {step} verifies and the store is unchanged",
               file=sys.stderr)
         return EXIT_USAGE
@@ -275,7 +278,7 @@ def _copy_out(ckpts: CheckpointStore, chosen: CheckpointStatus, to: str, dry_run
         ckpts.fetch_verified(chosen.manifest, entry, copy)
     except _TargetError as exc:
         cause = exc.__cause__
-        print(f"error: cannot write {target}: {getattr(cause, 'strerror', None) or cause}; give --to a path you "
+        print(f"{_ERROR} cannot write {target}: {getattr(cause, 'strerror', None) or cause}; give --to a path you "
               f"can write. Nothing was copied; step {step} verifies and the store is unchanged", file=sys.stderr)
         return EXIT_USAGE
     print(f"copied step {step} ({chosen.directory}/{entry.name}, verified) to {target}; the store is unchanged")

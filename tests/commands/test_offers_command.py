@@ -55,9 +55,53 @@ def test_local_no_match_names_what_the_market_does_have(capsys):
     assert main(["offers", "--gpus", "3", "--regions", "us-east-1"]) == 1
     err = capsys.readouterr().err
     assert "nothing with 3 GPU(s) per instance in regions ['us-east-1']" in err and "[1, 4, 8] GPUs" in err  # 2: Graviton only
-    assert main(["offers", "--regions", "mars-1"]) == 1
+    assert main(["offers", "--regions", "mars-1"]) == 2  # a usage error, as in `estimate`: see below
+
+
+def test_an_unknown_region_is_a_usage_error_as_in_estimate(capsys):
+    # offers exited 1 here ("no offer matches") where estimate exits 2 for the same mistake
+    assert main(["offers", "--regions", "mars-1"]) == 2
     err = capsys.readouterr().err
-    assert "nothing in regions ['mars-1']; its regions: [" in err and "'us-west-2'" in err
+    assert "--regions: regions ['mars-1'] are not in the local backend's catalog; its regions: " in err
+    assert "us-west-2" in err and "Traceback" not in err
+    assert main(["estimate", "--steps", "100", "--measured", "V100=0.2", "--regions", "mars-1"]) == 2
+    assert "estimate: --regions: regions ['mars-1'] are not in the catalog" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("zone", ["us-east-1z", "use1-az9"])
+def test_an_unknown_zone_is_refused_listing_the_zones(zone, capsys):
+    # before: the zone matched no spot offer and the region's on-demand offers were listed, exit 0
+    assert main(["offers", "--zones", zone]) == 2
+    captured = capsys.readouterr()
+    assert "on-demand" not in captured.out and "type " not in captured.out
+    assert f"--zones: zones ['{zone}'] are not zones of the local backend's catalog" in captured.err
+    assert "'use1-az1'" in captured.err and "leave out --zones to see the zone of each offer" in captured.err
+
+
+def test_a_zone_outside_the_regions_asked_is_refused(capsys):
+    assert main(["offers", "--zones", "use1-az1", "--regions", "us-west-2"]) == 2
+    err = capsys.readouterr().err
+    assert "--zones: no offer of 1 GPU(s) per instance is in zone(s) ['use1-az1'] in --regions us-west-2" in err
+    assert "usw2-az1" in err
+
+
+def test_a_known_zone_lists_its_spot_offers(capsys):
+    assert main(["offers", "--zones", "use1-az4", "--gpus", "8", "--limit", "100"]) == 0
+    table = rows(capsys.readouterr().out)
+    assert table and {r[1] for r in table if r[2] == "spot"} == {"use1-az4"}
+
+
+def test_an_ec2_zone_the_market_does_not_have_is_refused(endpoint, capsys):
+    options = json.dumps({"spot_prices": "catalog"})
+    assert main(["offers", "--backend", "ec2", "--regions", "us-east-1", "--zones", "us-east-1z",
+                 "--market-options", options]) == 2
+    captured = capsys.readouterr()
+    assert "type " not in captured.out
+    assert "--zones: no offer of 1 GPU(s) per instance is in zone(s) ['us-east-1z']" in captured.err
+    assert "us-east-1a" in captured.err
+    assert main(["offers", "--backend", "ec2", "--regions", "us-east-1", "--zones", "us-east-1a",
+                 "--market-options", options, "--spot-only"]) == 0
+    assert {r[1] for r in rows(capsys.readouterr().out)} == {"us-east-1a"}
 
 
 def test_bad_inputs_are_refused(endpoint, capsys):
@@ -65,6 +109,16 @@ def test_bad_inputs_are_refused(endpoint, capsys):
     assert "unknown AWS region" in capsys.readouterr().err
     assert main(["offers", "--backend", "ec2", "--aws-conn-id", "missing"]) == 2
     assert "'missing' is not defined" in capsys.readouterr().err
+
+
+def test_ec2_offers_print_only_the_table_on_stdout(endpoint, capsys):
+    # Airflow's log line of the connection ("credentials retrieved ...") came first on stdout, before the table
+    options = json.dumps({"spot_prices": "catalog"})
+    assert main(["offers", "--backend", "ec2", "--regions", "us-east-1", "--market-options", options,
+                 "--limit", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:3] == ["type", "zone", "market"], out
+    assert "credentials retrieved" not in out, out
 
 
 def test_an_undefined_connection_names_the_flag_for_the_default_chain(endpoint, capsys):
@@ -146,6 +200,7 @@ def test_an_unknown_market_option_names_the_valid_ones(capsys):
     (["--step-seconds", "0"], "--step-seconds", "--limit"),
     (["--step-seconds", "nan"], "--step-seconds", "--limit"),
     (["--step-seconds", "inf"], "--step-seconds", "--limit"),
+    (["--step-seconds", "1e300"], "--step-seconds", "--limit"),  # before: $/step of 4.5e+295
 ])
 def test_each_flag_has_its_own_message(argv, flag, other, capsys):
     assert main(["offers", *argv]) == 2
@@ -159,6 +214,9 @@ def test_each_flag_has_its_own_message(argv, flag, other, capsys):
     (["--min-memory", "nan"], "--min-memory-gib is the GiB of memory per GPU and must be a finite number >= 0"),
     (["--max-price", "0"], "--max-price is a cap on $/h and must be a finite number > 0 (leave it out for no cap)"),
     (["--max-price", "inf"], "--max-price is a cap on $/h and must be a finite number > 0"),
+    (["--max-price", "1e300"], "--max-price is a cap on $/h and must be at most 10,000"),
+    (["--step-seconds", "1e300"], "--step-seconds is the seconds one step takes on one V100 and must be at most "
+                                  "86,400 (a day), got 1e+300"),
     (["--gpu-names", "V100", "--exclude-gpus", "v100"], "['V100'] are both in --gpu-names and in --exclude-gpus"),
 ])
 def test_request_errors_name_the_flags_not_the_python_fields(argv, message, capsys):

@@ -29,7 +29,7 @@ def run(capsys, *argv: str) -> tuple[int | None, str]:
         (["--segment-minutes", "0"], "--segment-minutes is the wall-clock length of one segment and must be > 0"),
         (["--history-hours", "-24"], "--history-hours is how long an earlier job ran before the replayed one and must "
                                      "be >= 0, got -24.0"),
-        (["--zones", "mars-1a"], "zones ['mars-1a'] have no trace"),
+        (["--zones", "mars-1a"], "--zones: zones ['mars-1a'] have no trace"),
         (["--store-region", "mars-1"], "'mars-1' is not a region name like 'us-west-2' (AWS) or 'us-central1' (GCP)"),
         (["--policies", "cheapest"], "unknown simulated controller policy 'cheapest'"),
         # the job's own checks, worded with the flags (JobSpec's field names are for API users)
@@ -56,6 +56,27 @@ def run(capsys, *argv: str) -> tuple[int | None, str]:
         (["--spot-price", "inf", "--on-demand-price", "3"], "--spot-price must be a finite number, got inf"),
         (["--transfer-dollars", "inf"], "--transfer-dollars must be a finite number, got inf"),
         (["--checkpoint-gib", "inf", "--transfer-dollars-per-gib", "0.02"], "--checkpoint-gib must be a finite number"),
+        # absurd but finite figures: refused naming the flag (1e300 printed 300-digit costs, or was ignored)
+        (["--spot-price", "1e300"], "--spot-price is $/h of an instance and must be at most 10,000"),
+        (["--on-demand-price", "1e300"], "--on-demand-price is $/h of an instance and must be at most 10,000"),
+        (["--spot-price", "10001", "--on-demand-price", "3"], "--spot-price is $/h of an instance and must be at "
+                                                               "most 10,000"),
+        (["--transfer-dollars", "1e300"], "--transfer-dollars is $ per checkpoint moved across regions and must be "
+                                          "at most 10,000, got 1e+300"),
+        (["--transfer-dollars-per-gib", "1e300", "--checkpoint-gib", "1"], "--transfer-dollars-per-gib is "
+                                                                           "inter-region $ per GiB"),
+        # before: "--transfer-seconds must be >= 0, got nan", the wrong flag
+        (["--checkpoint-gib", "1e300", "--transfer-dollars-per-gib", "1", "--store-region", "us-east-1"],
+         "--checkpoint-gib is the checkpoint's size in GiB (a PiB at most) and must be at most 1,048,576"),
+        (["--transfer-seconds-per-gib", "1e300", "--checkpoint-gib", "1"], "--transfer-seconds-per-gib is restore "
+                                                                           "seconds per GiB"),
+        (["--transfer-seconds", "1e300"], "--transfer-seconds is the extra restart seconds"),
+        (["--save-cost-seconds", "1e300"], "--save-cost-seconds is the training stall per checkpoint in seconds"),
+        (["--notice-seconds", "1e300"], "--notice-seconds is the preemption notice window in seconds"),
+        (["--restart-overhead-hours", "1e300"], "--restart-overhead-hours is the paid hours without progress"),
+        (["--segment-minutes", "1e300"], "--segment-minutes is the wall-clock minutes of one segment (a week at "
+                                         "most) and must be at most 10,080"),
+        (["--jobs", "1000000"], "--jobs is how many jobs of one deployment start together and must be at most 100"),
         # lists that name nothing
         (["--policies", ","], "--policies ',' names no policy; give one or more of: fixed-one-zone"),
         (["--zones", ","], "--zones ',' names no zone; give some of us-east-1c"),
@@ -115,3 +136,21 @@ def test_simulate_names_a_prices_file_it_cannot_use(capsys, tmp_path):
     binary.write_text("".join(f"{z},{'inf' if z == zones[0] else 1},3\n" for z in zones))
     rc, text = run(capsys, *base, "--prices", str(binary))
     assert rc == 2 and "prices must be positive and finite ($/h), got spot inf" in text, text
+
+
+def test_simulate_refuses_an_implausible_price_in_the_prices_file(capsys, tmp_path):
+    prices = tmp_path / "p.csv"
+    prices.write_text("zone,spot,on_demand\nus-east-1c,1e300,3\nus-east-1f,1,3\n")
+    rc, text = run(capsys, "simulate", "--work-hours", "1", "--policies", "ours", "--prices", str(prices))
+    assert rc == 2 and "Traceback" not in text, text
+    assert (f"--prices {prices}: zone us-east-1c's spot price is $/h of one instance and must be at most 10,000"
+            in text and "fix that zone's line in the file" in text), text
+    prices.write_text("zone,spot,on_demand\nus-east-1c,1,20000\n")
+    rc, text = run(capsys, "simulate", "--work-hours", "1", "--policies", "ours", "--prices", str(prices))
+    assert rc == 2 and "zone us-east-1c's on-demand price is $/h of one instance and must be at most 10,000" in text
+
+
+def test_simulate_takes_the_largest_plausible_price(capsys):
+    rc, text = run(capsys, "simulate", "--work-hours", "1", "--policies", "ours", "--spot-price", "10000",
+                   "--on-demand-price", "3")
+    assert rc == 0 and "ours" in text, text

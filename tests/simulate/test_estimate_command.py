@@ -59,6 +59,13 @@ def test_estimate_json_scales_the_measured_gpu_to_the_others(capsys):
          "--restart-overhead-seconds is the time a new instance works for nothing and must be a finite number >= 0, "
          "got -5.0"),
         (["--steps", "10", "--measured", "V100=1", "--min-memory-gib", "-1"], "--min-memory-gib must be >= 0"),
+        # absurd but finite figures (before: costs and hours hundreds of digits long, exit 0)
+        (["--steps", "10", "--measured", "V100=1e300"], "--measured 'V100=1e300': seconds per step must be at most "
+                                                        "86,400 (a day), got 1e+300"),
+        (["--steps", "10", "--measured", "V100=1", "--restart-overhead-seconds", "1e300"],
+         "--restart-overhead-seconds is the time a new instance works for nothing and must be at most 86,400"),
+        (["--steps", str(10 ** 30), "--measured", "V100=0.2"], "would take 2.78e+25 hours even on its fastest offer, "
+                                                               "more than 100,000 (about 11 years): check --steps"),
         # what the catalog does have, so the user can choose what to loosen
         (["--steps", "10", "--measured", "V100=1", "--gpus", "3", "--regions", "us-east-1"],
          "no offer has 3 GPU(s) with >= 0 GiB each in regions ['us-east-1']; instances there have [1, 4, 8] GPUs"),

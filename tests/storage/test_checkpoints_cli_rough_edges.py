@@ -155,3 +155,15 @@ def test_a_file_given_as_the_store_is_a_usage_error(tmp_path, capsys):
     assert main(["checkpoints", "list", str(tmp_path / "state.pt")]) == 2
     err = capsys.readouterr().err
     assert "state.pt is a file, not a folder; give the job's checkpoint_uri" in err and "NotADirectoryError" not in err, err
+
+
+def test_error_lines_name_the_command_as_the_other_subcommands_do(job, tmp_path, capsys):
+    # they began with a bare "error:", where offers, simulate, estimate, reap and argparse name the command
+    root, _ = job
+    assert main(["checkpoints", "restore", "--step", "999", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("airflow-spot checkpoints: error: no verified checkpoint at step 999"), err
+    assert main(["checkpoints", "list", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.startswith("airflow-spot checkpoints: error: "), err
+    assert main(["availability", "show", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.startswith("airflow-spot availability: error: ")
