@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -117,6 +118,11 @@ def build_demo_dag(
 
 
 # ---------------------------------------------------------------------------------------- command
+#: bounds on the demo's own figures: it is a run of a minute or two, not a training job
+MAX_STEP_SLEEP = 10.0
+MAX_DEMO_STEPS = 1_000_000
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="out/demo", help="directory for the Airflow home, checkpoints and logs")
     parser.add_argument("--total-steps", type=int, default=600, help="training steps of the whole job")
@@ -149,19 +155,25 @@ def _seconds_list(text: str) -> list[float]:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated seconds like 6,6,6, got {text!r}") from None
-    if any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"seconds must be >= 0, got {text!r}")
+    if any(not (0 <= v < math.inf) for v in values):
+        raise argparse.ArgumentTypeError(f"seconds must be finite and >= 0, got {text!r}")
     return values
 
 
 def _argument_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the demo's arguments (None when nothing is): checked before anything runs."""
-    if args.mtbf is not None and not args.mtbf > 0:
-        return f"--mtbf is the mean seconds between random preemptions and must be > 0, got {args.mtbf:g}"
+    if args.mtbf is not None and not 0 < args.mtbf < math.inf:
+        return (f"--mtbf is the mean seconds between random preemptions and must be > 0 and finite, got "
+                f"{args.mtbf:g} (leave --mtbf out for the default schedule, or --preempt-after '' for none)")
     if args.mtbf is not None and args.preempt_after is not None:
         return "--mtbf (random preemptions) and --preempt-after (a schedule) exclude each other; give one"
-    if not args.step_sleep >= 0:
-        return f"--step-sleep is seconds per step and must be >= 0, got {args.step_sleep:g}"
+    if not 0 <= args.step_sleep <= MAX_STEP_SLEEP:
+        return (f"--step-sleep is seconds per step and must be between 0 and {MAX_STEP_SLEEP:g} (the demo is a "
+                f"short run), got {args.step_sleep:g}")
+    for flag, value in (("--total-steps", args.total_steps), ("--steps-per-segment", args.steps_per_segment)):
+        if not 0 < value <= MAX_DEMO_STEPS:
+            return (f"{flag} must be between 1 and {MAX_DEMO_STEPS} (the demo is a short run; declare a real job "
+                    f"with SpotTraining in a DAG), got {value}")
     if args.moto and getattr(args, "backend", "local") != "ec2":
         return "--moto plays EC2 and applies to --backend ec2 only; add --backend ec2 or drop --moto"
     return None
@@ -183,7 +195,12 @@ def run(args: argparse.Namespace) -> int:
         args.preempt_after = [4.0] * 5
     out = Path(args.out).resolve()
     home = out / "airflow"
-    home.mkdir(parents=True, exist_ok=True)
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file where a folder must be, no permission
+        print(f"airflow-spot demo: --out {args.out}: cannot create {home} ({exc.strerror or exc}); give a folder "
+              "that can be created or written", file=sys.stderr)
+        return 2
     _configure_airflow(home)
     schedule = list(args.preempt_after) + [None]
     preemption = {"mode": "rate", "mtbf_seconds": args.mtbf, "seed": 1} if args.mtbf else None

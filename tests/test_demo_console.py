@@ -75,8 +75,14 @@ def test_the_48h_trace_figure_is_computed_by_the_simulator():
     (["--mtbf", "-1"], "--mtbf is the mean seconds between random preemptions and must be > 0"),
     (["--mtbf", "0"], "--mtbf is the mean seconds between random preemptions and must be > 0"),
     (["--mtbf", "30", "--preempt-after", "5,5"], "--mtbf (random preemptions) and --preempt-after (a schedule)"),
-    (["--step-sleep", "-1"], "--step-sleep is seconds per step and must be >= 0"),
+    (["--step-sleep", "-1"], "--step-sleep is seconds per step and must be between 0 and 10"),
     (["--moto"], "--moto plays EC2 and applies to --backend ec2 only"),
+    (["--mtbf", "inf"], "must be > 0 and finite"),
+    (["--step-sleep", "inf"], "--step-sleep is seconds per step and must be between 0 and 10"),
+    (["--step-sleep", "nan"], "--step-sleep is seconds per step and must be between 0 and 10"),
+    (["--total-steps", "0"], "--total-steps must be between 1 and 1000000"),
+    (["--total-steps", "10000000"], "--total-steps must be between 1 and 1000000"),
+    (["--steps-per-segment", "-5"], "--steps-per-segment must be between 1 and 1000000"),
 ])
 def test_bad_demo_arguments_fail_before_anything_runs(tmp_path, capsys, argv, message):
     from airflow_spot.cli import main
@@ -138,3 +144,23 @@ def test_the_demos_thrown_away_seconds_follow_the_savings_rule():
     rows.append(short)
     s = {**summarize(rows).to_dict(), "rows": [r.to_dict() for r in rows]}
     assert "1 of the 4 attempts ran shorter than the 60 s AWS bills" in report("success", s, wall=2420.0, total=2420.0)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "4,inf", "-1"])
+def test_a_preemption_schedule_must_be_finite_seconds(tmp_path, capsys, value):
+    from airflow_spot.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--out", str(tmp_path / "out"), "--preempt-after", value])
+    assert exc.value.code == 2 and "seconds must be finite and >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_out_folder_under_a_file_is_a_usage_error_not_a_traceback(tmp_path, capsys):
+    from airflow_spot.cli import main
+
+    (tmp_path / "afile").write_text("x")
+    assert main(["demo", "--out", str(tmp_path / "afile" / "demo")]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "cannot create" in err and "Traceback" not in err
+    assert (tmp_path / "afile").read_text() == "x"
