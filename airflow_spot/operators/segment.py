@@ -582,13 +582,7 @@ class SpotSegmentOperator(BaseOperator):
         if not ended and (info is None or InstanceState(info.state).is_terminal()):
             self.log.info("attempt %s of an earlier try left no status and its instance %s is gone; launching anew",
                           launch.attempt_id, launch.instance_id)
-            try:  # billed to its last heartbeat, as abandoned: why its instance went is not known here
-                row = accounting.account_abandoned(store, launch, now=time.time(),
-                                                   market=accounting.billing_market(self.hook))
-                if row is not None:
-                    rows.append(LedgerRow.from_dict(row))
-            except Exception as exc:  # noqa: BLE001 - the finish task bills it then
-                self.log.warning("attempt %s not billed here (%s: %s)", launch.attempt_id, type(exc).__name__, exc)
+            self._bill_abandoned(store, launch, rows)  # to its last heartbeat: why its instance went is not known
             return None
         ti = context["ti"]
         ti_id = getattr(ti, "id", None)
@@ -622,6 +616,11 @@ class SpotSegmentOperator(BaseOperator):
             self.log.warning("instance %s of killed attempt %s not checked (%s: %s); billed later",
                              launch.instance_id, launch.attempt_id, type(exc).__name__, exc)
             return
+        self._bill_abandoned(store, launch, rows)
+
+    def _bill_abandoned(self, store: ObjectStore, launch: AttemptLaunch, rows: list) -> None:
+        """An earlier try's attempt nobody waits for, billed as ``abandoned`` (``account_abandoned``) and added
+        to ``rows``, the caller's read of the ledger. Best effort: the finish task bills it otherwise."""
         try:
             row = accounting.account_abandoned(store, launch, now=time.time(),
                                                market=accounting.billing_market(self.hook))

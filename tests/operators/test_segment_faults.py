@@ -20,6 +20,20 @@ from airflow_spot.storage.protocol import JobLayout
 
 pytestmark = pytest.mark.timeout(300)
 
+LOCAL_OFFER = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.5, 1.0, "A10G", 1, 24.0)
+
+
+def launch_job_instances(tmp_path, op, *tokens):
+    """The local backend and one instance per token, tagged as ``op``'s job's (no DAG around it)."""
+    from airflow_spot.backends.base import LaunchSpec, get_backend
+    from airflow_spot.operators.segment import job_tags
+
+    backend = get_backend("local", **backend_options(tmp_path))
+    tags = job_tags("d", "r", op.job_name)
+    op._tags = lambda context: tags
+    return backend, [backend.launch(LaunchSpec(LOCAL_OFFER, f"file://{tmp_path}/job", idempotency_token=token,
+                                               tags=tags, idle_timeout_seconds=60)) for token in tokens]
+
 
 class StateStoreRefusesOnTry1(SpotSegmentOperator):
     """The execution API refuses the first try's task state record after its request was written (the
@@ -133,8 +147,7 @@ def test_a_throttled_launch_is_waited_out_in_the_same_try(airflow_db, tmp_path, 
 def test_an_instance_that_lost_its_attempt_is_never_warm_and_is_terminated_again(tmp_path):
     """Both terminations of a lost attempt's instance can fail (the trigger's, execute_complete's): the
     next segment must not hand that instance a request, and tries its termination once more."""
-    from airflow_spot.backends.base import InstanceState, LaunchSpec, get_backend
-    from airflow_spot.operators.segment import job_tags
+    from airflow_spot.backends.base import InstanceState
     from airflow_spot.policy.ledger import LedgerRow
 
     uri = f"file://{tmp_path}/job"
@@ -142,12 +155,7 @@ def test_an_instance_that_lost_its_attempt_is_never_warm_and_is_terminated_again
     op = SpotSegmentOperator(task_id="seg", command=["python", "x.py"], checkpoint_uri=uri, start_step=0,
                              end_step=10, total_steps=20, backend="local",
                              backend_options=backend_options(tmp_path))
-    backend = get_backend("local", **backend_options(tmp_path))
-    offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.5, 1.0, "A10G", 1, 24.0)
-    tags = job_tags("d", "r", op.job_name)
-    op._tags = lambda context: tags  # no DAG around it
-    lost = backend.launch(LaunchSpec(offer, uri, idempotency_token="t-lost", tags=tags, idle_timeout_seconds=60))
-    idle = backend.launch(LaunchSpec(offer, uri, idempotency_token="t-idle", tags=tags, idle_timeout_seconds=60))
+    backend, (lost, idle) = launch_job_instances(tmp_path, op, "t-lost", "t-idle")
     try:
         now = time.time()
         LedgerStore(store).write(LedgerRow(
@@ -171,7 +179,7 @@ def test_a_later_try_with_no_record_is_found_behind_an_older_tries_accounted_rec
     uri = f"file://{tmp_path}/job"
     store = open_store(uri)
     layout = JobLayout(store)
-    offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.5, 1.0, "A10G", 1, 24.0)
+    offer = LOCAL_OFFER
     now = time.time()
     for n in (1, 2):
         AttemptLaunch(attempt_id=f"seg.try{n}", segment_index=0, start_step=0, end_step=10, instance_id=f"i-{n}",
@@ -199,12 +207,12 @@ def test_a_later_try_with_no_record_is_found_behind_an_older_tries_accounted_rec
 def test_an_earlier_tries_attempt_whose_instance_went_without_a_status_is_billed_not_waited_for(tmp_path):
     """Try 1's worker died and its instance ended (no status): try 2 launches anew, and try 1's attempt,
     which nobody will ever account for, is billed to its last heartbeat as abandoned (no budget spent)."""
-    from airflow_spot.storage.protocol import Heartbeat, SegmentRequest
+    from airflow_spot.storage.protocol import Heartbeat
 
     uri = f"file://{tmp_path}/job"
     store = open_store(uri)
     layout = JobLayout(store)
-    offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.5, 1.0, "A10G", 1, 24.0)
+    offer = LOCAL_OFFER
     now = time.time()
     _try1_launched(store, offer, "i-vanished", now - 900)
     layout.write_heartbeat(Heartbeat("seg.try1", step=4, time=now - 300, last_committed_step=2))
@@ -226,12 +234,12 @@ def test_a_try_after_a_clear_does_not_wait_for_the_killed_attempt(tmp_path):
     one, the budget spent). Attempts from before the clear are not this try's, as without a record."""
     from datetime import timezone
 
-    from airflow_spot.storage.protocol import AttemptStatus, SegmentRequest
+    from airflow_spot.storage.protocol import AttemptStatus
 
     uri = f"file://{tmp_path}/job"
     store = open_store(uri)
     layout = JobLayout(store)
-    offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.5, 1.0, "A10G", 1, 24.0)
+    offer = LOCAL_OFFER
     now = time.time()
     _try1_launched(store, offer, "i-1", now - 600)
     layout.write_status(AttemptStatus("seg.try1", "preempted", 143, now - 600, now - 5, 4))  # the kill's
@@ -245,6 +253,23 @@ def test_a_try_after_a_clear_does_not_wait_for_the_killed_attempt(tmp_path):
     # a crashed worker's try (no clear: the run started before the attempt) is still waited for
     context["dag_run"] = SimpleNamespace(start_date=datetime.fromtimestamp(now - 900, timezone.utc))
     assert op._reattach(context, store).attempt_id == "seg.try1"
+
+
+def _killed_try1(tmp_path):
+    """Try 1's attempt killed 20 s ago, and the ``preempted`` status its instance's termination brought
+    about 5 s later; the segment's operator."""
+    from airflow_spot.storage.protocol import AttemptStatus
+
+    uri = f"file://{tmp_path}/job"
+    store = open_store(uri)
+    layout = JobLayout(store)
+    now = time.time()
+    _try1_launched(store, LOCAL_OFFER, "i-1", now - 600)
+    layout.write_kill("seg.try1", now - 20)
+    layout.write_status(AttemptStatus("seg.try1", "preempted", 143, now - 600, now - 15, 4))  # the kill's
+    op = SpotSegmentOperator(task_id="seg", command=["python", "x.py"], checkpoint_uri=uri, start_step=0,
+                             end_step=10, total_steps=20, backend="local", backend_options=backend_options(tmp_path))
+    return store, layout, op, now
 
 
 def _try1_launched(store, offer, instance_id: str, at: float) -> None:
@@ -269,16 +294,7 @@ def test_a_retry_after_a_kill_in_the_worker_does_not_wait_for_the_killed_attempt
 
     from airflow_spot.storage.protocol import AttemptStatus
 
-    uri = f"file://{tmp_path}/job"
-    store = open_store(uri)
-    layout = JobLayout(store)
-    offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.5, 1.0, "A10G", 1, 24.0)
-    now = time.time()
-    _try1_launched(store, offer, "i-1", now - 600)
-    layout.write_kill("seg.try1", now - 20)
-    layout.write_status(AttemptStatus("seg.try1", "preempted", 143, now - 600, now - 15, 4))  # the kill's
-    op = SpotSegmentOperator(task_id="seg", command=["python", "x.py"], checkpoint_uri=uri, start_step=0,
-                             end_step=10, total_steps=20, backend="local", backend_options=backend_options(tmp_path))
+    store, layout, op, now = _killed_try1(tmp_path)
     state = {SpotSegmentOperator.ATTEMPT_STATE_KEY: {"attempt_id": "seg.try1", "instance_id": "i-1", "try_number": 1}}
     ti = SimpleNamespace(try_number=2, id="ti-2", max_tries=op.retries)
     run = SimpleNamespace(start_date=datetime.fromtimestamp(now - 900, timezone.utc))  # no clear
@@ -303,18 +319,8 @@ def test_execute_complete_bills_a_status_the_kill_brought_about_as_abandoned(tmp
     from airflow.sdk.exceptions import AirflowException
 
     from airflow_spot.operators.segment import SegmentPreempted
-    from airflow_spot.storage.protocol import AttemptStatus
 
-    uri = f"file://{tmp_path}/job"
-    store = open_store(uri)
-    layout = JobLayout(store)
-    offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.5, 1.0, "A10G", 1, 24.0)
-    now = time.time()
-    _try1_launched(store, offer, "i-1", now - 600)
-    layout.write_kill("seg.try1", now - 20)
-    layout.write_status(AttemptStatus("seg.try1", "preempted", 143, now - 600, now - 15, 4))
-    op = SpotSegmentOperator(task_id="seg", command=["python", "x.py"], checkpoint_uri=uri, start_step=0,
-                             end_step=10, total_steps=20, backend="local", backend_options=backend_options(tmp_path))
+    store, layout, op, now = _killed_try1(tmp_path)
     pushed = {}
     ti = SimpleNamespace(try_number=1, id=None, max_tries=op.retries,
                          xcom_push=lambda key, value: pushed.update({key: value}))
@@ -333,8 +339,7 @@ def test_an_instance_still_running_a_killed_attempt_is_terminated_again_not_left
     attempt then trains on with no status and no ledger row, and the next segment left that "busy" instance
     running beside its own attempt (two trainers in one store) until the finish task. The store says it was
     killed: terminated once more, as a lost attempt's instance is."""
-    from airflow_spot.backends.base import InstanceState, LaunchSpec, get_backend
-    from airflow_spot.operators.segment import job_tags
+    from airflow_spot.backends.base import InstanceState
     from airflow_spot.storage.protocol import SegmentRequest
 
     uri = f"file://{tmp_path}/job"
@@ -343,12 +348,7 @@ def test_an_instance_still_running_a_killed_attempt_is_terminated_again_not_left
     op = SpotSegmentOperator(task_id="seg2", command=["python", "x.py"], checkpoint_uri=uri, start_step=10,
                              end_step=20, total_steps=20, segment_index=1, backend="local",
                              backend_options=backend_options(tmp_path))
-    backend = get_backend("local", **backend_options(tmp_path))
-    offer = Offer("g5.xlarge", "us-east-1", "use1-az1", Market.SPOT, 0.5, 1.0, "A10G", 1, 24.0)
-    tags = job_tags("d", "r", op.job_name)
-    op._tags = lambda context: tags  # no DAG around it
-    killed = backend.launch(LaunchSpec(offer, uri, idempotency_token="t-killed", tags=tags, idle_timeout_seconds=60))
-    busy = backend.launch(LaunchSpec(offer, uri, idempotency_token="t-busy", tags=tags, idle_timeout_seconds=60))
+    backend, (killed, busy) = launch_job_instances(tmp_path, op, "t-killed", "t-busy")
     try:
         now = time.time()
         for attempt_id, info in (("seg.try1", killed), ("other.try1", busy)):
