@@ -78,7 +78,7 @@ def test_demo_can_use_a_random_preemption_rate(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--total-steps", "0"], "total_steps must be a positive number"),
+        (["--total-steps", "0"], "--total-steps must be between 1 and 1000000"),
         (["--steps-per-segment", "700"], "steps_per_segment=700 is larger than total_steps=600"),
         (["--preempt-after", "soon"], "expected comma-separated seconds"),
     ],
