@@ -35,8 +35,10 @@ def test_progress_line_at_a_bounded_rate(tmp_path, capsys, caplog, monkeypatch):
 
     seen: list[str] = []
 
-    def lines() -> list[str]:  # Airflow's logging goes to stdout (structlog) or to the logging records
-        seen.extend(line for line in capsys.readouterr().out.splitlines() if "progress:" in line)
+    def lines() -> list[str]:  # Airflow's logging goes to stdout (structlog; stderr once a command of
+        # airflow-spot ran in this process: airflow_lookups.logs_to_stderr) or to the logging records
+        captured = capsys.readouterr()
+        seen.extend(line for line in (captured.out + captured.err).splitlines() if "progress:" in line)
         seen.extend(r.getMessage() for r in caplog.records if "progress:" in r.getMessage())
         caplog.clear()
         return seen
