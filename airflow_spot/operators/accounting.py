@@ -174,6 +174,18 @@ def bill_idle(store: ObjectStore, instance_ids: Iterable[str], rows: list[Ledger
     return billed
 
 
+def bill_idle_exits(store: ObjectStore, rows: list[LedgerRow]) -> float:
+    """Bill each warm instance whose agent shut it down after its idle timeout (no task terminated it, so
+    :func:`bill_idle` was never called for it) from its last attempt's end to the agent's exit. The
+    instance's shutdown after that (seconds) is not billed. Billed once per instance; best effort."""
+    try:
+        exits = JobLayout(store).idle_exits()
+    except Exception as exc:  # noqa: BLE001 - only the bill is missing
+        log.warning("instances that went idle by themselves not billed (%s: %s)", type(exc).__name__, exc)
+        return 0.0
+    return sum(bill_idle(store, [instance_id], rows, at) for instance_id, at in sorted(exits.items()))
+
+
 def _readable(read, attempt_id: str):
     try:
         return read(attempt_id)

@@ -409,6 +409,7 @@ class SpotSegmentOperator(BaseOperator):
             job = {**job, "gpus": self.gpus.to_dict(), "total_steps": self.total_steps, "backend": self.backend}
             write_job(store, job)
         alive = self._warm_instances(context, store, rows)
+        accounting.bill_idle_exits(store, rows)  # warm instances that timed out idle since: in the cost so far
         recorder = self._availability(store)
         market = self.hook.get_market().with_availability_log(recorder.deployment_log)
         step_seconds = planning.measured_step_seconds(JobLayout(store), rows)

@@ -113,11 +113,13 @@ class SpotJobSummaryOperator(BaseOperator):
                                     run_started() if run_started is not None else None, context["run_id"])
         except Exception as exc:  # noqa: BLE001 - billing is best effort: the summary and the instances' end come first
             self.log.warning("attempts not checked for missing ledger rows (%s: %s)", type(exc).__name__, exc)
-        if running:  # a warm instance nobody reused ran from its last attempt's end until now
-            try:
-                accounting.bill_idle(store, running, accounting.read_rows(store), terminated_at)
-            except Exception as exc:  # noqa: BLE001 - the same: best effort
-                self.log.warning("warm instances' idle time not billed (%s: %s)", type(exc).__name__, exc)
+        try:  # a warm instance nobody reused ran from its last attempt's end until now, or until it timed out
+            rows = accounting.read_rows(store)
+            if running:
+                accounting.bill_idle(store, running, rows, terminated_at)
+            accounting.bill_idle_exits(store, rows)
+        except Exception as exc:  # noqa: BLE001 - the same: best effort
+            self.log.warning("warm instances' idle time not billed (%s: %s)", type(exc).__name__, exc)
         latest = newest_usable_step(store)
         summary = accounting.summarize(store, now=time.time())
         summary.update(

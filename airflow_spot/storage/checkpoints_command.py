@@ -60,6 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--step", type=int, required=True, metavar="N", help="the step to resume from")
             p.add_argument("--to", default=None, metavar="PATH",
                            help="copy step N's payload to PATH instead of changing the store")
+            p.add_argument("--force", action="store_true",
+                           help="with --to: replace a file already at PATH (without it the copy refuses to)")
             p.add_argument("--dry-run", action="store_true",
                            help="print what would move (or, with --to, be copied), change nothing")
 
@@ -92,6 +94,8 @@ def open_checkpoints(uri: str, endpoint_url: str | None = None) -> CheckpointSto
     if found:
         more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
         hint = "; job stores under it: " + ", ".join(f"{store.uri}/{f}" for f in found[:3]) + more
+    elif any(k == "job.json" or k.startswith(("ledger/", "attempts/", "instances/")) for k in keys):
+        hint = f"; this is a job's control/ folder: give the folder above it, {store.uri.rstrip('/').rsplit('/', 1)[0]}"
     raise StoreConfigError(
         f"{store.uri} is not a job store: it holds neither checkpoints/ nor control/. Give the job's "
         "checkpoint_uri as rendered for its run, usually <root>/<dag_id>/<run_id> (the folder that holds "
@@ -109,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             return _list(ckpts, verify_payloads=not args.quick, verbose=args.verbose)
         if args.action == "verify":
             return _verify(ckpts)
-        return _restore(ckpts, args.step, args.to, args.dry_run)
+        return _restore(ckpts, args.step, args.to, args.dry_run, args.force)
     except StoreConfigError as exc:
         print(f"{_ERROR} {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -205,7 +209,7 @@ def _verify(ckpts: CheckpointStore) -> int:
     return EXIT_OK
 
 
-def _restore(ckpts: CheckpointStore, step: int, to: str | None, dry_run: bool) -> int:
+def _restore(ckpts: CheckpointStore, step: int, to: str | None, dry_run: bool, force: bool = False) -> int:
     statuses = ckpts.inspect(verify_payloads=True)
     at_step = [s for s in statuses if s.step == step and s.ok]
     if not at_step:
@@ -215,7 +219,7 @@ def _restore(ckpts: CheckpointStore, step: int, to: str | None, dry_run: bool) -
         return EXIT_USAGE
     chosen = at_step[-1]
     if to is not None:
-        return _copy_out(ckpts, chosen, to, dry_run)
+        return _copy_out(ckpts, chosen, to, dry_run, force)
     doomed = [s for s in statuses if s.step > step or (s.step == step and not s.ok)]
     if not doomed:
         print(f"step {step} ({chosen.directory}) is already the newest usable checkpoint under {ckpts.store.uri}: "
@@ -243,10 +247,12 @@ class _TargetError(Exception):
     """The copy's target could not be written (kept apart from the store's own errors)."""
 
 
-def _copy_out(ckpts: CheckpointStore, chosen: CheckpointStatus, to: str, dry_run: bool = False) -> int:
+def _copy_out(ckpts: CheckpointStore, chosen: CheckpointStatus, to: str, dry_run: bool = False,
+              force: bool = False) -> int:
     """``restore --to``: copy ``chosen``'s verified payload to ``to`` (a file, or a folder to hold it),
     through a temporary file beside the target, so a failed copy leaves any file already there as it was.
-    ``dry_run``: say what would be copied, write nothing (a file at the target would be replaced)."""
+    A file already at the target is replaced only with ``force`` (it may be the user's only other copy).
+    ``dry_run``: say what would be copied, write nothing."""
     entry = chosen.manifest.files[0]
     target = os.path.abspath(os.path.join(to, entry.name) if os.path.isdir(to) else to)
     folder = os.path.dirname(target)
@@ -257,8 +263,18 @@ def _copy_out(ckpts: CheckpointStore, chosen: CheckpointStatus, to: str, dry_run
               f"--to an existing folder. Nothing was copied; step {step} verifies and the store is unchanged",
               file=sys.stderr)
         return EXIT_USAGE
+    if os.path.isdir(target):
+        print(f"{_ERROR} cannot write {target}: a folder is there; give --to that folder's parent or a file path. "
+              f"Nothing was copied; step {step} verifies and the store is unchanged", file=sys.stderr)
+        return EXIT_USAGE
+    exists = os.path.exists(target)
+    if exists and not force and not dry_run:
+        print(f"{_ERROR} {target} exists; give --force to replace it, or --to another path. Nothing was copied; "
+              f"step {step} verifies and the store is unchanged", file=sys.stderr)
+        return EXIT_USAGE
     if dry_run:
-        replaces = " (replacing the file there)" if os.path.exists(target) else ""
+        replaces = ("" if not exists else " (replacing the file there)" if force
+                    else " (a file is there: the copy needs --force to replace it)")
         print(f"would copy step {step} ({chosen.directory}/{entry.name}, verified) to {target}{replaces}; "
               "nothing was copied and the store is unchanged")
         return EXIT_OK

@@ -188,7 +188,7 @@ class JobLayout:
         control/job.json                                  JOB_KEY: start time, deadline-policy state
         control/summary.json                              SUMMARY_KEY: the finish task's job summary
         control/tries/<task-instance id>.json             try_key: a try's attempt id
-        control/instances/<instance_id>/agent.json        agent_key: the agent's liveness
+        control/instances/<instance_id>/agent.json        agent_key: the agent's liveness (its last: why it exited)
         control/instances/<instance_id>/requests/<a>.json request_key
         control/attempts/<attempt_id>/launch.json         launch_key
         control/attempts/<attempt_id>/heartbeat.json      heartbeat_key
@@ -205,6 +205,7 @@ class JobLayout:
     """
 
     CHECKPOINTS = "checkpoints"
+    INSTANCES_PREFIX = "control/instances/"
     ATTEMPTS_PREFIX = "control/attempts/"
     LEDGER_PREFIX = "control/ledger/"
     PROBES_PREFIX = "control/probes/"
@@ -222,17 +223,31 @@ class JobLayout:
         self.store = store
 
     # keys
-    @staticmethod
-    def request_prefix(instance_id: str) -> str:
-        return f"control/instances/{instance_id}/requests/"
+    @classmethod
+    def request_prefix(cls, instance_id: str) -> str:
+        return f"{cls.INSTANCES_PREFIX}{instance_id}/requests/"
 
     @classmethod
     def request_key(cls, instance_id: str, attempt_id: str) -> str:
         return cls.request_prefix(instance_id) + f"{attempt_id}.json"
 
-    @staticmethod
-    def agent_key(instance_id: str) -> str:
-        return f"control/instances/{instance_id}/agent.json"
+    @classmethod
+    def agent_key(cls, instance_id: str) -> str:
+        return f"{cls.INSTANCES_PREFIX}{instance_id}/agent.json"
+
+    def idle_exits(self) -> dict[str, float]:
+        """Instances whose agent shut them down for want of work (its idle timeout; nobody terminated them),
+        each with when it did: the agent's last liveness says ``exited`` for the reason ``idle``."""
+        keys = [k for k in self.store.list(self.INSTANCES_PREFIX) if k.endswith("/agent.json")]
+        exits = {}
+        for key, raw in self.store.get_many(keys).items():
+            try:
+                body = json.loads(raw)
+                if body.get("state") == "exited" and body.get("exit_reason") == "idle":
+                    exits[key[len(self.INSTANCES_PREFIX):].split("/", 1)[0]] = float(body["time"])
+            except (ValueError, TypeError, KeyError, AttributeError):
+                continue  # torn or foreign: this instance's idle time is not billed, nothing else is lost
+        return exits
 
     @classmethod
     def attempt_prefix(cls, attempt_id: str) -> str:

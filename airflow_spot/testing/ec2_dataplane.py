@@ -287,10 +287,18 @@ class Ec2DataPlane:
 
         if inst._state.name == "terminated":
             return
-        inst.terminate()  # releases what moto ties to the instance; then say why it ended
-        inst._state.name, inst._state.code = "terminated", 48
+        # The reason goes in before the state: moto's server answers describe calls on other threads, and
+        # moto's own terminate() marks the instance terminated before it sets its user-initiated reason, so
+        # a reader in between saw a terminated instance with no reason (billed as `failed`). Hence the
+        # parts of terminate() that free what moto ties to the instance, in the order a reader needs.
         inst.state_reason = StateReason(*reason)
         inst._reason = reason[0]
+        for nic in list(inst.nics.values()):
+            nic.stop()
+            if nic.delete_on_termination:
+                nic.delete()
+        inst.teardown_defaults()
+        inst._state.name, inst._state.code = "terminated", 48
 
     @staticmethod
     def _kill(played: PlayedInstance, grace: float) -> None:

@@ -246,13 +246,14 @@ class Agent(WarmAgentMixin):
                     idle_since = time.monotonic()
                     continue
                 log.info("no request for %.1f s: shutting down", self.idle_timeout)
-                self._liveness("exited", None, force=True)
+                # when the instance went idle: its idle time is billed to here (``accounting.bill_idle_exits``)
+                self._liveness("exited", None, force=True, exit_reason="idle")
                 return "idle"
             self._liveness("idle", None)
             time.sleep(self.poll_interval)
         self._end_warm("the agent is stopping")  # it got the SIGTERM too: it exits preempted, state committed
         self._write_exit("sigterm")
-        self._liveness("exited", None, force=True)
+        self._liveness("exited", None, force=True, exit_reason="sigterm")
         return "sigterm"
 
     def _new_requests_or_none(self) -> list[SegmentRequest]:
@@ -419,13 +420,16 @@ class Agent(WarmAgentMixin):
                            handoff_wait=self.handoff_wait + ANSWER_GRACE_SECONDS)
 
     # ------------------------------------------------------------------ reporting
-    def _liveness(self, state: str, attempt_id: str | None, force: bool = False) -> None:
+    def _liveness(self, state: str, attempt_id: str | None, force: bool = False,
+                  exit_reason: str | None = None) -> None:
         now = time.time()
         if not force and now - self._last_liveness < self.heartbeat_seconds:
             return
         self._last_liveness = now
         body = {"schema": 1, "instance_id": self.instance_id, "pid": os.getpid(), "state": state,
                 "attempt_id": attempt_id, "time": now}
+        if exit_reason is not None:
+            body["exit_reason"] = exit_reason
         try:
             self.store.put_bytes(agent_key(self.instance_id), json.dumps(body).encode())
         except STORE_ERRORS as exc:  # liveness is best effort; statuses are retried

@@ -1,6 +1,7 @@
 """The finish task on its own: what it terminates, what it says of a run that trained nothing."""
 from __future__ import annotations
 
+import json
 import time
 from datetime import datetime, timezone
 from types import SimpleNamespace
@@ -265,3 +266,26 @@ def test_idle_time_the_instances_billing_minimum_paid_already_is_not_billed_agai
     (idle,), _ = LedgerStore(store).idle_rows()
     assert idle.started_at == pytest.approx(now - 60) and idle.billed_seconds == pytest.approx(60, abs=1)
 
+
+
+def test_a_warm_instance_that_timed_out_idle_is_billed_to_its_agents_exit(tmp_path, monkeypatch):
+    """Known gap of the idle bills: a warm instance nobody terminated shuts itself down after its idle
+    timeout; its idle time was never billed (no task saw it end). Its agent's last liveness says when it
+    went: the finish task bills from its last attempt's end to then, once; an agent that exited on its
+    instance's termination (sigterm) is not an idle bill, and a torn liveness loses nothing else."""
+    now = time.time()
+    op, context, _, pushed = run_finish(tmp_path, monkeypatch, now - 3600, [now - 1000], latest=10)
+    store = open_store(f"file://{tmp_path}/job")
+    exited = {"schema": 1, "instance_id": "i-old", "pid": 1, "state": "exited", "attempt_id": None}
+    store.put_bytes(JobLayout.agent_key("i-old"), json.dumps({**exited, "time": now - 700,
+                                                             "exit_reason": "idle"}).encode())
+    store.put_bytes(JobLayout.agent_key("i-other"), json.dumps({**exited, "instance_id": "i-other",
+                                                               "time": now - 10, "exit_reason": "sigterm"}).encode())
+    store.put_bytes(JobLayout.agent_key("i-torn"), b"{")
+    summary = op.execute(context)
+    # the attempt ran [now-1000, now-940] (its 60 s minimum paid to its end); idle [now-940, now-700]
+    assert summary["idle_dollars"] == pytest.approx(240 * 0.5 / 3600, abs=1e-4)
+    (idle,), _ = LedgerStore(store).idle_rows()
+    assert idle.instance_id == "i-old" and idle.ended_at == pytest.approx(now - 700)
+    assert op.execute(context)["idle_dollars"] == summary["idle_dollars"]  # billed once
+    assert pushed["summary"]["cost"] == pytest.approx(summary["cost"])

@@ -56,7 +56,7 @@ def test_restore_to_a_target_that_fails_mid_copy_keeps_what_was_there(job, tmp_p
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(shutil, "copyfile", full_disk)
-    assert main(["checkpoints", "restore", "--step", "100", "--to", str(target), str(root)]) == 2
+    assert main(["checkpoints", "restore", "--step", "100", "--to", str(target), "--force", str(root)]) == 2
     err = capsys.readouterr().err
     assert f"cannot write {target}: No space left on device" in err and "file is missing" not in err
     assert target.read_bytes() == b"an earlier copy"
@@ -145,9 +145,32 @@ def test_restore_to_with_dry_run_writes_nothing(job, tmp_path, capsys):
     target.write_bytes(b"the user's own file")
     assert main(["checkpoints", "restore", "--step", "200", "--to", str(target), "--dry-run", str(root)]) == 0
     out = capsys.readouterr().out
-    assert "would copy step 200" in out and str(target) in out and "replacing the file there" in out, out
+    assert "would copy step 200" in out and str(target) in out and "needs --force to replace it" in out, out
+    assert main(["checkpoints", "restore", "--step", "200", "--to", str(target), "--dry-run", "--force",
+                 str(root)]) == 0
+    assert "replacing the file there" in capsys.readouterr().out
     assert target.read_bytes() == b"the user's own file" and _snapshot(ckpts) == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no partial copy either
+
+
+def test_restore_to_a_file_already_there_refuses_without_force(job, tmp_path, capsys):
+    """QA: `restore --to EXISTING_FILE` replaced the user's file without a word (maybe their only other
+    copy of the weights). It refuses, names the file and the flag; `--force` replaces it."""
+    root, ckpts = job
+    before = _snapshot(ckpts)
+    target = tmp_path / "mine.pt"
+    target.write_bytes(b"the user's own file")
+    assert main(["checkpoints", "restore", "--step", "200", "--to", str(target), str(root)]) == 2
+    err = capsys.readouterr().err
+    assert f"{target} exists; give --force to replace it" in err and "Traceback" not in err, err
+    assert target.read_bytes() == b"the user's own file" and _snapshot(ckpts) == before
+    assert main(["checkpoints", "restore", "--step", "200", "--to", str(target), "--force", str(root)]) == 0
+    assert target.read_bytes() == payload_for(200)
+    # a folder named like the payload inside --to is not replaced either (nor is it a traceback)
+    out = tmp_path / "out"
+    (out / "state.pt").mkdir(parents=True)
+    assert main(["checkpoints", "restore", "--step", "200", "--to", str(out), "--force", str(root)]) == 2
+    assert "a folder is there" in capsys.readouterr().err
 
 
 def test_a_file_given_as_the_store_is_a_usage_error(tmp_path, capsys):
@@ -167,3 +190,11 @@ def test_error_lines_name_the_command_as_the_other_subcommands_do(job, tmp_path,
     assert capsys.readouterr().err.startswith("airflow-spot checkpoints: error: "), err
     assert main(["availability", "show", str(tmp_path / "nowhere")]) == 2
     assert capsys.readouterr().err.startswith("airflow-spot availability: error: ")
+
+
+def test_a_jobs_control_folder_given_as_the_store_names_the_folder_above(job, capsys):
+    """QA: `checkpoints verify <job>/control` said only "not a job store"; it names the job's folder."""
+    root, _ = job
+    assert main(["checkpoints", "verify", str(root / "control")]) == 2
+    err = capsys.readouterr().err
+    assert "this is a job's control/ folder: give the folder above it" in err and str(root) in err, err
