@@ -121,11 +121,12 @@ def account_abandoned(
         pass
     layout = JobLayout(store)
     recorded_kill = layout.read_kill(launch.attempt_id)  # its task was killed (the trigger's or worker's on_kill)
+    status, hb = _readable(layout.read_status, launch.attempt_id), _readable(layout.read_heartbeat, launch.attempt_id)
+    # before the caller's own termination (no record: only the clocks tell) and before a recorded kill
+    own_end = (status is not None and status.outcome in {o.value for o in Outcome}
+               and (killed_at is None or status.ended_at < killed_at) and status.before_kill(recorded_kill))
     if recorded_kill is not None:
         killed_at = recorded_kill if killed_at is None else min(killed_at, recorded_kill)
-    status, hb = _readable(layout.read_status, launch.attempt_id), _readable(layout.read_heartbeat, launch.attempt_id)
-    own_end = (status is not None and status.outcome in {o.value for o in Outcome}
-               and (killed_at is None or status.ended_at < killed_at))
     if own_end:
         outcome, end = Outcome(status.outcome), status.ended_at
     else:

@@ -573,7 +573,7 @@ class SpotSegmentOperator(BaseOperator):
             recorded = {"try_number": launch.try_number}
         status = JobLayout(store).read_status(launch.attempt_id)
         killed_at = JobLayout(store).read_kill(launch.attempt_id)
-        if killed_at is not None and (status is None or status.ended_at >= killed_at):
+        if killed_at is not None and (status is None or not status.before_kill(killed_at)):
             # its task was killed (an execution_timeout, a worker's shutdown: on_kill, then a retry without a
             # clear): the status its instance's termination brings about is the kill's, no preemption to wait for
             self._end_killed_attempt(store, launch, rows)
@@ -800,6 +800,18 @@ class SpotSegmentOperator(BaseOperator):
                 killed.add(instance_id)
         return killed
 
+    @staticmethod
+    def _the_kills(store: ObjectStore, attempt_id: str, event: dict, killed_at: float) -> bool:
+        """Whether the attempt's status is its recorded kill's doing: as its agent says (``kill_seen``),
+        else by the times (the trigger's event has the status's end, or a lost attempt's last sign)."""
+        try:
+            status = JobLayout(store).read_status(attempt_id)
+        except (SchemaError, *store_errors()):
+            status = None
+        if status is not None:
+            return not status.before_kill(killed_at)
+        return float(event.get("ended_at") or time.time()) >= killed_at
+
     def _bill_probe(self, store: ObjectStore, offer, info: InstanceInfo, ended_at: float) -> None:
         """A probe that launched bills its minimum (as the simulator charges it): the job's cost holds it."""
         try:  # a malformed launch time or price must not fail the segment: only the bill would be missing
@@ -944,8 +956,8 @@ class SpotSegmentOperator(BaseOperator):
         if launch is None:
             raise AirflowException(f"attempt {attempt_id} has no launch record in {store.uri}; cannot account for it")
         killed_at = JobLayout(store).read_kill(attempt_id)
-        if (killed_at is not None and outcome is not Outcome.COMPLETED
-                and float(event.get("ended_at") or time.time()) >= killed_at):
+        if killed_at is not None and outcome is not Outcome.COMPLETED and self._the_kills(store, attempt_id, event,
+                                                                                         killed_at):
             # the task was killed (on_kill recorded it before ending the instance) and this is the status
             # the termination brought about: no preemption and no code failure, billed as the kill's
             try:

@@ -155,10 +155,24 @@ class AttemptStatus(_Record):
     last_committed_step: int | None = None
     error_tail: str = ""
     instance_id: str | None = None
+    #: whether the attempt's kill record (``JobLayout.write_kill``, written before its instance is ended)
+    #: was there when the agent wrote this status, so the status is the kill's doing; None: not known (an
+    #: agent of an older version, or the store did not answer), then the clocks decide (:meth:`before_kill`)
+    kill_seen: bool | None = None
 
     @property
     def outcome_enum(self) -> Outcome:
         return Outcome(self.outcome)
+
+    def before_kill(self, killed_at: float | None) -> bool:
+        """Whether this status is the attempt's own end and not its task's kill recorded at ``killed_at``
+        (None: no kill recorded). The agent's answer (``kill_seen``) needs no clocks; without it, the
+        instance's clock (``ended_at``) is compared with the killer's (``killed_at``), which a skew fools."""
+        if killed_at is None:
+            return True
+        if self.kill_seen is not None:
+            return not self.kill_seen
+        return self.ended_at < killed_at
 
 
 @dataclass

@@ -323,12 +323,23 @@ class Agent(WarmAgentMixin):
             last_committed_step=latest_committed_step(self.store),
             error_tail=tail,
             instance_id=self.instance_id,
+            kill_seen=self._kill_seen(request.attempt_id),
         )
         self._write_status_once(status)
         log.info("attempt %s: %s (exit %s, last committed step %s)", request.attempt_id, outcome.value,
                  exit_code, status.last_committed_step)
         self._liveness("idle", None, force=True)
         return status
+
+    def _kill_seen(self, attempt_id: str) -> bool | None:
+        """Whether the attempt's task was killed before this status: its killer records the kill before it
+        ends the instance, so a status the termination brought about finds the record (no clock compared).
+        None when the store does not answer: the readers then compare times."""
+        try:
+            return self.layout.read_kill(attempt_id) is not None
+        except STORE_ERRORS as exc:
+            log.warning("cannot read the kill record of %s (%s: %s)", attempt_id, type(exc).__name__, exc)
+            return None
 
     def _classify(self, exit_code: int | None, tail: str) -> tuple[Outcome, str]:
         """Outcome of a command that ran (``exit_code`` None: it never started), see ``outcome_for_exit``."""

@@ -360,3 +360,39 @@ def test_an_instance_still_running_a_killed_attempt_is_terminated_again_not_left
         assert not InstanceState(backend.describe([busy.instance_id])[busy.instance_id].state).is_terminal()
     finally:
         backend.terminate([killed.instance_id, busy.instance_id])
+
+
+@pytest.mark.parametrize("skew", [-60.0, 60.0])
+def test_a_kill_is_told_from_a_preemption_by_the_agents_word_not_by_skewed_clocks(tmp_path, skew):
+    """Known gap of the kill record: the kill's time (the killer's clock) was compared with the status's
+    end (the instance's clock), so an instance clock a minute behind made the kill's ``preempted`` status
+    a preemption, and one a minute ahead made a real preemption before the kill the kill's. The agent now
+    says whether the kill record was there when it wrote the status (``kill_seen``), which the killer
+    writes before it ends the instance; the clocks decide only for a status that does not say."""
+    from airflow_spot.operators import accounting
+    from airflow_spot.storage.protocol import AttemptStatus
+
+    uri = f"file://{tmp_path}/job"
+    store, layout = open_store(uri), JobLayout(open_store(uri))
+    now = time.time()
+    _try1_launched(store, LOCAL_OFFER, "i-1", now - 600)
+    layout.write_kill("seg.try1", now - 20)
+    launch = AttemptLaunch.read(store, "seg.try1")
+    # the status the kill brought about, written 5 s after it by an instance clock `skew` s off
+    the_kills = AttemptStatus("seg.try1", "preempted", 143, now - 600, now - 15 + skew, 4, kill_seen=True)
+    layout.write_status(the_kills)
+    assert SpotSegmentOperator._the_kills(store, "seg.try1", {"ended_at": the_kills.ended_at}, now - 20)
+    row = accounting.account_abandoned(store, launch, now=now)
+    assert row["outcome"] == "abandoned" and row["ended_at"] == pytest.approx(now - 20)
+
+    # a real preemption 10 s before the kill, by the same skewed clock: the agent found no kill record
+    store.delete([JobLayout.status_key("seg.try1"), JobLayout.ledger_key("seg.try1")])
+    own = AttemptStatus("seg.try1", "preempted", 75, now - 600, now - 30 + skew, 4, kill_seen=False)
+    layout.write_status(own)
+    assert not SpotSegmentOperator._the_kills(store, "seg.try1", {"ended_at": own.ended_at}, now - 20)
+    row = accounting.account_abandoned(store, launch, now=now)
+    assert row["outcome"] == "preempted" and row["ended_at"] == pytest.approx(now - 30 + skew)
+
+    # a status of an older agent says nothing: its clock decides, as before
+    old = AttemptStatus("seg.try1", "preempted", 143, now - 600, now - 15, 4)
+    assert old.kill_seen is None and not old.before_kill(now - 20) and old.before_kill(now - 10)

@@ -150,6 +150,7 @@ def test_a_kill_in_the_worker_is_recorded_so_the_finish_task_bills_it_abandoned_
             time.sleep(0.2)
         status = layout.read_status("seg.try1")
         assert status is not None and status.outcome == "preempted" and status.ended_at >= killed_at  # the kill's
+        assert status.kill_seen is True  # and its agent says so: the record was there before the termination
         row = accounting.account_abandoned(store, launch, now=time.time())  # as the finish task bills it
         assert row["outcome"] == "abandoned" and row["ended_at"] == killed_at
     finally:

@@ -204,6 +204,26 @@ def test_sigterm_is_forwarded_to_the_command_and_its_status_written(agent, tmp_p
     assert status.outcome == "preempted" and status.exit_code == 75 and "saving" in status.error_tail
     assert json.loads((a.work_dir / AGENT_EXIT_FILE).read_text())["reason"] == "sigterm"
     assert JobLayout(open_store(a.job_uri)).idle_exits() == {}  # ended by its termination: not an idle bill
+    assert status.kill_seen is False  # no kill recorded before it: a preemption, whatever the clocks say
+
+
+def test_a_status_the_recorded_kill_brought_about_says_so(agent, tmp_path):
+    """The killer records the kill before it ends the instance; the status the termination brings about
+    says it found the record (``kill_seen``), so no clock decides whether it was the kill's."""
+    a = agent()
+    started = tmp_path / "started"
+    a.submit("a1", py(
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))\n"
+        f"open({str(started)!r}, 'w').close()\n"
+        "time.sleep(60)\n"
+    ))
+    wait_for(started.exists, 15, "the command to start")
+    JobLayout(open_store(a.job_uri)).write_kill("a1", time.time())
+    os.kill(a.proc.pid, signal.SIGTERM)
+    assert a.proc.wait(timeout=15) == 0
+    status = a.status("a1", timeout=1)
+    assert status.outcome == "preempted" and status.kill_seen is True
 
 
 def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(agent, tmp_path):
