@@ -178,9 +178,18 @@ def bill_idle(store: ObjectStore, instance_ids: Iterable[str], rows: list[Ledger
 def bill_idle_exits(store: ObjectStore, rows: list[LedgerRow]) -> float:
     """Bill each warm instance whose agent shut it down after its idle timeout (no task terminated it, so
     :func:`bill_idle` was never called for it) from its last attempt's end to the agent's exit. The
-    instance's shutdown after that (seconds) is not billed. Billed once per instance; best effort."""
+    instance's shutdown after that (seconds) is not billed. Billed once per instance; best effort.
+
+    Runs at every segment start, so it reads only the agents that may owe a bill: of instances whose last
+    attempt was not preempted, those not billed idle yet (one listing), not every instance the job had."""
+    last: dict[str, LedgerRow] = {}
+    for row in rows:
+        if row.instance_id and (row.instance_id not in last or row.ended_at > last[row.instance_id].ended_at):
+            last[row.instance_id] = row
     try:
-        exits = JobLayout(store).idle_exits()
+        billed = set(store.list(JobLayout.IDLE_PREFIX))
+        exits = JobLayout(store).idle_exits(i for i, row in last.items()
+                                            if not row.is_preemption and JobLayout.idle_key(i) not in billed)
     except Exception as exc:  # noqa: BLE001 - only the bill is missing
         log.warning("instances that went idle by themselves not billed (%s: %s)", type(exc).__name__, exc)
         return 0.0

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
@@ -249,16 +250,16 @@ class JobLayout:
     def agent_key(cls, instance_id: str) -> str:
         return f"{cls.INSTANCES_PREFIX}{instance_id}/agent.json"
 
-    def idle_exits(self) -> dict[str, float]:
-        """Instances whose agent shut them down for want of work (its idle timeout; nobody terminated them),
-        each with when it did: the agent's last liveness says ``exited`` for the reason ``idle``."""
-        keys = [k for k in self.store.list(self.INSTANCES_PREFIX) if k.endswith("/agent.json")]
+    def idle_exits(self, instance_ids: Iterable[str]) -> dict[str, float]:
+        """Those of ``instance_ids`` whose agent shut them down for want of work (its idle timeout; nobody
+        terminated them), each with when it did: the agent's last liveness says ``exited`` for ``idle``."""
+        keys = {self.agent_key(i): i for i in instance_ids}
         exits = {}
-        for key, raw in self.store.get_many(keys).items():
+        for key, raw in self.store.get_many(sorted(keys)).items():
             try:
                 body = json.loads(raw)
                 if body.get("state") == "exited" and body.get("exit_reason") == "idle":
-                    exits[key[len(self.INSTANCES_PREFIX):].split("/", 1)[0]] = float(body["time"])
+                    exits[keys[key]] = float(body["time"])
             except (ValueError, TypeError, KeyError, AttributeError):
                 continue  # torn or foreign: this instance's idle time is not billed, nothing else is lost
         return exits

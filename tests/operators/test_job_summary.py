@@ -282,6 +282,11 @@ def test_a_warm_instance_that_timed_out_idle_is_billed_to_its_agents_exit(tmp_pa
     store.put_bytes(JobLayout.agent_key("i-other"), json.dumps({**exited, "instance_id": "i-other",
                                                                "time": now - 10, "exit_reason": "sigterm"}).encode())
     store.put_bytes(JobLayout.agent_key("i-torn"), b"{")
+    for instance_id in ("i-other", "i-torn"):  # each had an attempt, so each agent is read for its bill
+        LedgerStore(store).write(LedgerRow(
+            attempt_id=f"s.{instance_id}", instance_id=instance_id, instance_type="g5.xlarge", zone="us-east-1a",
+            market="spot", price_per_hour=0.5, on_demand_price_per_hour=1.0, started_at=now - 900,
+            ended_at=now - 800, steps_done=10, outcome="completed", segment_index=0))
     summary = op.execute(context)
     # the attempt ran [now-1000, now-940] (its 60 s minimum paid to its end); idle [now-940, now-700]
     assert summary["idle_dollars"] == pytest.approx(240 * 0.5 / 3600, abs=1e-4)
