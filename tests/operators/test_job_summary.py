@@ -141,6 +141,32 @@ def test_attempts_nobody_accounted_for_are_billed_by_the_finish_task(tmp_path, m
     assert len(LedgerStore(store).rows()) == 3
 
 
+def test_an_attempt_the_finish_task_ends_is_billed_abandoned_whatever_the_instances_clock(tmp_path, monkeypatch):
+    """An attempt still running when the finish task ends its instance: the agent saves and writes
+    ``preempted`` on the termination. The finish task records the kill first, as a segment's on_kill does,
+    so the agent's word (``kill_seen``) tells the termination from a preemption; an instance clock a minute
+    behind the worker's made the status look older than the termination, and the job counted a preemption."""
+    from airflow_spot.operators.attempt_record import AttemptLaunch
+    from airflow_spot.storage.protocol import AttemptStatus
+
+    now = time.time()
+    op, context, backend, _ = run_finish(tmp_path, monkeypatch, now - 3600, [], latest=10)
+    layout = JobLayout(open_store(f"file://{tmp_path}/job"))
+    AttemptLaunch("s.try1", 0, 0, 10, "i-running", OFFER.to_dict(), now - 1200, now - 1200, False, 1, "s",
+                  run_id="r").write(layout.store)
+
+    def terminate_like_an_agent(ids):  # the agent's status on SIGTERM, stamped by a clock 60 s behind
+        backend.terminated += list(ids)
+        layout.write_status(AttemptStatus("s.try1", "preempted", 75, now - 1200, time.time() - 60,
+                                          last_committed_step=4, kill_seen=layout.read_kill("s.try1") is not None))
+
+    backend.terminate = terminate_like_an_agent
+    summary = op.execute(context)
+    (row,) = LedgerStore(layout.store).rows()
+    assert row.outcome == "abandoned" and summary["preemptions"] == 0
+    assert layout.read_kill("s.try1") is not None
+
+
 def test_another_runs_attempt_on_a_shared_store_is_left_to_that_run(tmp_path, monkeypatch):
     """A store shared by runs (a checkpoint_uri without {{ run_id }}): a later run's attempt, still running
     when this run's finish task comes, has no ledger row yet. It was billed here as abandoned (and shown so
