@@ -147,10 +147,13 @@ def account_abandoned(
     return row
 
 
-def bill_idle(store: ObjectStore, instance_ids: Iterable[str], rows: list[LedgerRow], terminated_at: float) -> float:
+def bill_idle(store: ObjectStore, instance_ids: Iterable[str], rows: list[LedgerRow], terminated_at: float,
+              market=None) -> float:
     """Bill each warm instance terminated at ``terminated_at`` (its warm time was no good offer any more, the
     job moved, or the job ended) from its last attempt's end: an attempt reusing a warm instance pays the
-    idle time before it, an instance nobody reused paid none. Best effort; returns the dollars billed."""
+    idle time before it, an instance nobody reused paid none. ``market`` prices the idle time as an
+    attempt's run is priced (:func:`billed_price`: a spot price that moved while it idled); without one, or
+    when it cannot say, the last attempt's price. Best effort; returns the dollars billed."""
     billed = 0.0
     for instance_id in instance_ids:
         own = [r for r in rows if r.instance_id == instance_id]
@@ -160,10 +163,12 @@ def bill_idle(store: ObjectStore, instance_ids: Iterable[str], rows: list[Ledger
         if last is None or last.is_preemption or terminated_at <= max(last.ended_at, paid_to):
             continue  # no attempt of its own (the attempt's row bills it), gone with a preemption, or paid
         try:
+            started = max(last.ended_at, paid_to)
             row = LedgerRow(
                 attempt_id=f"idle.{instance_id}", instance_id=instance_id, instance_type=last.instance_type,
-                zone=last.zone, market=last.market, price_per_hour=last.price_per_hour,
-                on_demand_price_per_hour=last.on_demand_price_per_hour, started_at=max(last.ended_at, paid_to),
+                zone=last.zone, market=last.market,
+                price_per_hour=_idle_price(store, market, last, started, terminated_at),
+                on_demand_price_per_hour=last.on_demand_price_per_hour, started_at=started,
                 ended_at=terminated_at, steps_done=0, outcome="idle", region=last.region,
                 segment_index=last.segment_index, new_instance=False, gpu_count=last.gpu_count)
             if LedgerStore(store).write_idle(row) is not None:
@@ -175,7 +180,24 @@ def bill_idle(store: ObjectStore, instance_ids: Iterable[str], rows: list[Ledger
     return billed
 
 
-def bill_idle_exits(store: ObjectStore, rows: list[LedgerRow]) -> float:
+def _idle_price(store: ObjectStore, market, last: LedgerRow, start: float, end: float) -> float:
+    """The $/h of an instance's idle time: the market's price over it for the offer its last attempt was
+    launched at; the last attempt's price without a market, a readable launch record or an answer."""
+    if market is None:
+        return last.price_per_hour
+    try:
+        launch = AttemptLaunch.read(store, last.attempt_id)
+    except Exception as exc:  # noqa: BLE001 - the bill keeps the last attempt's price
+        log.warning("launch record of %s unreadable (%s); its instance's idle time is billed at the attempt's "
+                    "price", last.attempt_id, exc)
+        return last.price_per_hour
+    if launch is None:
+        return last.price_per_hour
+    price = billed_price(market, launch.offer_obj, start, end)
+    return last.price_per_hour if price is None else price
+
+
+def bill_idle_exits(store: ObjectStore, rows: list[LedgerRow], market=None) -> float:
     """Bill each warm instance whose agent shut it down after its idle timeout (no task terminated it, so
     :func:`bill_idle` was never called for it) from its last attempt's end to the agent's exit. The
     instance's shutdown after that (seconds) is not billed. Billed once per instance; best effort.
@@ -193,7 +215,7 @@ def bill_idle_exits(store: ObjectStore, rows: list[LedgerRow]) -> float:
     except Exception as exc:  # noqa: BLE001 - only the bill is missing
         log.warning("instances that went idle by themselves not billed (%s: %s)", type(exc).__name__, exc)
         return 0.0
-    return sum(bill_idle(store, [instance_id], rows, at) for instance_id, at in sorted(exits.items()))
+    return sum(bill_idle(store, [instance_id], rows, at, market) for instance_id, at in sorted(exits.items()))
 
 
 def _readable(read, attempt_id: str):

@@ -409,9 +409,10 @@ class SpotSegmentOperator(BaseOperator):
             job = {**job, "gpus": self.gpus.to_dict(), "total_steps": self.total_steps, "backend": self.backend}
             write_job(store, job)
         alive = self._warm_instances(context, store, rows)
-        accounting.bill_idle_exits(store, rows)  # warm instances that timed out idle since: in the cost so far
         recorder = self._availability(store)
         market = self.hook.get_market().with_availability_log(recorder.deployment_log)
+        # warm instances that timed out idle since: in the cost so far
+        accounting.bill_idle_exits(store, rows, market)
         step_seconds = planning.measured_step_seconds(JobLayout(store), rows)
         home, transfer = self._checkpoint_transfer(store, newest, step_seconds)
         plan_inputs = dict(
@@ -856,7 +857,7 @@ class SpotSegmentOperator(BaseOperator):
         if extra:  # warm instances we will not use only cost money
             self.log.info("terminating warm instances that are no longer a good offer: %s", extra)
             backend.terminate(extra)
-            accounting.bill_idle(store, extra, list(rows), time.time())
+            accounting.bill_idle(store, extra, list(rows), time.time(), accounting.billing_market(self.hook))
         if warm is not None:
             if warm.offer.is_spot and plan.move_to:
                 # make before break: the warm instance goes only once a cheaper pool has accepted
@@ -864,7 +865,8 @@ class SpotSegmentOperator(BaseOperator):
                 if moved is not None:
                     self.log.info("moved from %s to the cheaper %s (%s)", warm.offer.pool, moved.offer.pool, plan.reason)
                     backend.terminate([warm.instance_id])
-                    accounting.bill_idle(store, [warm.instance_id], list(rows), time.time())
+                    accounting.bill_idle(store, [warm.instance_id], list(rows), time.time(),
+                                         accounting.billing_market(self.hook))
                     return moved, False
                 self.log.info("cheaper pools refused (%s); keeping the warm instance in %s", "; ".join(errors),
                               warm.offer.pool)

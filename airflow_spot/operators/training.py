@@ -120,9 +120,10 @@ class SpotJobSummaryOperator(BaseOperator):
         self._account_abandoned(hook, store, unaccounted, set(leftover), terminated_at)
         try:  # a warm instance nobody reused ran from its last attempt's end until now, or until it timed out
             rows = accounting.read_rows(store)
+            market = accounting.billing_market(hook)
             if running:
-                accounting.bill_idle(store, running, rows, terminated_at)
-            accounting.bill_idle_exits(store, rows)
+                accounting.bill_idle(store, running, rows, terminated_at, market)
+            accounting.bill_idle_exits(store, rows, market)
         except Exception as exc:  # noqa: BLE001 - the same: best effort
             self.log.warning("warm instances' idle time not billed (%s: %s)", type(exc).__name__, exc)
         latest = newest_usable_step(store)

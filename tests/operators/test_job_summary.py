@@ -294,6 +294,42 @@ def test_idle_time_the_instances_billing_minimum_paid_already_is_not_billed_agai
 
 
 
+def test_idle_time_is_priced_by_the_market_over_the_idle_time_not_at_the_last_attempts_price(tmp_path):
+    """Known gap of the idle bills: they were priced at the last attempt's price, although a spot price can
+    move while an instance idles. With a market that keeps a price history, the idle time is priced as an
+    attempt's run is, over the idle time, for the offer the last attempt was launched at; a market that
+    cannot say keeps the attempt's price."""
+    from airflow_spot.operators import accounting
+    from airflow_spot.operators.attempt_record import AttemptLaunch
+
+    store = open_store(f"file://{tmp_path}/job")
+    now = time.time()
+    AttemptLaunch("s.try1", 0, 0, 10, "i-warm", OFFER.to_dict(), now - 1000, now - 1000, False, 1, "s").write(store)
+    row = LedgerRow(attempt_id="s.try1", instance_id="i-warm", instance_type="g5.xlarge", zone="us-east-1a",
+                    market="spot", price_per_hour=0.5, on_demand_price_per_hour=1.0, started_at=now - 1000,
+                    ended_at=now - 600, steps_done=5, outcome="completed", segment_index=0)
+    asked = []
+
+    class HistoryMarket:
+        def billed_price(self, offer, start, end):
+            asked.append((offer.pool, start, end))
+            return 0.3
+
+    accounting.bill_idle(store, ["i-warm"], [row], now, HistoryMarket())
+    (idle,), _ = LedgerStore(store).idle_rows()
+    assert idle.price_per_hour == 0.3 and asked == [(OFFER.pool, now - 600, now)]
+
+    class Unreachable:
+        def billed_price(self, offer, start, end):
+            raise OSError("no history now")
+
+    other = open_store(f"file://{tmp_path}/other")
+    AttemptLaunch("s.try1", 0, 0, 10, "i-warm", OFFER.to_dict(), now - 1000, now - 1000, False, 1, "s").write(other)
+    accounting.bill_idle(other, ["i-warm"], [row], now, Unreachable())
+    (idle,), _ = LedgerStore(other).idle_rows()
+    assert idle.price_per_hour == 0.5
+
+
 def test_a_warm_instance_that_timed_out_idle_is_billed_to_its_agents_exit(tmp_path, monkeypatch):
     """Known gap of the idle bills: a warm instance nobody terminated shuts itself down after its idle
     timeout; its idle time was never billed (no task saw it end). Its agent's last liveness says when it
