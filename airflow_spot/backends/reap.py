@@ -22,6 +22,7 @@ import sys
 import time
 
 from collections.abc import Callable
+from typing import Protocol
 
 from airflow_spot.backends.base import Backend, InstanceInfo, InstanceState, backend_names, get_backend
 from airflow_spot.cli_types import json_object
@@ -129,9 +130,21 @@ def of_finished_runs(instances: list[InstanceInfo], run_states: RunStates) -> li
     return out
 
 
-def run(args: argparse.Namespace, backend: Backend | None = None, run_states: RunStates | None = None) -> int:
-    """Reap. ``backend`` (built from the arguments when absent) and ``run_states`` (given: only instances
-    of finished or deleted DAG runs are reaped) come from :mod:`airflow_spot.commands.reap` under Airflow."""
+class Billing(Protocol):
+    """What reaping bills in the reaped instances' job stores (:mod:`airflow_spot.commands.reap` has one):
+    told before the termination (to record the kills of attempts still running there) and after it."""
+
+    def before_terminate(self, instances: list[InstanceInfo], at: float) -> None: ...
+
+    def after_terminate(self, instances: list[InstanceInfo], stopped: set[str], at: float) -> list[str]:
+        """Bill; returns lines to print."""
+
+
+def run(args: argparse.Namespace, backend: Backend | None = None, run_states: RunStates | None = None,
+        billing: Billing | None = None) -> int:
+    """Reap. ``backend`` (built from the arguments when absent), ``run_states`` (given: only instances
+    of finished or deleted DAG runs are reaped) and ``billing`` (the reaped instances' time in their jobs'
+    cost) come from :mod:`airflow_spot.commands.reap` under Airflow."""
     if backend is None:
         try:
             backend = get_backend(args.backend, **args.backend_options)
@@ -169,6 +182,12 @@ def run(args: argparse.Namespace, backend: Backend | None = None, run_states: Ru
     if args.dry_run:
         print(f"dry run: {len(found)} instance(s) would be terminated")
         return 0
+    at = time.time()  # a status written after this is the termination's
+    if billing is not None:
+        billing.before_terminate(found, at)
     backend.terminate([i.instance_id for i in found])
     print(f"terminated {len(found)} instance(s)")
+    if billing is not None:
+        for line in billing.after_terminate(found, stopped_ids, at):
+            print(line)
     return 0

@@ -45,6 +45,58 @@ def _missing_state_dir(args: argparse.Namespace) -> str | None:
             f"{STATE_DIR_ENV}) that launched them")
 
 
+class JobBilling:
+    """The reaped instances' time in their jobs' cost, as the finish task bills its own leftovers: the kill of
+    each attempt nobody accounted for on a reaped instance is recorded before the termination (so the
+    status its agent then writes is no preemption), the attempt is billed ``abandoned`` after it, and a
+    live instance's time after its last attempt is billed as idle. Priced by the backend's default market
+    (the DAG's ``market_options`` are not known here). Best effort: reaping never fails on it."""
+
+    def __init__(self, hook) -> None:
+        self.hook = hook
+        self._stores: dict[str, object] = {}
+        self._launches: dict[str, list] = {}
+
+    def _by_job(self, instances) -> dict[str, set[str]]:
+        jobs: dict[str, set[str]] = {}
+        for info in instances:
+            if info.job_uri:
+                jobs.setdefault(info.job_uri, set()).add(info.instance_id)
+        return jobs
+
+    def before_terminate(self, instances, at: float) -> None:
+        from airflow_spot.operators import accounting
+
+        for uri, ids in self._by_job(instances).items():
+            try:
+                store = self._stores[uri] = self.hook.get_store(uri)
+                self._launches[uri] = accounting.unaccounted_launches(store, lambda launch: launch.instance_id in ids)
+                accounting.record_kills(store, self._launches[uri], at)
+            except Exception as exc:  # noqa: BLE001 - the termination comes first
+                print(f"airflow-spot reap: {uri}: attempts not checked for billing ({type(exc).__name__}: {exc})",
+                      file=sys.stderr)
+
+    def after_terminate(self, instances, stopped: set[str], at: float) -> list[str]:
+        from airflow_spot.operators import accounting
+
+        lines = []
+        for uri, ids in self._by_job(instances).items():
+            store = self._stores.get(uri)
+            if store is None:
+                continue
+            try:
+                market = accounting.billing_market(self.hook)
+                attempts = accounting.bill_abandoned(store, self._launches.get(uri, []), ids, at, market)
+                idle = accounting.bill_idle(store, sorted(ids - stopped), accounting.read_rows(store), at, market)
+            except Exception as exc:  # noqa: BLE001 - the instances are gone; only the bill is missing
+                print(f"airflow-spot reap: {uri}: not billed ({type(exc).__name__}: {exc})", file=sys.stderr)
+                continue
+            if attempts or idle:
+                lines.append(f"billed in {uri}: {attempts} attempt(s) nobody accounted for (abandoned), "
+                             f"${idle:.4f} of idle time after their instances' last attempts")
+        return lines
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cls = backend_class(args.backend)
@@ -73,8 +125,13 @@ def run(args: argparse.Namespace) -> int:
         run_states = dag_run_states
     from botocore.exceptions import BotoCoreError, ClientError
 
+    from airflow_spot.commands.airflow_lookups import logs_to_stderr
+    from airflow_spot.hooks.spot import SpotHook
+
+    logs_to_stderr()  # the billing's log lines too: stdout is the list of what was reaped
+    hook = SpotHook(backend=args.backend, backend_options=args.backend_options, aws_conn_id=args.aws_conn_id)
     try:
-        return base.run(args, backend=backend, run_states=run_states)
+        return base.run(args, backend=backend, run_states=run_states, billing=JobBilling(hook))
     except (LaunchError, BotoCoreError, ClientError) as exc:  # a missing connection, no permission, no endpoint
         print(f"airflow-spot reap: {exc}", file=sys.stderr)
         return 2

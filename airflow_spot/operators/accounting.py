@@ -9,7 +9,8 @@ the attempt left behind.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from airflow_spot.operators.attempt_record import AttemptLaunch
@@ -145,6 +146,57 @@ def account_abandoned(
     log.warning("attempt %s on %s was not accounted for: billed as %s, %.0f s", launch.attempt_id,
                 launch.instance_id, outcome.value, row["billed_seconds"])
     return row
+
+
+def unaccounted_launches(store: ObjectStore, keep: Callable[[AttemptLaunch], bool]) -> list[AttemptLaunch]:
+    """The launched attempts without a ledger row that ``keep`` accepts (a run's, an instance's): nobody
+    waited for them (``Outcome.ABANDONED``: a segment marked failed or success while it ran in a worker, a
+    try whose worker went and was never retried, a DAG run deleted under it). Empty when the ledger is torn
+    (whoever bills stops on it too; nothing is billed twice); an unreadable launch record is skipped."""
+    view = JobView(store)
+    try:
+        accounted = {r.attempt_id for r in view.ledger_rows()}
+    except ValueError as exc:
+        log.warning("attempts not checked for missing ledger rows: %s", exc)
+        return []
+    launches = []
+    for attempt_id in sorted(set(view.attempt_ids()) - accounted):
+        try:
+            launch = AttemptLaunch.read(store, attempt_id)
+        except Exception as exc:  # noqa: BLE001 - torn, or the store did not answer: the others are still billed
+            log.warning("attempt %s has an unreadable launch record (%s); not billed", attempt_id, exc)
+            continue
+        if launch is not None and keep(launch):
+            launches.append(launch)
+    return launches
+
+
+def record_kills(store: ObjectStore, launches: Iterable[AttemptLaunch], at: float) -> None:
+    """Record the kill of each attempt still running on an instance the caller is about to end, as a
+    segment's on_kill does: its agent then says that the status it writes on the termination (which reads
+    ``preempted``) is the kill's doing, and no clock of the instance's decides it. Best effort."""
+    layout = JobLayout(store)
+    for launch in launches:
+        try:
+            layout.write_kill(launch.attempt_id, at)
+        except Exception as exc:  # noqa: BLE001 - the clocks decide then; the termination comes first
+            log.warning("kill of attempt %s not recorded (%s: %s)", launch.attempt_id, type(exc).__name__, exc)
+
+
+def bill_abandoned(store: ObjectStore, launches: Iterable[AttemptLaunch], terminated: set[str],
+                   terminated_at: float, market=None) -> int:
+    """Bill each of ``launches`` (:func:`unaccounted_launches`) with :func:`account_abandoned`, the ones on an
+    instance in ``terminated`` as ended at ``terminated_at`` at the latest. Best effort; returns how many
+    rows were written."""
+    billed = 0
+    now = time.time()
+    for launch in launches:
+        try:
+            billed += account_abandoned(store, launch, now=now, market=market, killed_at=(
+                terminated_at if launch.instance_id in terminated else None)) is not None
+        except Exception as exc:  # noqa: BLE001 - the caller's summary and the instances' end come first
+            log.warning("attempt %s not billed (%s: %s)", launch.attempt_id, type(exc).__name__, exc)
+    return billed
 
 
 def bill_idle(store: ObjectStore, instance_ids: Iterable[str], rows: list[LedgerRow], terminated_at: float,

@@ -106,18 +106,23 @@ class SpotJobSummaryOperator(BaseOperator):
         store, unaccounted = None, []
         try:
             store = hook.get_store(self.checkpoint_uri)
-            unaccounted = self._unaccounted_launches(
-                store, run_started() if run_started is not None else None, context["run_id"])
+            since = run_started() if run_started is not None else None
+            # this run's: a store shared by runs holds others' (one may still be running)
+            unaccounted = accounting.unaccounted_launches(store, lambda launch: (
+                not (launch.run_id and launch.run_id != context["run_id"])
+                and (since is None or launch.requested_at >= since)))
         except Exception as exc:  # noqa: BLE001 - billing is best effort: the summary and the instances' end come first
             self.log.warning("attempts not checked for missing ledger rows (%s: %s)", type(exc).__name__, exc)
         terminated_at = time.time()  # a status written after this is the termination's, not the attempt's
         if store is not None:
-            self._record_kills(store, [a for a in unaccounted if a.instance_id in leftover], terminated_at)
+            accounting.record_kills(store, [a for a in unaccounted if a.instance_id in leftover], terminated_at)
         if leftover:
             self.log.info("terminating the job's instances: %s", leftover)
             backend.terminate(leftover)
         store = store or hook.get_store(self.checkpoint_uri)  # it failed above: the task fails on it, after the end
-        self._account_abandoned(hook, store, unaccounted, set(leftover), terminated_at)
+        if unaccounted:
+            accounting.bill_abandoned(store, unaccounted, set(leftover), terminated_at,
+                                      accounting.billing_market(hook))
         try:  # a warm instance nobody reused ran from its last attempt's end until now, or until it timed out
             rows = accounting.read_rows(store)
             market = accounting.billing_market(hook)
@@ -163,58 +168,6 @@ class SpotJobSummaryOperator(BaseOperator):
                 "(see the failed segment's log)"
             )
         return summary
-
-    def _unaccounted_launches(self, store, run_started: float | None, run_id: str) -> list:
-        """This run's attempts that launched and that nobody accounted for (``Outcome.ABANDONED``): a segment
-        marked failed or success while it ran in a worker, a try whose worker went and was never retried."""
-        from airflow_spot.operators.attempt_record import AttemptLaunch
-        from airflow_spot.storage.job_view import JobView
-
-        view = JobView(store)
-        try:
-            accounted = {r.attempt_id for r in view.ledger_rows()}
-        except ValueError as exc:  # a torn row: the summary below stops on it too; nothing is billed twice
-            self.log.warning("attempts not checked for missing ledger rows: %s", exc)
-            return []
-        launches = []
-        for attempt_id in sorted(set(view.attempt_ids()) - accounted):
-            try:
-                launch = AttemptLaunch.read(store, attempt_id)
-            except Exception as exc:  # noqa: BLE001 - torn, or the store did not answer: the others are still billed
-                self.log.warning("attempt %s has an unreadable launch record (%s); not billed", attempt_id, exc)
-                continue
-            if launch is None or (launch.run_id and launch.run_id != run_id) or (
-                    run_started is not None and launch.requested_at < run_started):
-                continue  # nothing launched, or another run's attempt (a store shared by runs; one still running)
-            launches.append(launch)
-        return launches
-
-    def _record_kills(self, store, launches: list, at: float) -> None:
-        """Record the kill of each attempt still running on an instance this task is about to end, as a
-        segment's on_kill does: its agent then says that the status it writes on the termination (which
-        reads ``preempted``) is the kill's doing, and no clock of the instance's decides it."""
-        layout = JobLayout(store)
-        for launch in launches:
-            try:
-                layout.write_kill(launch.attempt_id, at)
-            except Exception as exc:  # noqa: BLE001 - the clocks decide then; the termination comes first
-                self.log.warning("kill of attempt %s not recorded (%s: %s)", launch.attempt_id,
-                                 type(exc).__name__, exc)
-
-    def _account_abandoned(self, hook: SpotHook, store, launches: list, terminated: set[str],
-                           terminated_at: float) -> None:
-        """Bill the attempts nobody accounted for (:meth:`_unaccounted_launches`): without a ledger row their
-        instance time is missing from the job's cost and the page shows them running."""
-        market = None
-        now = time.time()
-        for launch in launches:
-            try:
-                if market is None:
-                    market = accounting.billing_market(hook)
-                accounting.account_abandoned(store, launch, now=now, market=market,
-                                             killed_at=terminated_at if launch.instance_id in terminated else None)
-            except Exception as exc:  # noqa: BLE001 - the summary and the instances' end come first
-                self.log.warning("attempt %s not billed (%s: %s)", launch.attempt_id, type(exc).__name__, exc)
 
     def _compact_availability(self, hook: SpotHook, store) -> None:
         """Delete the deployment log's events no decision reads (``AvailabilityLog.compact``), so that the

@@ -88,3 +88,51 @@ def test_purge_forgets_old_terminated_instances_only(backend, job_uri, capsys):
     assert [i.instance_id for i in backend.list_instances()] == [live.instance_id]
     assert not backend.instance_dir(ended.instance_id).exists()
     assert backend.state.token_instance("ended") is None and backend.state.token_instance("live") == live.instance_id
+
+
+def test_reap_bills_the_attempts_it_ends_and_the_idle_time_of_its_instances(backend, job_uri, tmp_path, capsys):
+    """Reaping ends instances whose DAG run went (deleted, or marked failed before its finish task ran):
+    their attempts had no ledger row, so their time was missing from the job's cost and the job's page
+    showed them running (then preempted, from the status the termination brings about). Reap bills them
+    as the finish task does: the kill recorded before the termination, the attempt ``abandoned`` after."""
+    from local_helpers import request, wait_for
+
+    from airflow_spot.operators.attempt_record import AttemptLaunch
+    from airflow_spot.policy.ledger import LedgerRow
+    from airflow_spot.storage.ledger_store import LedgerStore
+    from airflow_spot.storage.object_store import open_store
+    from airflow_spot.storage.protocol import JobLayout
+
+    info = backend.launch(spec(job_uri))
+    store = open_store(job_uri)
+    layout = JobLayout(store)
+    started = tmp_path / "started"
+    layout.write_request(info.instance_id, request(job_uri, "s.try1", (
+        "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(75))\n"
+        f"open({str(started)!r}, 'w').close()\ntime.sleep(60)\n")))
+    now = time.time()
+    AttemptLaunch("s.try1", 0, 0, 10, info.instance_id, info.offer.to_dict(), now - 5, now - 5, False, 1,
+                  "s").write(store)
+    # an earlier job's attempt on an instance already gone is not this reap's to bill
+    AttemptLaunch("old.try1", 0, 0, 10, "i-gone", info.offer.to_dict(), now - 900, now - 900, False, 1,
+                  "s").write(store)
+    wait_for(started.exists, 15, "the attempt's command to start")
+    options = json.dumps({"state_dir": str(backend.state.root)})
+    assert main(["reap", "--backend-options", options]) == 0
+    out = capsys.readouterr().out
+    assert "terminated 1 instance(s)" in out and f"billed in {job_uri}: 1 attempt(s)" in out, out
+    (row,) = LedgerStore(store).rows()
+    assert row.attempt_id == "s.try1" and row.outcome == "abandoned" and row.cost > 0
+    assert layout.read_kill("s.try1") is not None
+    wait_for(lambda: layout.read_status("s.try1") is not None, 15, "the attempt's status on the termination")
+    assert layout.read_status("s.try1").kill_seen is True
+    # a warm instance (its attempt accounted for) is billed its idle time to the reap
+    warm = backend.launch(spec(job_uri, token="warm"))
+    LedgerStore(store).write(LedgerRow(
+        attempt_id="s.try2", instance_id=warm.instance_id, instance_type="g5.xlarge", zone=warm.offer.zone,
+        market="spot", price_per_hour=0.4, on_demand_price_per_hour=1.0, started_at=now - 1000,
+        ended_at=now - 600, steps_done=5, outcome="completed", segment_index=0))
+    assert main(["reap", "--backend-options", options]) == 0
+    assert "attempt(s)" in capsys.readouterr().out
+    (idle,), _ = LedgerStore(store).idle_rows()
+    assert idle.instance_id == warm.instance_id and idle.started_at == now - 600
