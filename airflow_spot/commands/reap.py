@@ -131,7 +131,10 @@ def run(args: argparse.Namespace) -> int:
     logs_to_stderr()  # the billing's log lines too: stdout is the list of what was reaped
     hook = SpotHook(backend=args.backend, backend_options=args.backend_options, aws_conn_id=args.aws_conn_id)
     try:
-        return base.run(args, backend=backend, run_states=run_states, billing=JobBilling(hook))
+        # only the instances of DAG runs known to be over: a running run's segments account for their own
+        # attempts, and a kill recorded under them would fail the segment instead of retrying it
+        billing = JobBilling(hook) if run_states is not None else None
+        return base.run(args, backend=backend, run_states=run_states, billing=billing)
     except (LaunchError, BotoCoreError, ClientError) as exc:  # a missing connection, no permission, no endpoint
         print(f"airflow-spot reap: {exc}", file=sys.stderr)
         return 2

@@ -90,11 +90,14 @@ def test_purge_forgets_old_terminated_instances_only(backend, job_uri, capsys):
     assert backend.state.token_instance("ended") is None and backend.state.token_instance("live") == live.instance_id
 
 
-def test_reap_bills_the_attempts_it_ends_and_the_idle_time_of_its_instances(backend, job_uri, tmp_path, capsys):
+def test_reap_bills_the_attempts_it_ends_and_the_idle_time_of_its_instances(backend, job_uri, tmp_path, capsys,
+                                                                           monkeypatch):
     """Reaping ends instances whose DAG run went (deleted, or marked failed before its finish task ran):
     their attempts had no ledger row, so their time was missing from the job's cost and the job's page
     showed them running (then preempted, from the status the termination brings about). Reap bills them
-    as the finish task does: the kill recorded before the termination, the attempt ``abandoned`` after."""
+    as the finish task does: the kill recorded before the termination, the attempt ``abandoned`` after.
+    Only instances of runs it found over (``--runs finished``); with ``--runs any`` it bills nothing, since a
+    running run's segments account for their own attempts."""
     from local_helpers import request, wait_for
 
     from airflow_spot.operators.attempt_record import AttemptLaunch
@@ -103,7 +106,11 @@ def test_reap_bills_the_attempts_it_ends_and_the_idle_time_of_its_instances(back
     from airflow_spot.storage.object_store import open_store
     from airflow_spot.storage.protocol import JobLayout
 
-    info = backend.launch(spec(job_uri))
+    from airflow_spot.commands import airflow_lookups
+
+    gone_run = {"airflow-spot:run": "a-deleted-run"}  # no such DAG run in Airflow's database: over
+    monkeypatch.setattr(airflow_lookups, "dag_run_states", lambda keys: {k: None for k in keys})
+    info = backend.launch(spec(job_uri, **gone_run))
     store = open_store(job_uri)
     layout = JobLayout(store)
     started = tmp_path / "started"
@@ -118,7 +125,7 @@ def test_reap_bills_the_attempts_it_ends_and_the_idle_time_of_its_instances(back
                   "s").write(store)
     wait_for(started.exists, 15, "the attempt's command to start")
     options = json.dumps({"state_dir": str(backend.state.root)})
-    assert main(["reap", "--backend-options", options]) == 0
+    assert main(["reap", "--backend-options", options, "--runs", "finished"]) == 0
     out = capsys.readouterr().out
     assert "terminated 1 instance(s)" in out and f"billed in {job_uri}: 1 attempt(s)" in out, out
     (row,) = LedgerStore(store).rows()
@@ -127,12 +134,21 @@ def test_reap_bills_the_attempts_it_ends_and_the_idle_time_of_its_instances(back
     wait_for(lambda: layout.read_status("s.try1") is not None, 15, "the attempt's status on the termination")
     assert layout.read_status("s.try1").kill_seen is True
     # a warm instance (its attempt accounted for) is billed its idle time to the reap
-    warm = backend.launch(spec(job_uri, token="warm"))
+    warm = backend.launch(spec(job_uri, token="warm", **gone_run))
     LedgerStore(store).write(LedgerRow(
         attempt_id="s.try2", instance_id=warm.instance_id, instance_type="g5.xlarge", zone=warm.offer.zone,
         market="spot", price_per_hour=0.4, on_demand_price_per_hour=1.0, started_at=now - 1000,
         ended_at=now - 600, steps_done=5, outcome="completed", segment_index=0))
-    assert main(["reap", "--backend-options", options]) == 0
+    assert main(["reap", "--backend-options", options, "--runs", "finished"]) == 0
     assert "attempt(s)" in capsys.readouterr().out
     (idle,), _ = LedgerStore(store).idle_rows()
     assert idle.instance_id == warm.instance_id and idle.started_at == now - 600
+    # --runs any may end a running run's instances: its segments bill their attempts, reap bills nothing
+    other = backend.launch(spec(job_uri, token="any", **gone_run))
+    LedgerStore(store).write(LedgerRow(
+        attempt_id="s.try3", instance_id=other.instance_id, instance_type="g5.xlarge", zone=other.offer.zone,
+        market="spot", price_per_hour=0.4, on_demand_price_per_hour=1.0, started_at=now - 1000,
+        ended_at=now - 600, steps_done=5, outcome="completed", segment_index=0))
+    assert main(["reap", "--backend-options", options]) == 0
+    assert "billed" not in capsys.readouterr().out
+    assert len(LedgerStore(store).idle_rows()[0]) == 1
