@@ -123,9 +123,11 @@ def account_abandoned(
     layout = JobLayout(store)
     recorded_kill = layout.read_kill(launch.attempt_id)  # its task was killed (the trigger's or worker's on_kill)
     status, hb = _readable(layout.read_status, launch.attempt_id), _readable(layout.read_heartbeat, launch.attempt_id)
-    # before the caller's own termination (no record: only the clocks tell) and before a recorded kill
-    own_end = (status is not None and status.outcome in {o.value for o in Outcome}
-               and (killed_at is None or status.ended_at < killed_at) and status.before_kill(recorded_kill))
+    own_end = status is not None and status.outcome in {o.value for o in Outcome}
+    if own_end and recorded_kill is not None and status.kill_seen is not None:
+        own_end = not status.kill_seen  # the agent's word: no clock decides (a caller records its kill first)
+    elif own_end:  # before the caller's own termination (no record: only the clocks tell) and any recorded kill
+        own_end = (killed_at is None or status.ended_at < killed_at) and status.before_kill(recorded_kill)
     if recorded_kill is not None:
         killed_at = recorded_kill if killed_at is None else min(killed_at, recorded_kill)
     if own_end:
@@ -250,9 +252,11 @@ def _idle_price(store: ObjectStore, market, last: LedgerRow, start: float, end: 
 
 
 def bill_idle_exits(store: ObjectStore, rows: list[LedgerRow], market=None) -> float:
-    """Bill each warm instance whose agent shut it down after its idle timeout (no task terminated it, so
-    :func:`bill_idle` was never called for it) from its last attempt's end to the agent's exit. The
-    instance's shutdown after that (seconds) is not billed. Billed once per instance; best effort.
+    """Bill each instance whose agent exited after its last attempt, from that attempt's end to the agent's
+    exit, when nobody billed it yet: its agent shut it down after its idle timeout, or it was ended under
+    an idle agent without a task's :func:`bill_idle` (a spot reclaim of a warm instance, a stop). An
+    instance a task terminated was billed by that task first (:func:`bill_idle` writes once per instance).
+    The instance's shutdown after the agent's exit (seconds) is not billed. Best effort.
 
     Runs at every segment start, so it reads only the agents that may owe a bill: of instances whose last
     attempt was not preempted, those not billed idle yet (one listing), not every instance the job had."""
@@ -262,10 +266,10 @@ def bill_idle_exits(store: ObjectStore, rows: list[LedgerRow], market=None) -> f
             last[row.instance_id] = row
     try:
         billed = set(store.list(JobLayout.IDLE_PREFIX))
-        exits = JobLayout(store).idle_exits(i for i, row in last.items()
-                                            if not row.is_preemption and JobLayout.idle_key(i) not in billed)
+        exits = JobLayout(store).agent_exits(i for i, row in last.items()
+                                             if not row.is_preemption and JobLayout.idle_key(i) not in billed)
     except Exception as exc:  # noqa: BLE001 - only the bill is missing
-        log.warning("instances that went idle by themselves not billed (%s: %s)", type(exc).__name__, exc)
+        log.warning("instances that ended after their last attempt not billed (%s: %s)", type(exc).__name__, exc)
         return 0.0
     return sum(bill_idle(store, [instance_id], rows, at, market) for instance_id, at in sorted(exits.items()))
 

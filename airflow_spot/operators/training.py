@@ -63,6 +63,8 @@ class SpotJobSummaryOperator(BaseOperator):
     :param total_steps: the job is complete when a checkpoint at this step is committed.
     :param availability_uri: the deployment's availability log, as the segments' (default: theirs, see
         :func:`~airflow_spot.storage.availability.deployment_availability_uri`); the task compacts it.
+    :param market_options: the segments' market options: the attempts and idle time this task bills are
+        priced by the job's own market, as the segments price theirs.
     """
 
     template_fields = ("checkpoint_uri",)
@@ -79,11 +81,13 @@ class SpotJobSummaryOperator(BaseOperator):
         backend_options: dict[str, Any] | None = None,
         aws_conn_id: str | None = "aws_default",
         availability_uri: str | None = None,
+        market_options: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("trigger_rule", TriggerRule.ALL_DONE)
         super().__init__(**kwargs)
         self.availability_uri = availability_uri
+        self.market_options = dict(market_options or {})
         self.checkpoint_uri = checkpoint_uri
         self.job_name = job_name
         self.total_steps = int(total_steps)
@@ -93,7 +97,8 @@ class SpotJobSummaryOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
-        hook = SpotHook(backend=self.backend, backend_options=self.backend_options, aws_conn_id=self.aws_conn_id)
+        hook = SpotHook(backend=self.backend, backend_options=self.backend_options,
+                        market_options=self.market_options, aws_conn_id=self.aws_conn_id)
         backend = hook.get_backend()
         tags = job_tags(self.dag_id, context["run_id"], self.job_name)
         running = [i.instance_id for i in backend.list_instances(tags=tags) if not InstanceState(i.state).is_terminal()]
@@ -131,7 +136,10 @@ class SpotJobSummaryOperator(BaseOperator):
             accounting.bill_idle_exits(store, rows, market)
         except Exception as exc:  # noqa: BLE001 - the same: best effort
             self.log.warning("warm instances' idle time not billed (%s: %s)", type(exc).__name__, exc)
-        latest = newest_usable_step(store)
+        try:
+            latest, broken = newest_usable_step(store), None
+        except AirflowFailException as exc:  # every checkpoint broken: the cost is still published, then it fails
+            latest, broken = None, str(exc)
         summary = accounting.summarize(store, now=time.time())
         summary.update(
             # the UI finds a job through this field of the XCom summary (see airflow_spot/ui/jobs.py)
@@ -145,6 +153,8 @@ class SpotJobSummaryOperator(BaseOperator):
             completed=latest is not None and latest >= self.total_steps,
             terminated_at_end=leftover,
         )
+        if broken:
+            summary["checkpoint_error"] = broken
         if run_started is not None:
             # a store shared by several runs (a checkpoint_uri without {{ run_id }}) sums every run's attempts
             summary["attempts_this_run"] = sum(r["started_at"] >= run_started() for r in summary.get("rows", []))
@@ -161,6 +171,8 @@ class SpotJobSummaryOperator(BaseOperator):
         self.log.info("job summary:\n%s", format_summary(summary))
         context["ti"].xcom_push(key="summary", value=summary)
         self._compact_availability(hook, store)  # after the summary is out: the UI finds the job by it
+        if broken:
+            raise AirflowFailException(f"job {self.job_name}: {broken}")
         if not summary["completed"]:
             where = "no checkpoint was committed" if latest is None else f"newest checkpoint at step {latest}"
             raise AirflowFailException(
@@ -452,6 +464,7 @@ def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup
             backend_options=backend_options,
             aws_conn_id=aws_conn_id,
             availability_uri=options.get("availability_uri"),
+            market_options=market_options,
             **task_kwargs,
         )
         previous >> finish

@@ -250,15 +250,16 @@ class JobLayout:
     def agent_key(cls, instance_id: str) -> str:
         return f"{cls.INSTANCES_PREFIX}{instance_id}/agent.json"
 
-    def idle_exits(self, instance_ids: Iterable[str]) -> dict[str, float]:
-        """Those of ``instance_ids`` whose agent shut them down for want of work (its idle timeout; nobody
-        terminated them), each with when it did: the agent's last liveness says ``exited`` for ``idle``."""
+    def agent_exits(self, instance_ids: Iterable[str]) -> dict[str, float]:
+        """Those of ``instance_ids`` whose agent has exited, each with when: it shut its instance down for
+        want of work (its idle timeout, ``idle``), or the instance was ended under it (a termination, a stop,
+        a spot reclaim: ``sigterm``); the agent's last liveness says ``exited`` with the reason."""
         keys = {self.agent_key(i): i for i in instance_ids}
         exits = {}
         for key, raw in self.store.get_many(sorted(keys)).items():
             try:
                 body = json.loads(raw)
-                if body.get("state") == "exited" and body.get("exit_reason") == "idle":
+                if body.get("state") == "exited" and body.get("exit_reason") in ("idle", "sigterm"):
                     exits[keys[key]] = float(body["time"])
             except (ValueError, TypeError, KeyError, AttributeError):
                 continue  # torn or foreign: this instance's idle time is not billed, nothing else is lost

@@ -246,7 +246,8 @@ class Agent(WarmAgentMixin):
                     idle_since = time.monotonic()
                     continue
                 log.info("no request for %.1f s: shutting down", self.idle_timeout)
-                # when the instance went idle: its idle time is billed to here (``accounting.bill_idle_exits``)
+                # when the instance went idle: its idle time is billed to here (``accounting.bill_idle_exits``),
+                # as is an instance's ended under an idle agent (``sigterm`` below) that no task billed
                 self._liveness("exited", None, force=True, exit_reason="idle")
                 return "idle"
             self._liveness("idle", None)

@@ -10,6 +10,7 @@ import pytest
 
 from airflow_spot.backends.base import InstanceInfo, InstanceState
 from airflow_spot.hooks.spot import SpotHook
+from airflow_spot.operators import accounting
 from airflow_spot.operators.training import SpotJobSummaryOperator, format_summary
 from airflow_spot.policy.ledger import LedgerRow
 from airflow_spot.policy.offers import Market, Offer
@@ -87,6 +88,28 @@ def test_a_job_with_no_checkpoint_says_so(tmp_path, monkeypatch):
     with pytest.raises(AirflowFailException, match="no checkpoint was committed of 10 steps"):
         op.execute(context)
 
+
+def test_a_job_whose_checkpoints_are_all_broken_still_publishes_its_cost(tmp_path, monkeypatch):
+    """Review of the finish task: with every checkpoint broken (a torn manifest), the newest-checkpoint read
+    failed the task before the summary went to the store and XCom: the job's cost was never published. The
+    summary goes out, saying what is broken, and then the task fails with the store's recovery advice."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_spot.storage.checkpoint import MANIFEST
+
+    now = time.time()
+    op, context, backend, pushed = run_finish(tmp_path, monkeypatch, now - 100, [now - 50], latest=10)
+    checkpoints = JobLayout(open_store(f"file://{tmp_path}/job")).checkpoint_store()
+    (manifest,) = checkpoints.committed()
+    checkpoints.store.put_bytes(f"{manifest.directory}/{MANIFEST}", b'{"step": 10, "dire')
+    with pytest.raises(AirflowFailException, match="airflow-spot checkpoints verify"):
+        op.execute(context)
+    summary = pushed["summary"]
+    assert summary["attempts"] == 1 and summary["cost"] > 0 and not summary["completed"]
+    assert "not valid JSON" in summary["checkpoint_error"]
+    stored = json.loads(open_store(f"file://{tmp_path}/job").get_bytes(JobLayout.SUMMARY_KEY))
+    assert stored["cost"] == summary["cost"]
+    assert sorted(backend.terminated) == ["i-running", "i-stopped"]
 
 def test_a_cleared_finish_task_counts_the_runs_attempts_from_when_the_run_was_due(tmp_path, monkeypatch):
     """Clearing a task resets the run's start_date; run_after stays: the run's own attempts still count."""
@@ -333,26 +356,36 @@ def test_idle_time_is_priced_by_the_market_over_the_idle_time_not_at_the_last_at
 def test_a_warm_instance_that_timed_out_idle_is_billed_to_its_agents_exit(tmp_path, monkeypatch):
     """Known gap of the idle bills: a warm instance nobody terminated shuts itself down after its idle
     timeout; its idle time was never billed (no task saw it end). Its agent's last liveness says when it
-    went: the finish task bills from its last attempt's end to then, once; an agent that exited on its
-    instance's termination (sigterm) is not an idle bill, and a torn liveness loses nothing else."""
+    went: the finish task bills from its last attempt's end to then, once. So is a warm instance ended
+    under its idle agent (sigterm) that no task billed: a spot reclaim of a warm instance (found by a
+    review: it was left out); one a task terminated and billed is not billed again, and a torn liveness
+    loses nothing else."""
     now = time.time()
     op, context, _, pushed = run_finish(tmp_path, monkeypatch, now - 3600, [now - 1000], latest=10)
     store = open_store(f"file://{tmp_path}/job")
     exited = {"schema": 1, "instance_id": "i-old", "pid": 1, "state": "exited", "attempt_id": None}
     store.put_bytes(JobLayout.agent_key("i-old"), json.dumps({**exited, "time": now - 700,
                                                              "exit_reason": "idle"}).encode())
-    store.put_bytes(JobLayout.agent_key("i-other"), json.dumps({**exited, "instance_id": "i-other",
-                                                               "time": now - 10, "exit_reason": "sigterm"}).encode())
+    for instance_id in ("i-reclaimed", "i-terminated"):
+        store.put_bytes(JobLayout.agent_key(instance_id), json.dumps(
+            {**exited, "instance_id": instance_id, "time": now - 10, "exit_reason": "sigterm"}).encode())
     store.put_bytes(JobLayout.agent_key("i-torn"), b"{")
-    for instance_id in ("i-other", "i-torn"):  # each had an attempt, so each agent is read for its bill
-        LedgerStore(store).write(LedgerRow(
+    rows = {}
+    for instance_id in ("i-reclaimed", "i-terminated", "i-torn"):  # each had an attempt: each agent is read
+        rows[instance_id] = LedgerRow(
             attempt_id=f"s.{instance_id}", instance_id=instance_id, instance_type="g5.xlarge", zone="us-east-1a",
             market="spot", price_per_hour=0.5, on_demand_price_per_hour=1.0, started_at=now - 900,
-            ended_at=now - 800, steps_done=10, outcome="completed", segment_index=0))
+            ended_at=now - 800, steps_done=10, outcome="completed", segment_index=0)
+        LedgerStore(store).write(rows[instance_id])
+    # the task that terminated i-terminated billed it then (to now - 20)
+    accounting.bill_idle(store, ["i-terminated"], [rows["i-terminated"]], now - 20)
     summary = op.execute(context)
-    # the attempt ran [now-1000, now-940] (its 60 s minimum paid to its end); idle [now-940, now-700]
-    assert summary["idle_dollars"] == pytest.approx(240 * 0.5 / 3600, abs=1e-4)
-    (idle,), _ = LedgerStore(store).idle_rows()
-    assert idle.instance_id == "i-old" and idle.ended_at == pytest.approx(now - 700)
+    # i-old's attempt ran [now-1000, now-940] (its 60 s minimum paid to its end): idle [now-940, now-700];
+    # i-reclaimed idle [now-800, now-10]; i-terminated [now-800, now-20], billed by its task only
+    assert summary["idle_dollars"] == pytest.approx((240 + 790 + 780) * 0.5 / 3600, abs=1e-4)
+    idle = {r.instance_id: r for r in LedgerStore(store).idle_rows()[0]}
+    assert sorted(idle) == ["i-old", "i-reclaimed", "i-terminated"]
+    assert idle["i-old"].ended_at == pytest.approx(now - 700) and idle["i-reclaimed"].ended_at == pytest.approx(now - 10)
+    assert idle["i-terminated"].ended_at == pytest.approx(now - 20)
     assert op.execute(context)["idle_dollars"] == summary["idle_dollars"]  # billed once
     assert pushed["summary"]["cost"] == pytest.approx(summary["cost"])

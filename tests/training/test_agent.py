@@ -185,7 +185,7 @@ def test_idle_timeout_shuts_the_agent_down_cleanly(agent):
     assert marker["reason"] == "idle"
     liveness = json.loads(open_store(a.job_uri).get_bytes(agent_key(INSTANCE)))
     assert liveness["state"] == "exited" and liveness["exit_reason"] == "idle"  # billed idle to its time
-    assert JobLayout(open_store(a.job_uri)).idle_exits([INSTANCE]) == {INSTANCE: liveness["time"]}
+    assert JobLayout(open_store(a.job_uri)).agent_exits([INSTANCE]) == {INSTANCE: liveness["time"]}
 
 
 def test_sigterm_is_forwarded_to_the_command_and_its_status_written(agent, tmp_path):
@@ -203,7 +203,9 @@ def test_sigterm_is_forwarded_to_the_command_and_its_status_written(agent, tmp_p
     status = a.status("a1", timeout=1)
     assert status.outcome == "preempted" and status.exit_code == 75 and "saving" in status.error_tail
     assert json.loads((a.work_dir / AGENT_EXIT_FILE).read_text())["reason"] == "sigterm"
-    assert JobLayout(open_store(a.job_uri)).idle_exits([INSTANCE]) == {}  # ended by its termination: not an idle bill
+    liveness = json.loads(open_store(a.job_uri).get_bytes(agent_key(INSTANCE)))
+    assert liveness["exit_reason"] == "sigterm"  # ended under it: its time to here is owed if nobody billed it
+    assert JobLayout(open_store(a.job_uri)).agent_exits([INSTANCE]) == {INSTANCE: liveness["time"]}
     assert status.kill_seen is False  # no kill recorded before it: a preemption, whatever the clocks say
 
 
