@@ -750,6 +750,16 @@ class SpotSegmentOperator(BaseOperator):
         if store is None or not alive:
             return alive
         rows = accounting.read_rows(store) if rows is None else rows  # the caller's read of the ledger, if any
+        try:  # an agent that has exited (idle timeout) serves no request, though its instance still shuts down
+            exited = set(JobLayout(store).agent_exits(i.instance_id for i in alive))
+        except (SchemaError, *store_errors()) as exc:
+            self.log.warning("agents' exits not read (%s); the instances count as warm", exc)
+            exited = set()
+        if exited:
+            self.log.info("instances %s are shutting down (their agent exited): not reused", sorted(exited))
+            alive = [i for i in alive if i.instance_id not in exited]
+            if not alive:
+                return alive
         busy = self._busy(store, [i.instance_id for i in alive], rows)
         killed = self._killed(store, sorted(busy), rows) if busy else set()
         if busy - killed:

@@ -170,6 +170,32 @@ def test_an_instance_that_lost_its_attempt_is_never_warm_and_is_terminated_again
         backend.terminate([lost.instance_id, idle.instance_id])
 
 
+def test_an_instance_whose_agent_has_exited_is_never_warm(tmp_path, monkeypatch):
+    """A review of the warm-instance paths: an agent that exited after its idle timeout serves no request,
+    but its instance is still listed running while it shuts down (seconds on EC2). Handed a request, the
+    attempt waited out startup_timeout and ended lost, spending a preemption. Such an instance is not
+    reused (the agent's liveness record says it exited)."""
+    import json
+
+    from airflow_spot.backends.base import InstanceInfo, InstanceState
+    from airflow_spot.hooks.spot import SpotHook
+
+    uri = f"file://{tmp_path}/job"
+    store = open_store(uri)
+    op = SpotSegmentOperator(task_id="seg", command=["python", "x.py"], checkpoint_uri=uri, start_step=0,
+                             end_step=10, total_steps=20, backend="local",
+                             backend_options=backend_options(tmp_path))
+    listed = [InstanceInfo(i, InstanceState.RUNNING, LOCAL_OFFER, uri) for i in ("i-going", "i-idle")]
+    monkeypatch.setattr(SpotHook, "get_backend", lambda self: SimpleNamespace(list_instances=lambda tags=None: listed))
+    op._tags = lambda context: {}
+    liveness = {"schema": 1, "pid": 1, "attempt_id": None, "time": time.time()}
+    store.put_bytes(JobLayout.agent_key("i-going"), json.dumps(
+        {**liveness, "instance_id": "i-going", "state": "exited", "exit_reason": "idle"}).encode())
+    store.put_bytes(JobLayout.agent_key("i-idle"), json.dumps(
+        {**liveness, "instance_id": "i-idle", "state": "idle"}).encode())
+    assert [i.instance_id for i in op._warm_instances({"run_id": "r"}, store, [])] == ["i-idle"]
+
+
 def test_a_later_try_with_no_record_is_found_behind_an_older_tries_accounted_record(tmp_path):
     """The task state store keeps try 1's record; try 2 asked its instance and died before recording: try 3
     must wait for try 2's attempt, not launch a second instance next to it."""
