@@ -124,10 +124,11 @@ def account_abandoned(
     recorded_kill = layout.read_kill(launch.attempt_id)  # its task was killed (the trigger's or worker's on_kill)
     status, hb = _readable(layout.read_status, launch.attempt_id), _readable(layout.read_heartbeat, launch.attempt_id)
     own_end = status is not None and status.outcome in {o.value for o in Outcome}
-    if own_end and recorded_kill is not None and status.kill_seen is not None:
-        own_end = not status.kill_seen  # the agent's word: no clock decides (a caller records its kill first)
-    elif own_end:  # before the caller's own termination (no record: only the clocks tell) and any recorded kill
-        own_end = (killed_at is None or status.ended_at < killed_at) and status.before_kill(recorded_kill)
+    if own_end and not status.completed_through(launch.end_step):
+        if recorded_kill is not None and status.kill_seen is not None:
+            own_end = not status.kill_seen  # the agent's word (a caller records its kill first): no clock decides
+        else:  # before the caller's own termination (no record: only the clocks tell) and any recorded kill
+            own_end = (killed_at is None or status.ended_at < killed_at) and status.before_kill(recorded_kill)
     if recorded_kill is not None:
         killed_at = recorded_kill if killed_at is None else min(killed_at, recorded_kill)
     if own_end:

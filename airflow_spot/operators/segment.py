@@ -574,7 +574,7 @@ class SpotSegmentOperator(BaseOperator):
             recorded = {"try_number": launch.try_number}
         status = JobLayout(store).read_status(launch.attempt_id)
         killed_at = JobLayout(store).read_kill(launch.attempt_id)
-        if killed_at is not None and (status is None or not status.before_kill(killed_at)):
+        if killed_at is not None and (status is None or not status.before_kill(killed_at, launch.end_step)):
             # its task was killed (an execution_timeout, a worker's shutdown: on_kill, then a retry without a
             # clear): the status its instance's termination brings about is the kill's, no preemption to wait for
             self._end_killed_attempt(store, launch, rows)

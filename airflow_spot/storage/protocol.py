@@ -165,11 +165,18 @@ class AttemptStatus(_Record):
     def outcome_enum(self) -> Outcome:
         return Outcome(self.outcome)
 
-    def before_kill(self, killed_at: float | None) -> bool:
+    def completed_through(self, end_step: int) -> bool:
+        """A ``completed`` status that committed ``end_step`` (its segment's end): the attempt's own end
+        whatever kill came after the work (one can land between the command's exit and this status)."""
+        return (self.outcome == Outcome.COMPLETED.value and self.last_committed_step is not None
+                and self.last_committed_step >= end_step)
+
+    def before_kill(self, killed_at: float | None, end_step: int | None = None) -> bool:
         """Whether this status is the attempt's own end and not its task's kill recorded at ``killed_at``
-        (None: no kill recorded). The agent's answer (``kill_seen``) needs no clocks; without it, the
-        instance's clock (``ended_at``) is compared with the killer's (``killed_at``), which a skew fools."""
-        if killed_at is None:
+        (None: no kill recorded): always when it completed through ``end_step`` (:meth:`completed_through`).
+        The agent's answer (``kill_seen``) needs no clocks; without it, the instance's clock (``ended_at``)
+        is compared with the killer's (``killed_at``), which a skew fools."""
+        if killed_at is None or (end_step is not None and self.completed_through(end_step)):
             return True
         if self.kill_seen is not None:
             return not self.kill_seen

@@ -139,3 +139,30 @@ def test_the_finish_task_prices_idle_time_with_the_jobs_market_options(tmp_path,
     assert idle.price_per_hour == pytest.approx(job_price), (
         f"the finish task priced the warm instance's idle time at ${idle.price_per_hour}/h; the job's market "
         f"({market_options}) prices it at ${job_price}/h")
+
+
+def test_an_attempt_that_completed_its_segment_is_completed_whatever_kill_came_after(tmp_path):
+    """A review of the kill paths: a kill recorded between the command's exit 0 and the agent's status
+    (the agent reads the kill record after listing the checkpoints) made ``kill_seen`` True, and the
+    attempt that had committed its segment's end was billed ``abandoned`` by ``account_abandoned`` and
+    ended as killed by a retry's reattach, while ``execute_complete`` counted it completed. The work was
+    done: a completed status through the segment's end is the attempt's own end wherever it is read."""
+    from airflow_spot.operators import accounting
+
+    now = time.time()
+    store = open_store(f"file://{tmp_path}/job")
+    layout = JobLayout(store)
+    launch = AttemptLaunch("s.try1", 0, 0, 10, "i-1", OFFER.to_dict(), now - 600, now - 600, False, 1, "s")
+    launch.write(store)
+    layout.write_kill("s.try1", now - 5)
+    layout.write_status(AttemptStatus("s.try1", "completed", 0, now - 600, now - 4, last_committed_step=10,
+                                      kill_seen=True))
+    row = accounting.account_abandoned(store, launch, now=now, killed_at=now - 5)
+    assert row["outcome"] == "completed" and row["steps_done"] == 10
+    # one that did not reach its segment's end is the kill's, as the agent says
+    other = open_store(f"file://{tmp_path}/other")
+    launch.write(other)
+    JobLayout(other).write_kill("s.try1", now - 5)
+    JobLayout(other).write_status(AttemptStatus("s.try1", "completed", 0, now - 600, now - 4,
+                                                last_committed_step=6, kill_seen=True))
+    assert accounting.account_abandoned(other, launch, now=now, killed_at=now - 5)["outcome"] == "abandoned"

@@ -335,6 +335,9 @@ def test_a_retry_after_a_kill_in_the_worker_does_not_wait_for_the_killed_attempt
     layout.write_status(AttemptStatus("seg.try1", "preempted", 143, now - 600, now - 30, 4))
     context = {"ti": ti, "run_id": "r", "task_state_store": SimpleNamespace(get=state.get), "dag_run": run}
     assert op._reattach(context, store).attempt_id == "seg.try1"
+    # so is one that completed its segment, though the kill landed before its status (kill_seen)
+    layout.write_status(AttemptStatus("seg.try1", "completed", 0, now - 600, now - 15, 10, kill_seen=True))
+    assert op._reattach(context, store).attempt_id == "seg.try1"
 
 
 def test_execute_complete_bills_a_status_the_kill_brought_about_as_abandoned(tmp_path):
