@@ -70,6 +70,7 @@ def plan(
     transfer_seconds: float = 0.0,
     transfer_dollars: float = 0.0,
     remote_dollars_per_hour: float = 0.0,
+    restart_overhead_seconds: float | None = None,
 ) -> Plan:
     """Rank the offers for the next attempt with :func:`airflow_spot.policy.decision.decide_attempt`, the
     function the simulator's ``ours`` replays, fed by one
@@ -87,6 +88,9 @@ def plan(
         regions, paying ``transfer_seconds`` more start-up and ``transfer_dollars``; the ranking and the
         deadline rule price both (``DecisionParams.home_region``), as ``simulate --store-region`` replays;
         ``remote_dollars_per_hour`` is what running there costs an hour (its saves written back).
+    :param restart_overhead_seconds: the job's restart, as the deadline rule budgets it (the operator's
+        ``restart_overhead_seconds``; ``simulate`` replays ``ours`` with its ``--restart-overhead-hours``);
+        None: the rule's default.
     """
     from airflow_spot.policy.deadline import WAIT, DeadlineState
     from airflow_spot.policy import decision as policy_decision
@@ -102,14 +106,16 @@ def plan(
     if not offers:
         raise NoOfferError(f"no offer of the market matches {gpus}; relax the GPU request")
     deadline_seconds = deadline.total_seconds() if deadline else None
-    params = DecisionParams()
+    restart = {} if restart_overhead_seconds is None else {"restart_overhead_seconds": float(restart_overhead_seconds)}
+    params = DecisionParams(deadline=observed_deadline_params(**restart))
     if step_seconds is not None and step_seconds > 0:
         unit = step_seconds
     elif deadline_seconds:
         # unknown speed: scale steps so that the whole job fills the window before the last restart; the
         # absolute slack is then meaningless, so only the line decides (no safety-net restarts)
         unit = max(deadline_seconds - params.deadline.restart_overhead_seconds, 1.0) / total_steps
-        params = DecisionParams(deadline=observed_deadline_params(safety_restarts=0.0), policy="uniform-progress")
+        params = DecisionParams(deadline=observed_deadline_params(safety_restarts=0.0, **restart),
+                                policy="uniform-progress")
     else:
         unit = 1.0
     if checkpoint_region is not None:

@@ -114,6 +114,10 @@ def newest_usable_step(store: ObjectStore) -> int | None:
     return None if newest is None else newest.step
 
 
+#: the restart the deadline rule budgets unless a job says its own (``restart_overhead_seconds``)
+DEFAULT_RESTART_SECONDS = 600.0
+
+
 class SpotSegmentOperator(BaseOperator):
     """Train steps ``[start_step, end_step)`` of a job on the cheapest suitable instance.
 
@@ -153,6 +157,10 @@ class SpotSegmentOperator(BaseOperator):
         them (launch and terminate at once, billed the minimum) so it can tell when a pool has settled.
     :param deferrable: wait in the triggerer (True) or in a worker slot (False); ``None`` (default) means
         True unless ``AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE`` says otherwise (see :func:`default_deferrable`).
+    :param restart_overhead_seconds: what a new instance costs before it trains (boot, restore, warm-up),
+        as the deadline rule budgets it (its floor, the restart of a switch, a move's cost); ``simulate``'s
+        ``--restart-overhead-hours`` is the same figure, so set it to the restart your job measures (the
+        page's start-up) for the operators to decide as the replay does. 600 s by default.
     :param capacity_recheck_seconds: when no offer of the plan can be launched (every pool refuses and the
         plan is to wait for spot), decide again after this long: a timer (deferred, or in the worker when
         not deferrable), not an Airflow try, so an outage spends no retries. The simulator's replay of
@@ -220,6 +228,7 @@ class SpotSegmentOperator(BaseOperator):
         step_profile: dict[str, float] | None = None,
         capacity_recheck_seconds: float = 60.0,
         max_capacity_wait_seconds: float = 24 * 3600.0,
+        restart_overhead_seconds: float = DEFAULT_RESTART_SECONDS,
         checkpoint_region: str | None = None,
         transfer_seconds: float = 0.0,
         transfer_dollars: float = 0.0,
@@ -253,6 +262,7 @@ class SpotSegmentOperator(BaseOperator):
         self.max_preemptions = int(max_preemptions)
         self.code_retries = int(code_retries)
         self.idle_timeout_seconds = float(idle_timeout_seconds)
+        self.restart_overhead_seconds = float(restart_overhead_seconds)
         self.poll_interval = float(poll_interval)
         self.startup_timeout = float(startup_timeout)
         self.heartbeat_timeout = float(heartbeat_timeout)
@@ -429,6 +439,7 @@ class SpotSegmentOperator(BaseOperator):
             transfer_seconds=transfer.seconds,
             transfer_dollars=transfer.dollars,
             remote_dollars_per_hour=transfer.dollars_per_hour,
+            restart_overhead_seconds=self.restart_overhead_seconds,
         )
 
         def replan() -> planning.Plan:  # after capacity refusals: the same decision, with them observed
@@ -863,7 +874,12 @@ class SpotSegmentOperator(BaseOperator):
     ) -> tuple[InstanceInfo, bool]:
         backend = self.hook.get_backend()
         warm = planning.pick_warm(alive, plan)
-        extra = [i.instance_id for i in alive if warm is None or i.instance_id != warm.instance_id]
+        # make before break: leaving on-demand for spot, the warm on-demand instance stays until a spot pool
+        # accepts; if every one refuses, the job stays on it (as the replay of `ours` does) instead of paying
+        # a new instance's restart
+        keep = next((i for i in alive if not i.offer.is_spot), None) if (
+            warm is None and plan.market is Market.SPOT and replan is not None) else None
+        extra = [i.instance_id for i in alive if (warm is None or i.instance_id != warm.instance_id) and i is not keep]
         if extra:  # warm instances we will not use only cost money
             self.log.info("terminating warm instances that are no longer a good offer: %s", extra)
             backend.terminate(extra)
@@ -883,15 +899,27 @@ class SpotSegmentOperator(BaseOperator):
             return warm, True  # priced now by pick_warm
         launched, errors = self._launch_first(context, store, plan.ranked, recorder)
         if launched is not None:
+            self._let_go(store, keep, rows, f"left for spot in {launched.offer.pool}")
             return launched, False
         if replan is not None and plan.market is Market.SPOT and errors:
             # every spot offer refused: decide again with those refusals (on-demand, or wait = retry later)
             again = replan()
             self.log.info("every spot offer refused; plan with the refusals: %s", again.reason)
             if again.market is Market.ON_DEMAND:
-                return self._get_instance(context, store, again, [], recorder=recorder)
+                return self._get_instance(context, store, again, [keep] if keep else [], recorder=recorder,
+                                          rows=rows)
+        self._let_go(store, keep, rows, "no capacity now: the job waits")
         # No capacity anywhere right now: execute waits and decides again (not an Airflow try)
         raise NoCapacityNow("no offer could be launched now; tried: " + "; ".join(errors or ["no offers"]))
+
+    def _let_go(self, store, instance: InstanceInfo | None, rows, why: str) -> None:
+        """Terminate a warm instance kept while the job tried to leave it, and bill its idle time."""
+        if instance is None:
+            return
+        self.log.info("terminating the warm on-demand instance %s: %s", instance.instance_id, why)
+        self.hook.get_backend().terminate([instance.instance_id])
+        accounting.bill_idle(store, [instance.instance_id], list(rows), time.time(),
+                             accounting.billing_market(self.hook))
 
     def _launch_first(
         self, context: Context, store, offers, recorder: planning.AvailabilityRecorder | None,

@@ -245,7 +245,8 @@ _SET_BY_SPOT_TRAINING = frozenset({
 #: declare a healthy attempt lost (a false recovery restarts a healthy job)
 _SECONDS_OPTIONS = ("poll_interval", "startup_timeout", "heartbeat_timeout", "max_attempt_seconds",
                     "stall_timeout", "idle_timeout_seconds", "notice_window_seconds", "checkpoint_min_interval",
-                    "checkpoint_max_interval", "capacity_recheck_seconds", "max_capacity_wait_seconds")
+                    "checkpoint_max_interval", "capacity_recheck_seconds", "max_capacity_wait_seconds",
+                    "restart_overhead_seconds")
 MIN_HEARTBEAT_TIMEOUT = 10.0
 
 

@@ -103,6 +103,8 @@ class ForesightController(ObservedController):
         return d
 
     def _execute(self, d: AttemptDecision, view: View):
+        if d.market == WAIT and d.reason.startswith("foresight"):
+            return None  # a wait the future decided idles: trying the pools now is what it decided against
         if self.pool_by_future and d.market == Market.SPOT.value:
             d = replace(d, ranked=self._spot_first(view))
         return super()._execute(d, view)

@@ -183,9 +183,11 @@ class ObservedController:
         return None
 
     def _execute(self, d: AttemptDecision, view: View) -> tuple[str, int] | None | str:
-        """Carry the decision out; ``"refused"`` when every spot offer refused."""
+        """Carry the decision out; ``"refused"`` when every spot offer refused. ``wait`` is carried out as
+        the operators do (``as_launch_market``): the spot offers are tried, and the job idles only when all
+        refuse."""
         if d.market == WAIT:
-            return None
+            return self._launch_first(d.ranked, view) or "refused"
         if d.market == Market.ON_DEMAND.value:
             return ("on-demand", 0)
         if (view.running is not None and view.running[0] == "spot" and view.up[view.running[1]]
@@ -200,6 +202,9 @@ class ObservedController:
             self._next_at = view.now  # a preemption is a decision point
         if view.now < self._next_at:
             return view.running
+        if view.running is not None and view.running[0] == "spot":
+            # the segment that ends here is a ledger row whose end says the pool was up (``ledger_events``)
+            self._record(PoolEvent(view.pools[view.running[1]].name, "running", view.now))
         d = self._decide(view)
         if d.probe and self.probes:
             self._probe(view)
@@ -207,7 +212,8 @@ class ObservedController:
         target = self._execute(d, view)
         if target == "refused":
             d = self._decide(view)
-            target = self._execute(d, view)
+            # with the refusals: on-demand, or wait (retry later: the operators' capacity wait tries no more now)
+            target = None if d.market == WAIT else self._execute(d, view)
             if target == "refused":  # cannot happen after refusals, but never launch into a down pool
                 target = view.running if view.running and view.running[0] == "on-demand" else None
         self._where = target
