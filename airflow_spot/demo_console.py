@@ -69,6 +69,10 @@ def attempt_line(a: dict[str, Any], total_steps: int | None, cost_so_far: float,
             f"after {took:.1f} s: {kept} steps kept (next try resumes from step {resume + kept}), "
             f"{a.get('steps_lost') or 0} lost"
         )
+    if a.get("outcome") == "abandoned":
+        return (f"  x abandoned   segment {a.get('segment_index')} cut short on {where} after {took:.1f} s "
+                f"(its task killed or its try gone): {kept} steps kept, {a.get('steps_lost') or 0} lost; "
+                "billed, no budget spent; the segment runs again")
     if a.get("outcome") == "failed":
         return (f"  x failure     segment {a.get('segment_index')} failed on {where} after {took:.1f} s; "
                 f"its output: instances/{a.get('instance_id')}/attempts/{a.get('attempt_id')}.log "

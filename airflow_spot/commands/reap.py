@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from airflow_spot.backends import reap as base
 from airflow_spot.backends.base import LaunchError, backend_class, get_backend
@@ -94,6 +95,12 @@ class JobBilling:
             if attempts or idle:
                 lines.append(f"billed in {uri}: {attempts} attempt(s) nobody accounted for (abandoned), "
                              f"${idle:.4f} of idle time after their instances' last attempts")
+                try:  # the job's page reads its summary's totals: they follow the new bills
+                    if accounting.refresh_summary(store, time.time()):
+                        lines.append(f"  the job summary in {uri} now holds them (its cost: the ledger's)")
+                except Exception as exc:  # noqa: BLE001 - the bills stand; only the summary's totals lag
+                    print(f"airflow-spot reap: {uri}: job summary not updated ({type(exc).__name__}: {exc})",
+                          file=sys.stderr)
         return lines
 
 

@@ -215,8 +215,8 @@ def bill_idle(store: ObjectStore, instance_ids: Iterable[str], rows: list[Ledger
         last = max(own, key=lambda r: r.ended_at, default=None)
         # where its bill so far ends: a short first attempt paid the launch's minimum past its own end
         paid_to = max((r.started_at + AWS_MINIMUM_BILLED_SECONDS for r in own if r.new_instance), default=0.0)
-        if last is None or last.is_preemption or terminated_at <= max(last.ended_at, paid_to):
-            continue  # no attempt of its own (the attempt's row bills it), gone with a preemption, or paid
+        if last is None or _ended_with(last) or terminated_at <= max(last.ended_at, paid_to):
+            continue  # no attempt of its own (the attempt's row bills it), ended with its attempt, or paid
         try:
             started = max(last.ended_at, paid_to)
             row = LedgerRow(
@@ -233,6 +233,12 @@ def bill_idle(store: ObjectStore, instance_ids: Iterable[str], rows: list[Ledger
         except Exception as exc:  # noqa: BLE001 - only the bill is missing; the termination stands
             log.warning("idle time of %s not billed (%s: %s)", instance_id, type(exc).__name__, exc)
     return billed
+
+
+def _ended_with(row: LedgerRow) -> bool:
+    """Whether the instance ended with this attempt, never warm after it: preempted or lost, or abandoned
+    (its killer ended it; the shutdown's seconds after the kill are not billed)."""
+    return row.is_preemption or row.outcome == Outcome.ABANDONED.value
 
 
 def _idle_price(store: ObjectStore, market, last: LedgerRow, start: float, end: float) -> float:
@@ -268,11 +274,28 @@ def bill_idle_exits(store: ObjectStore, rows: list[LedgerRow], market=None) -> f
     try:
         billed = set(store.list(JobLayout.IDLE_PREFIX))
         exits = JobLayout(store).agent_exits(i for i, row in last.items()
-                                             if not row.is_preemption and JobLayout.idle_key(i) not in billed)
+                                             if not _ended_with(row) and JobLayout.idle_key(i) not in billed)
     except Exception as exc:  # noqa: BLE001 - only the bill is missing
         log.warning("instances that ended after their last attempt not billed (%s: %s)", type(exc).__name__, exc)
         return 0.0
     return sum(bill_idle(store, [instance_id], rows, at, market) for instance_id, at in sorted(exits.items()))
+
+
+def refresh_summary(store: ObjectStore, now: float) -> bool:
+    """Bring a job summary the finish task wrote (``JobLayout.SUMMARY_KEY``) up to the ledger after bills
+    written later (``airflow-spot reap``): its totals are recomputed, what the finish task said of the run
+    stays. False when there is no summary to refresh. The summary XCom (the list's row) is not rewritten."""
+    import json
+
+    from airflow_spot.storage.object_store import ObjectNotFound
+
+    try:
+        summary = json.loads(store.get_bytes(JobLayout.SUMMARY_KEY))
+    except ObjectNotFound:
+        return False
+    summary.update(summarize(store, now=now))
+    store.put_bytes(JobLayout.SUMMARY_KEY, json.dumps(summary, sort_keys=True, indent=2).encode())
+    return True
 
 
 def _readable(read, attempt_id: str):

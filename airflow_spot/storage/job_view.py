@@ -19,7 +19,7 @@ from airflow_spot.policy.checkpoint_interval import estimate_mtbf
 from airflow_spot.policy.estimate import (
     WARMUP_STEPS, AttemptPace, estimate_remaining, measure_overheads, robust_step_seconds,
 )
-from airflow_spot.policy.ledger import LedgerRow, summarize
+from airflow_spot.policy.ledger import AWS_MINIMUM_BILLED_SECONDS, LedgerRow, summarize
 from airflow_spot.storage.ledger_store import LEDGER_PREFIX, LedgerStore
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
 from airflow_spot.storage.overhead_history import job_name, prior_for
@@ -179,6 +179,16 @@ class JobView:
             out[obj.attempt_id] = obj
         return out
 
+    def _kills(self, listing: list[str], attempt_ids: list[str]) -> dict[str, float]:
+        """The recorded kills of ``attempt_ids`` (those the listing shows a kill record for)."""
+        keys = set(listing)
+        layout = JobLayout(self.store)
+        out = {}
+        for aid in attempt_ids:
+            if JobLayout.killed_key(aid) in keys and (at := layout.read_kill(aid)) is not None:
+                out[aid] = at
+        return out
+
     def statuses(self, listing: list[str] | None = None) -> dict[str, AttemptStatus]:
         return self._typed(JobLayout.STATUS_NAME, AttemptStatus, listing)
 
@@ -279,10 +289,13 @@ class JobView:
             and (since is None or r.ended_at >= since)
         )
 
-    def totals(self, now: float, rows: list[LedgerRow] | None = None) -> dict[str, Any]:
-        """Ledger totals plus the counts and times the finish task, the demo and the UI show."""
+    def totals(self, now: float, rows: list[LedgerRow] | None = None, probes: list[LedgerRow] | None = None,
+               idle: list[LedgerRow] | None = None) -> dict[str, Any]:
+        """Ledger totals plus the counts and times the finish task, the demo and the UI show (``rows``,
+        ``probes``, ``idle``: the bills, read here when not given)."""
         rows = self.ledger_rows() if rows is None else rows
-        out = summarize(rows, self.probe_rows(), self.idle_rows()).to_dict()
+        out = summarize(rows, self.probe_rows() if probes is None else probes,
+                        self.idle_rows() if idle is None else idle).to_dict()
         started = min((r.started_at for r in rows), default=now)
         out.update(
             lost=sum(r.outcome == Outcome.LOST.value for r in rows),
@@ -309,6 +322,7 @@ class JobView:
         marks = _checkpoint_marks(checkpoints)
         writes_by = {c["writer"]: c["save_seconds"] for c in sorted(checkpoints, key=lambda c: c["time"] or 0.0)
                      if c.get("writer") and c.get("save_seconds") is not None}
+        killed = self._kills(listing, [a for a in statuses if a not in rows])
         out = []
         for aid in sorted(set(launches) | set(rows) | set(statuses)):
             launch, st, hb, row = launches.get(aid, {}), statuses.get(aid), beats.get(aid), rows.get(aid)
@@ -316,16 +330,20 @@ class JobView:
             started = row.started_at if row else launch.get("billed_from") or (st.started_at if st else None)
             ended = row.ended_at if row else (st.ended_at if st else None)
             outcome = row.outcome if row else (st.outcome if st else "running")
+            if row is None and st is not None and not st.before_kill(killed.get(aid), launch.get("end_step")):
+                # the status its kill brought about, before anyone billed it: billed abandoned, to the kill
+                outcome, ended = Outcome.ABANDONED.value, min(ended, killed[aid])
             # a running attempt is priced as its market's history had it at the trigger's last read, else
-            # at its launch; its ledger row then bills the whole run
+            # at its launch; its ledger row then bills the whole run, and an ended one is priced to its end
+            # until its row lands (as the row will bill it: a new instance's minimum included)
             price = row.price_per_hour if row else (
-                live[aid].price_per_hour if aid in live and outcome == "running" else offer.get("price_per_hour"))
-            cost = row.cost if row else (
-                max(0.0, now - started) / 3600.0 * price if started is not None and price is not None
-                and outcome == "running" else None
-            )
+                live[aid].price_per_hour if aid in live else offer.get("price_per_hour"))
+            running = outcome == "running"
+            until = now if running else ended
+            minimum = 0.0 if running or launch.get("reused_instance", True) else AWS_MINIMUM_BILLED_SECONDS
             billed = row.billed_seconds if row else (
-                round(max(0.0, now - started), 3) if started is not None and outcome == "running" else None)
+                None if started is None or until is None else round(max(until - started, minimum, 0.0), 3))
+            cost = row.cost if row else (billed / 3600.0 * price if billed is not None and price is not None else None)
             resume = launch.get("resume_step")
             # the writer id its checkpoints carry (CheckpointStore's: the attempt id made key-safe)
             writer = safe_id(aid)
@@ -367,14 +385,19 @@ class JobView:
             ))
         return sorted(out, key=lambda a: (a.started_at if a.started_at is not None else float("inf"), a.attempt_id))
 
-    def progress_series(self, attempts: list[AttemptView], checkpoints: list[dict[str, Any]], now: float) -> list[dict]:
-        """Points ``(time, committed step, cost so far)`` for the chart: one per checkpoint, attempt start and end.
+    def progress_series(self, attempts: list[AttemptView], checkpoints: list[dict[str, Any]], now: float,
+                        bills: Iterable[LedgerRow] = ()) -> list[dict]:
+        """Points ``(time, committed step, cost so far)`` for the chart: one per checkpoint, attempt start and
+        end, and other bill's start and end (``bills``: idle and probe rows, which the job's cost holds too).
 
-        Cost between points grows with the attempts that were running then (each billed from its start).
+        Cost between points grows with the attempts that were running then (each billed from its start) and
+        with each other bill over its own time, so that a finished job's last point is its cost.
         """
+        bills = [b for b in bills if b.ended_at >= b.started_at]
         times = sorted({c["time"] for c in checkpoints} | {a.ended_at for a in attempts if a.ended_at}
                        | {a.started_at for a in attempts if a.started_at} | ({now} if any(
-                           a.outcome == "running" for a in attempts) else set()))
+                           a.outcome == "running" for a in attempts) else set())
+                       | {b.started_at for b in bills} | {b.ended_at for b in bills})
         points = []
         # retention prunes old checkpoints, so progress also comes from each ended attempt's kept steps
         kept = [(a.ended_at, (a.resume_step or 0) + (a.steps_done or 0)) for a in attempts
@@ -389,6 +412,10 @@ class JobView:
                     cost += a.cost or 0.0
                 else:
                     cost += (t - a.started_at) / 3600.0 * a.price_per_hour
+            for b in bills:
+                if b.started_at <= t:
+                    span = b.ended_at - b.started_at
+                    cost += b.cost if t >= b.ended_at or span <= 0 else b.cost * (t - b.started_at) / span
             points.append({"time": t, "step": step, "cost": round(cost, 6)})
         return points
 
@@ -466,7 +493,8 @@ class JobView:
         checkpoints = self.checkpoints(statuses)
         ledger = self.readable_ledger_rows() if skip_unreadable else self.ledger_rows()
         attempts = self.attempts(now, checkpoints, ledger)
-        totals = self.totals(now, ledger)
+        probes, idle_bills = self.probe_rows(), self.idle_rows()
+        totals = self.totals(now, ledger, probes, idle_bills)
         record = self.job_record() or {}
         if total_steps is None:
             total_steps = (summary or {}).get("total_steps") or record.get("total_steps") or next(
@@ -474,8 +502,10 @@ class JobView:
         committed = max((c["step"] for c in checkpoints), default=None)
         running = [a for a in attempts if a.outcome == "running"]
         current = max([committed or 0] + [a.current_step or 0 for a in running])
-        # the running attempt's cost so far belongs in "cost so far", at its price so far (AttemptView.price_per_hour)
-        live_cost = sum(a.cost or 0.0 for a in running)
+        # the running attempt's cost so far belongs in "cost so far", at its price so far (AttemptView.price_per_hour),
+        # and so does an ended one whose ledger row has not landed yet (priced to its end, as the row will be)
+        billed_ids = {r.attempt_id for r in ledger}
+        live_cost = sum(a.cost or 0.0 for a in attempts if a.attempt_id not in billed_ids)
         live_on_demand = sum(
             (a.steps_done or 0) * (a.step_seconds or 0.0) / 3600.0 * (a.on_demand_price_per_hour or 0.0)
             for a in running
@@ -530,7 +560,7 @@ class JobView:
             "checkpoints": checkpoints,
             "broken_checkpoints": self.broken_checkpoints(statuses),
             "unreadable": list(self.unreadable),
-            "series": self.progress_series(attempts, checkpoints, now),
+            "series": self.progress_series(attempts, checkpoints, now, probes + idle_bills),
             "estimate": estimate,
             "summary": summary,
             "gpus": record.get("gpus"),
@@ -651,6 +681,11 @@ def _clock(seconds: float | None) -> str:
     return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
 
 
+def _dollars(value) -> str:
+    """``$0.1234``, or ``$?`` for a figure not known yet (no step time measured)."""
+    return "$?" if value is None else f"${value:.4f}"
+
+
 def progress_line(snap: dict[str, Any]) -> str:
     """One line for a task log: ``%``, steps/s, ETA and cost so far (from :meth:`JobView.snapshot`)."""
     est = snap.get("estimate") or {}
@@ -660,6 +695,6 @@ def progress_line(snap: dict[str, Any]) -> str:
     return (
         f"progress: step {snap.get('current_step')} of {snap.get('total_steps') or '?'} ({pct}), "
         f"{(1 / step) if step else 0:.2f} steps/s, ETA {_clock(est.get('remaining_seconds'))}, "
-        f"cost so far ${snap.get('cost', 0.0):.4f} (remaining ~${est.get('remaining_cost') or 0.0:.4f}), "
+        f"cost so far ${snap.get('cost', 0.0):.4f} (remaining ~{_dollars(est.get('remaining_cost'))}), "
         f"{n} preemption{'' if n == 1 else 's'}"
     )
