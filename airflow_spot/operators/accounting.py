@@ -8,6 +8,7 @@ the attempt left behind.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -17,7 +18,7 @@ from airflow_spot.operators.attempt_record import AttemptLaunch
 from airflow_spot.policy.ledger import AWS_MINIMUM_BILLED_SECONDS, LedgerRow, totals
 from airflow_spot.storage.job_view import JobView
 from airflow_spot.storage.ledger_store import LedgerStore
-from airflow_spot.storage.object_store import ObjectStore
+from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
 from airflow_spot.storage.protocol import JobLayout, Outcome, SchemaError
 
 log = logging.getLogger(__name__)
@@ -125,10 +126,10 @@ def account_abandoned(
     status, hb = _readable(layout.read_status, launch.attempt_id), _readable(layout.read_heartbeat, launch.attempt_id)
     own_end = status is not None and status.outcome in {o.value for o in Outcome}
     if own_end and not status.completed_through(launch.end_step):
-        if recorded_kill is not None and status.kill_seen is not None:
-            own_end = not status.kill_seen  # the agent's word (a caller records its kill first): no clock decides
-        else:  # before the caller's own termination (no record: only the clocks tell) and any recorded kill
-            own_end = (killed_at is None or status.ended_at < killed_at) and status.before_kill(recorded_kill)
+        # before any recorded kill (the agent's word, else the clocks); the caller's own termination is placed
+        # by the clocks only when the agent has not answered a recorded kill (a caller records its kill first)
+        answered = recorded_kill is not None and status.kill_seen is not None
+        own_end = status.before_kill(recorded_kill) and (answered or killed_at is None or status.ended_at < killed_at)
     if recorded_kill is not None:
         killed_at = recorded_kill if killed_at is None else min(killed_at, recorded_kill)
     if own_end:
@@ -285,10 +286,6 @@ def refresh_summary(store: ObjectStore, now: float) -> bool:
     """Bring a job summary the finish task wrote (``JobLayout.SUMMARY_KEY``) up to the ledger after bills
     written later (``airflow-spot reap``): its totals are recomputed, what the finish task said of the run
     stays. False when there is no summary to refresh. The summary XCom (the list's row) is not rewritten."""
-    import json
-
-    from airflow_spot.storage.object_store import ObjectNotFound
-
     try:
         summary = json.loads(store.get_bytes(JobLayout.SUMMARY_KEY))
     except ObjectNotFound:

@@ -872,7 +872,6 @@ class SpotSegmentOperator(BaseOperator):
         self, context: Context, store, plan: planning.Plan, alive: list[InstanceInfo],
         recorder: planning.AvailabilityRecorder | None = None, replan=None, rows: list[LedgerRow] = (),
     ) -> tuple[InstanceInfo, bool]:
-        backend = self.hook.get_backend()
         warm = planning.pick_warm(alive, plan)
         # make before break: leaving on-demand for spot, the warm on-demand instance stays until a spot pool
         # accepts; if every one refuses, the job stays on it (as the replay of `ours` does) instead of paying
@@ -881,25 +880,21 @@ class SpotSegmentOperator(BaseOperator):
             warm is None and plan.market is Market.SPOT and replan is not None) else None
         extra = [i.instance_id for i in alive if (warm is None or i.instance_id != warm.instance_id) and i is not keep]
         if extra:  # warm instances we will not use only cost money
-            self.log.info("terminating warm instances that are no longer a good offer: %s", extra)
-            backend.terminate(extra)
-            accounting.bill_idle(store, extra, list(rows), time.time(), accounting.billing_market(self.hook))
+            self._let_go(store, extra, rows, "no longer a good offer")
         if warm is not None:
             if warm.offer.is_spot and plan.move_to:
                 # make before break: the warm instance goes only once a cheaper pool has accepted
                 moved, errors = self._launch_first(context, store, plan.move_to, recorder, optional=True)
                 if moved is not None:
                     self.log.info("moved from %s to the cheaper %s (%s)", warm.offer.pool, moved.offer.pool, plan.reason)
-                    backend.terminate([warm.instance_id])
-                    accounting.bill_idle(store, [warm.instance_id], list(rows), time.time(),
-                                         accounting.billing_market(self.hook))
+                    self._let_go(store, [warm.instance_id], rows, f"moved to {moved.offer.pool}")
                     return moved, False
                 self.log.info("cheaper pools refused (%s); keeping the warm instance in %s", "; ".join(errors),
                               warm.offer.pool)
             return warm, True  # priced now by pick_warm
         launched, errors = self._launch_first(context, store, plan.ranked, recorder)
         if launched is not None:
-            self._let_go(store, keep, rows, f"left for spot in {launched.offer.pool}")
+            self._let_go(store, [keep.instance_id] if keep else [], rows, f"left for spot in {launched.offer.pool}")
             return launched, False
         if replan is not None and plan.market is Market.SPOT and errors:
             # every spot offer refused: decide again with those refusals (on-demand, or wait = retry later)
@@ -908,18 +903,17 @@ class SpotSegmentOperator(BaseOperator):
             if again.market is Market.ON_DEMAND:
                 return self._get_instance(context, store, again, [keep] if keep else [], recorder=recorder,
                                           rows=rows)
-        self._let_go(store, keep, rows, "no capacity now: the job waits")
+        self._let_go(store, [keep.instance_id] if keep else [], rows, "no capacity now: the job waits")
         # No capacity anywhere right now: execute waits and decides again (not an Airflow try)
         raise NoCapacityNow("no offer could be launched now; tried: " + "; ".join(errors or ["no offers"]))
 
-    def _let_go(self, store, instance: InstanceInfo | None, rows, why: str) -> None:
-        """Terminate a warm instance kept while the job tried to leave it, and bill its idle time."""
-        if instance is None:
+    def _let_go(self, store, instance_ids: list[str], rows, why: str) -> None:
+        """Terminate warm instances the job will not use, and bill their idle time since their last attempt."""
+        if not instance_ids:
             return
-        self.log.info("terminating the warm on-demand instance %s: %s", instance.instance_id, why)
-        self.hook.get_backend().terminate([instance.instance_id])
-        accounting.bill_idle(store, [instance.instance_id], list(rows), time.time(),
-                             accounting.billing_market(self.hook))
+        self.log.info("terminating warm instances %s: %s", instance_ids, why)
+        self.hook.get_backend().terminate(instance_ids)
+        accounting.bill_idle(store, instance_ids, list(rows), time.time(), accounting.billing_market(self.hook))
 
     def _launch_first(
         self, context: Context, store, offers, recorder: planning.AvailabilityRecorder | None,

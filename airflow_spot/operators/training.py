@@ -125,12 +125,11 @@ class SpotJobSummaryOperator(BaseOperator):
             self.log.info("terminating the job's instances: %s", leftover)
             backend.terminate(leftover)
         store = store or hook.get_store(self.checkpoint_uri)  # it failed above: the task fails on it, after the end
+        market = accounting.billing_market(hook)  # the job's own: its market_options price what is billed here
         if unaccounted:
-            accounting.bill_abandoned(store, unaccounted, set(leftover), terminated_at,
-                                      accounting.billing_market(hook))
+            accounting.bill_abandoned(store, unaccounted, set(leftover), terminated_at, market)
         try:  # a warm instance nobody reused ran from its last attempt's end until now, or until it timed out
             rows = accounting.read_rows(store)
-            market = accounting.billing_market(hook)
             if running:
                 accounting.bill_idle(store, running, rows, terminated_at, market)
             accounting.bill_idle_exits(store, rows, market)
