@@ -71,6 +71,7 @@ def plan(
     transfer_dollars: float = 0.0,
     remote_dollars_per_hour: float = 0.0,
     restart_overhead_seconds: float | None = None,
+    step_profile: dict[str, float] | None = None,
 ) -> Plan:
     """Rank the offers for the next attempt with :func:`airflow_spot.policy.decision.decide_attempt`, the
     function the simulator's ``ours`` replays, fed by one
@@ -91,6 +92,9 @@ def plan(
     :param restart_overhead_seconds: the job's restart, as the deadline rule budgets it (the operator's
         ``restart_overhead_seconds``; ``simulate`` replays ``ours`` with its ``--restart-overhead-hours``);
         None: the rule's default.
+    :param step_profile: the job's declared seconds per step per GPU model (``segment_options``'
+        ``step_profile``): before any heartbeat measured a step time, the deadline rule takes the profile's
+        time on the slowest GPU offered (:func:`profile_step_seconds`) instead of only the Uniform Progress line.
     """
     from airflow_spot.policy.deadline import WAIT, DeadlineState
     from airflow_spot.policy import decision as policy_decision
@@ -106,6 +110,9 @@ def plan(
     if not offers:
         raise NoOfferError(f"no offer of the market matches {gpus}; relax the GPU request")
     deadline_seconds = deadline.total_seconds() if deadline else None
+    declared = None
+    if not (step_seconds is not None and step_seconds > 0) and step_profile:
+        step_seconds = declared = profile_step_seconds(step_profile, offers)
     restart = {} if restart_overhead_seconds is None else {"restart_overhead_seconds": float(restart_overhead_seconds)}
     params = DecisionParams(deadline=observed_deadline_params(**restart))
     if step_seconds is not None and step_seconds > 0:
@@ -141,6 +148,7 @@ def plan(
         reason=(
             f"{decision.market} ({decision.reason}); "
             f"best {best.instance_type} in {best.zone} at ${best.price_per_hour:.4f}/h"
+            + ("" if declared is None else f"; {declared:.3g} s per step from the declared step_profile")
             + ("" if decision.preemption_rate_per_hour is None
                else f"; this job's preemptions {decision.preemption_rate_per_hour:.2f}/h with the prior")
         ),
@@ -153,6 +161,31 @@ def plan(
         market_offers=market_offers,
         price_cap=gpus.max_price_per_hour,
     )
+
+
+def profile_step_seconds(profile: dict[str, float], offers: Sequence[Offer]) -> float | None:
+    """Seconds per step a declared ``{GPU model: seconds}`` profile predicts on the slowest of ``offers``
+    (scaled by the catalog's relative throughputs, as the UI's ranking before the start): the deadline is
+    then budgeted for any instance the job may get. None when no offer's GPU has a throughput figure."""
+    from airflow_spot.market.throughput import instance_throughput
+    from airflow_spot.policy.estimate import fit_step_time
+
+    measured = {}
+    for gpu, seconds in profile.items():
+        try:
+            measured[instance_throughput(gpu, 1)] = float(seconds)
+        except KeyError:
+            continue
+    if not measured:
+        return None
+    model = fit_step_time(measured)
+    times = []
+    for o in offers:
+        try:
+            times.append(model.step_seconds(instance_throughput(o.gpu_name, o.gpu_count)))
+        except KeyError:
+            continue
+    return max(times, default=None)
 
 
 #: accounted attempts, newest first by their ledger row's end, whose heartbeats a segment start reads

@@ -39,6 +39,7 @@ from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.links.attempt import SpotAttemptLink, SpotJobLink
 from airflow_spot.operators import accounting, planning
 from airflow_spot.operators.attempt_record import AttemptLaunch, read_job, write_job
+from airflow_spot.operators.restart_budget import RestartBudget, fresh_starts, restart_budget
 from airflow_spot.operators.retry import segment_retry_policy
 from airflow_spot.operators.validation import (
     validate_gpus, validate_option_names, validate_places, validate_step_profile,
@@ -50,7 +51,7 @@ from airflow_spot.storage.checkpoint import DIGEST_ENV, NoUsableCheckpointError,
 from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.manifest import Manifest
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError, store_errors
-from airflow_spot.storage.protocol import JobLayout, Outcome, SchemaError, SegmentRequest, safe_id
+from airflow_spot.storage.protocol import Heartbeat, JobLayout, Outcome, SchemaError, SegmentRequest, safe_id
 from airflow_spot.triggers.completion import summarize
 from airflow_spot.triggers.segment import DEFAULT_STALL_TIMEOUT, EVENT_KEYS, SegmentTrigger
 
@@ -114,7 +115,7 @@ def newest_usable_step(store: ObjectStore) -> int | None:
     return None if newest is None else newest.step
 
 
-#: the restart the deadline rule budgets unless a job says its own (``restart_overhead_seconds``)
+#: the restart the deadline rule budgets before the job or its deployment has measured one
 DEFAULT_RESTART_SECONDS = 600.0
 
 
@@ -157,10 +158,12 @@ class SpotSegmentOperator(BaseOperator):
         them (launch and terminate at once, billed the minimum) so it can tell when a pool has settled.
     :param deferrable: wait in the triggerer (True) or in a worker slot (False); ``None`` (default) means
         True unless ``AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE`` says otherwise (see :func:`default_deferrable`).
-    :param restart_overhead_seconds: what a new instance costs before it trains (boot, restore, warm-up),
-        as the deadline rule budgets it (its floor, the restart of a switch, a move's cost); ``simulate``'s
-        ``--restart-overhead-hours`` is the same figure, so set it to the restart your job measures (the
-        page's start-up) for the operators to decide as the replay does. 600 s by default.
+    :param restart_overhead_seconds: what a new instance costs before it trains, as the deadline rule
+        budgets it (its floor, the restart of a switch, a move's cost). None (default): measured — the
+        median of the job's recent fresh starts (launch to the end of the first training step) plus the
+        hand-off after a preemption, else the deployment's jobs' figures, else 600 s
+        (``operators/restart_budget.py``); the plan's log line says which. A number pins it: ``simulate``'s
+        ``--restart-overhead-hours`` is the same figure.
     :param capacity_recheck_seconds: when no offer of the plan can be launched (every pool refuses and the
         plan is to wait for spot), decide again after this long: a timer (deferred, or in the worker when
         not deferrable), not an Airflow try, so an outage spends no retries. The simulator's replay of
@@ -228,7 +231,7 @@ class SpotSegmentOperator(BaseOperator):
         step_profile: dict[str, float] | None = None,
         capacity_recheck_seconds: float = 60.0,
         max_capacity_wait_seconds: float = 24 * 3600.0,
-        restart_overhead_seconds: float = DEFAULT_RESTART_SECONDS,
+        restart_overhead_seconds: float | None = None,
         checkpoint_region: str | None = None,
         transfer_seconds: float = 0.0,
         transfer_dollars: float = 0.0,
@@ -262,7 +265,7 @@ class SpotSegmentOperator(BaseOperator):
         self.max_preemptions = int(max_preemptions)
         self.code_retries = int(code_retries)
         self.idle_timeout_seconds = float(idle_timeout_seconds)
-        self.restart_overhead_seconds = float(restart_overhead_seconds)
+        self.restart_overhead_seconds = None if restart_overhead_seconds is None else float(restart_overhead_seconds)
         self.poll_interval = float(poll_interval)
         self.startup_timeout = float(startup_timeout)
         self.heartbeat_timeout = float(heartbeat_timeout)
@@ -424,6 +427,7 @@ class SpotSegmentOperator(BaseOperator):
         # warm instances that timed out idle since: in the cost so far
         accounting.bill_idle_exits(store, rows, market)
         step_seconds = planning.measured_step_seconds(JobLayout(store), rows)
+        restart = self._restart_budget(store, rows, recorder)
         home, transfer = self._checkpoint_transfer(store, newest, step_seconds)
         plan_inputs = dict(
             done_steps=latest or 0,
@@ -439,7 +443,8 @@ class SpotSegmentOperator(BaseOperator):
             transfer_seconds=transfer.seconds,
             transfer_dollars=transfer.dollars,
             remote_dollars_per_hour=transfer.dollars_per_hour,
-            restart_overhead_seconds=self.restart_overhead_seconds,
+            restart_overhead_seconds=restart.seconds,
+            step_profile=self.spot_job.get("step_profile"),
         )
 
         def replan() -> planning.Plan:  # after capacity refusals: the same decision, with them observed
@@ -456,7 +461,7 @@ class SpotSegmentOperator(BaseOperator):
                                            self.log, bill=lambda o, info, ended: self._bill_probe(store, o, info, ended))
             self.log.info("probed %d spot pools while on on-demand", answered)
             plan = replan()
-        self.log.info("offer plan: %s", plan.reason)
+        self.log.info("offer plan: %s; %s", plan.reason, restart.describe())
         advice = planning.segment_length_advice(self.end_step - self.start_step, plan_inputs["step_seconds"],
                                                 self.deadline)
         if advice:
@@ -855,6 +860,25 @@ class SpotSegmentOperator(BaseOperator):
             tags={**self._tags(context), TAG_TASK: self.task_id}, idle_timeout_seconds=60.0,
             env=self.hook.instance_env(self.checkpoint_uri), max_price_per_hour=self.gpus.max_price_per_hour,
         )
+
+    def _restart_budget(self, store, rows, recorder) -> RestartBudget:
+        """The restart the deadline rule budgets: the DAG's figure, else the job's measured start-up and
+        hand-off (``operators/restart_budget.py``)."""
+        from airflow_spot.storage.overhead_history import job_name, prior_for
+
+        if self.restart_overhead_seconds is not None:
+            return restart_budget((), {}, declared=self.restart_overhead_seconds, default=DEFAULT_RESTART_SECONDS)
+        keys = [JobLayout.heartbeat_key(r.attempt_id) for r in fresh_starts(rows)]
+        beats = {}
+        for raw in store.get_many(keys).values() if keys else ():
+            try:
+                hb = Heartbeat.from_json(raw)
+            except (KeyError, SchemaError):  # an unreadable beat measures nothing; the others stand
+                continue
+            beats[hb.attempt_id] = hb
+        refused = [e.at for e in recorder.job_events() if e.kind == "refused"]
+        return restart_budget(rows, beats, declared=None, default=DEFAULT_RESTART_SECONDS,
+                              prior=lambda: prior_for(store, exclude_job=job_name(store.uri)), refused_at=refused)
 
     def _availability(self, store) -> planning.AvailabilityRecorder:
         """The job's and the deployment's availability logs (``storage/availability.py``)."""

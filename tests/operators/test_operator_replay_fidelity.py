@@ -139,7 +139,8 @@ def test_the_operator_and_the_replay_decide_with_the_same_restart_overhead(tmp_p
     replay measures a more cautious rule than the operators run: an idle job with 1650 s of slack starts
     on spot in the operators (1650 - 600 >= 900) and on on-demand in the replay (1650 - 720 < 1080).
     Should: one restart figure on both sides: the operators take the job's restart
-    (``restart_overhead_seconds``, the figure ``simulate --restart-overhead-hours`` replays).
+    (``restart_overhead_seconds``, the figure ``simulate --restart-overhead-hours`` replays). Since
+    2026-11-28 they also measure it when the DAG does not say it (``tests/operators/test_restart_budget.py``).
     """
     op, _store, _rec, _context = _operator(tmp_path)
     market = op.hook.get_market()
@@ -150,10 +151,12 @@ def test_the_operator_and_the_replay_decide_with_the_same_restart_overhead(tmp_p
     target = ObservedController().decide(_view(spec, spot, od, 0.0, [True] * len(spot), 0.0))
     sim_market = None if target is None else target[0]
     now = time.time()
+    # a job that neither says nor has measured its restart budgets the default 600 s
+    unmeasured = op._restart_budget(_store, [], _rec).seconds
     p = planning.plan(market, GPUS, now=now, done_steps=0, total_steps=int(HOUR), job_started_at=now,
                       deadline=timedelta(seconds=HOUR + slack), ledger_rows=[], step_seconds=1.0,
-                      restart_overhead_seconds=op.restart_overhead_seconds)
-    assert op.restart_overhead_seconds == 600.0  # the operators' default: a job that does not say its own
+                      restart_overhead_seconds=unmeasured)
+    assert unmeasured == 600.0
     assert p.market.value == "spot" and sim_market == "on-demand"
     # a job that says its restart (the figure simulate replays) decides as the replay does
     op = type(op)(task_id="segment_001", command=["python", "train.py"], checkpoint_uri=f"file://{tmp_path}/job",

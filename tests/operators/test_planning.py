@@ -689,3 +689,25 @@ def test_a_warm_spot_instance_whose_pool_now_costs_as_much_as_on_demand_is_let_g
     base = Plan(ranked=[o], market=Market.SPOT, reason="", mtbf_seconds=None)
     assert pick_warm([warm], base) is not None
     assert pick_warm([warm], replace(base, leave_running=True)) is None
+
+
+def test_before_any_heartbeat_a_declared_step_profile_feeds_the_deadline_rule(market):
+    """The first segment has no measured step time: without a profile only the Uniform Progress line
+    decides (spot at the start); with a profile that says the work fills the window, the rule sees no
+    slack for a restart and starts on on-demand."""
+    from airflow_spot.operators.planning import profile_step_seconds
+    from airflow_spot.market.throughput import instance_throughput
+
+    offers = [o for o in market.offers(GPUS) if GPUS.matches(o)]
+    slowest = min(instance_throughput(o.gpu_name, o.gpu_count) for o in offers)
+    # 1000 steps at 35 s per step on the slowest GPU offered: 9.7 h of a 10 h window
+    profile = {"V100": 35.0 * slowest / instance_throughput("V100", 1)}
+    assert profile_step_seconds(profile, offers) == pytest.approx(35.0)
+    assert profile_step_seconds({"NOT-A-GPU": 1.0}, offers) is None
+    blind = make_plan(market, deadline=timedelta(hours=10))
+    assert blind.market is Market.SPOT
+    told = make_plan(market, deadline=timedelta(hours=10), step_profile=profile)
+    assert told.market is Market.ON_DEMAND and "declared step_profile" in told.reason
+    # a measured step time wins over the profile
+    fast = make_plan(market, deadline=timedelta(hours=10), step_profile=profile, step_seconds=1.0)
+    assert fast.market is Market.SPOT and "declared" not in fast.reason
