@@ -72,6 +72,7 @@ def plan(
     remote_dollars_per_hour: float = 0.0,
     restart_overhead_seconds: float | None = None,
     step_profile: dict[str, float] | None = None,
+    step_throughput: float | None = None,
 ) -> Plan:
     """Rank the offers for the next attempt with :func:`airflow_spot.policy.decision.decide_attempt`, the
     function the simulator's ``ours`` replays, fed by one
@@ -94,7 +95,11 @@ def plan(
         None: the rule's default.
     :param step_profile: the job's declared seconds per step per GPU model (``segment_options``'
         ``step_profile``): before any heartbeat measured a step time, the deadline rule takes the profile's
-        time on the slowest GPU offered (:func:`profile_step_seconds`) instead of only the Uniform Progress line.
+        time on the reference offer (:func:`work_reference`) instead of only the Uniform Progress line.
+    :param step_throughput: the relative throughput (``Offer.relative_throughput``) of the instance
+        ``step_seconds`` was measured on. The deadline rule counts work in seconds of its reference offer,
+        the on-demand instance it falls back to: a job measured on a fast spot type and falling back to a
+        slower on-demand type needs more time than its measured pace says. None: measured on that type.
     """
     from airflow_spot.policy.deadline import WAIT, DeadlineState
     from airflow_spot.policy import decision as policy_decision
@@ -110,9 +115,14 @@ def plan(
     if not offers:
         raise NoOfferError(f"no offer of the market matches {gpus}; relax the GPU request")
     deadline_seconds = deadline.total_seconds() if deadline else None
-    declared = None
-    if not (step_seconds is not None and step_seconds > 0) and step_profile:
-        step_seconds = declared = profile_step_seconds(step_profile, offers)
+    declared, converted = None, False
+    reference = work_reference(offers)
+    if step_seconds is not None and step_seconds > 0:
+        if step_throughput and step_throughput > 0:
+            converted = abs(step_throughput - reference.relative_throughput) > 1e-9
+            step_seconds = step_seconds * step_throughput / reference.relative_throughput
+    elif step_profile:
+        step_seconds = declared = profile_step_seconds(step_profile, reference)
     restart = {} if restart_overhead_seconds is None else {"restart_overhead_seconds": float(restart_overhead_seconds)}
     params = DecisionParams(deadline=observed_deadline_params(**restart))
     if step_seconds is not None and step_seconds > 0:
@@ -149,6 +159,7 @@ def plan(
             f"{decision.market} ({decision.reason}); "
             f"best {best.instance_type} in {best.zone} at ${best.price_per_hour:.4f}/h"
             + ("" if declared is None else f"; {declared:.3g} s per step from the declared step_profile")
+            + ("" if not converted else f"; work counted at {reference.instance_type}'s pace")
             + ("" if decision.preemption_rate_per_hour is None
                else f"; this job's preemptions {decision.preemption_rate_per_hour:.2f}/h with the prior")
         ),
@@ -163,10 +174,22 @@ def plan(
     )
 
 
-def profile_step_seconds(profile: dict[str, float], offers: Sequence[Offer]) -> float | None:
-    """Seconds per step a declared ``{GPU model: seconds}`` profile predicts on the slowest of ``offers``
-    (scaled by the catalog's relative throughputs, as the UI's ranking before the start): the deadline is
-    then budgeted for any instance the job may get. None when no offer's GPU has a throughput figure."""
+def work_reference(offers: Sequence[Offer]) -> Offer:
+    """The offer whose speed the deadline rule counts work in: the on-demand offer it falls back to (the
+    cheapest per unit of work), so that "the work left fits on on-demand" holds on the instance it would
+    get; with no on-demand offer, the slowest offer."""
+    from airflow_spot.policy.offer_ranking import cost_per_step
+
+    on_demand = [o for o in offers if not o.is_spot]
+    if on_demand:
+        return min(on_demand, key=cost_per_step)
+    return min(offers, key=lambda o: o.relative_throughput)
+
+
+def profile_step_seconds(profile: dict[str, float], offer: Offer) -> float | None:
+    """Seconds per step a declared ``{GPU model: seconds}`` profile predicts on ``offer``, scaled by the
+    catalog's relative throughputs (as the UI's ranking before the start). None when neither the profile's
+    GPUs nor the offer's have a throughput figure."""
     from airflow_spot.market.throughput import instance_throughput
     from airflow_spot.policy.estimate import fit_step_time
 
@@ -178,14 +201,10 @@ def profile_step_seconds(profile: dict[str, float], offers: Sequence[Offer]) -> 
             continue
     if not measured:
         return None
-    model = fit_step_time(measured)
-    times = []
-    for o in offers:
-        try:
-            times.append(model.step_seconds(instance_throughput(o.gpu_name, o.gpu_count)))
-        except KeyError:
-            continue
-    return max(times, default=None)
+    try:
+        return fit_step_time(measured).step_seconds(instance_throughput(offer.gpu_name, offer.gpu_count))
+    except KeyError:
+        return None
 
 
 #: accounted attempts, newest first by their ledger row's end, whose heartbeats a segment start reads
@@ -193,7 +212,15 @@ RECENT_HEARTBEATS = 8
 
 
 def measured_step_seconds(layout: Any, rows: list | None = None) -> float | None:
-    """Seconds per step of the job's most recent heartbeat (any attempt), or None before the first.
+    """Seconds per step of the job's most recent heartbeat (any attempt), or None before the first
+    (see :func:`measured_step`)."""
+    beat = measured_step(layout, rows)
+    return beat.step_time_ewma if beat is not None else None
+
+
+def measured_step(layout: Any, rows: list | None = None) -> Any:
+    """The job's most recent heartbeat with a step time (any attempt; its ``attempt_id`` says which
+    instance measured it), or None before the first.
 
     :param rows: the job's ledger rows, when the caller has them: then only the heartbeats of the attempts
         without a row (running, or not yet accounted) and of the :data:`RECENT_HEARTBEATS` accounted ones
@@ -217,7 +244,7 @@ def measured_step_seconds(layout: Any, rows: list | None = None) -> float | None
     return _newest_step_time(layout.store.get_many(keys).values())
 
 
-def _newest_step_time(raws) -> float | None:
+def _newest_step_time(raws) -> Any:
     from airflow_spot.storage.protocol import Heartbeat, SchemaError
 
     newest = None
@@ -228,7 +255,7 @@ def _newest_step_time(raws) -> float | None:
             continue
         if hb.step_time_ewma and (newest is None or hb.time > newest.time):
             newest = hb
-    return newest.step_time_ewma if newest else None
+    return newest
 
 
 #: a segment longer than this keeps a job on on-demand long after spot is back: with a deadline, where the

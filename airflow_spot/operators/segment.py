@@ -426,7 +426,8 @@ class SpotSegmentOperator(BaseOperator):
         market = self.hook.get_market().with_availability_log(recorder.deployment_log)
         # warm instances that timed out idle since: in the cost so far
         accounting.bill_idle_exits(store, rows, market)
-        step_seconds = planning.measured_step_seconds(JobLayout(store), rows)
+        beat = planning.measured_step(JobLayout(store), rows)
+        step_seconds = beat.step_time_ewma if beat is not None else None
         restart = self._restart_budget(store, rows, recorder)
         home, transfer = self._checkpoint_transfer(store, newest, step_seconds)
         plan_inputs = dict(
@@ -445,6 +446,7 @@ class SpotSegmentOperator(BaseOperator):
             remote_dollars_per_hour=transfer.dollars_per_hour,
             restart_overhead_seconds=restart.seconds,
             step_profile=self.spot_job.get("step_profile"),
+            step_throughput=self._throughput_of(store, beat.attempt_id) if beat is not None else None,
         )
 
         def replan() -> planning.Plan:  # after capacity refusals: the same decision, with them observed
@@ -860,6 +862,15 @@ class SpotSegmentOperator(BaseOperator):
             tags={**self._tags(context), TAG_TASK: self.task_id}, idle_timeout_seconds=60.0,
             env=self.hook.instance_env(self.checkpoint_uri), max_price_per_hour=self.gpus.max_price_per_hour,
         )
+
+    @staticmethod
+    def _throughput_of(store, attempt_id: str) -> float | None:
+        """The relative throughput of the instance an attempt ran on (its launch record's offer)."""
+        try:
+            launch = AttemptLaunch.read(store, attempt_id)
+        except (SchemaError, ValueError, TypeError, KeyError):  # an unreadable record: the pace counts as measured
+            return None
+        return launch.offer_obj.relative_throughput if launch is not None else None
 
     def _restart_budget(self, store, rows, recorder) -> RestartBudget:
         """The restart the deadline rule budgets: the DAG's figure, else the job's measured start-up and

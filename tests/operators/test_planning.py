@@ -693,17 +693,18 @@ def test_a_warm_spot_instance_whose_pool_now_costs_as_much_as_on_demand_is_let_g
 
 def test_before_any_heartbeat_a_declared_step_profile_feeds_the_deadline_rule(market):
     """The first segment has no measured step time: without a profile only the Uniform Progress line
-    decides (spot at the start); with a profile that says the work fills the window, the rule sees no
-    slack for a restart and starts on on-demand."""
-    from airflow_spot.operators.planning import profile_step_seconds
+    decides (spot at the start); with a profile that says the work fills the window on the on-demand
+    instance the rule falls back to, the rule sees no slack for a restart and starts on on-demand."""
     from airflow_spot.market.throughput import instance_throughput
+    from airflow_spot.operators.planning import profile_step_seconds, work_reference
 
     offers = [o for o in market.offers(GPUS) if GPUS.matches(o)]
-    slowest = min(instance_throughput(o.gpu_name, o.gpu_count) for o in offers)
-    # 1000 steps at 35 s per step on the slowest GPU offered: 9.7 h of a 10 h window
-    profile = {"V100": 35.0 * slowest / instance_throughput("V100", 1)}
-    assert profile_step_seconds(profile, offers) == pytest.approx(35.0)
-    assert profile_step_seconds({"NOT-A-GPU": 1.0}, offers) is None
+    ref = work_reference(offers)
+    assert not ref.is_spot
+    # 1000 steps at 35 s per step on the reference: 9.7 h of a 10 h window
+    profile = {"V100": 35.0 * instance_throughput(ref.gpu_name, ref.gpu_count) / instance_throughput("V100", 1)}
+    assert profile_step_seconds(profile, ref) == pytest.approx(35.0)
+    assert profile_step_seconds({"NOT-A-GPU": 1.0}, ref) is None
     blind = make_plan(market, deadline=timedelta(hours=10))
     assert blind.market is Market.SPOT
     told = make_plan(market, deadline=timedelta(hours=10), step_profile=profile)
@@ -711,3 +712,36 @@ def test_before_any_heartbeat_a_declared_step_profile_feeds_the_deadline_rule(ma
     # a measured step time wins over the profile
     fast = make_plan(market, deadline=timedelta(hours=10), step_profile=profile, step_seconds=1.0)
     assert fast.market is Market.SPOT and "declared" not in fast.reason
+
+
+def test_work_is_counted_at_the_pace_of_the_on_demand_instance_the_rule_falls_back_to(market):
+    """A step time measured on a spot type twice as fast as the on-demand reference: the work left takes
+    twice as long there. 5 of 10 h gone, 500 of 1000 steps done at 17 s/step measured on the fast type:
+    2.4 h left at that pace (ahead: spot), 4.7 h of the 5 h on the reference (less than a restart and the
+    floor's slack: on-demand)."""
+    from airflow_spot.operators.planning import work_reference
+
+    offers = [o for o in market.offers(GPUS) if GPUS.matches(o)]
+    ref = work_reference(offers)
+    args = dict(now=T0 + 5 * 3600, done_steps=500, deadline=timedelta(hours=10), step_seconds=17.0)
+    same = make_plan(market, step_throughput=ref.relative_throughput, **args)
+    assert same.market is Market.SPOT and "pace" not in same.reason
+    fast = make_plan(market, step_throughput=2 * ref.relative_throughput, **args)
+    assert fast.market is Market.ON_DEMAND
+    assert f"work counted at {ref.instance_type}'s pace" in fast.reason
+
+
+def test_the_operator_reads_which_instance_measured_the_step_time_from_its_launch_record(market, tmp_path):
+    from dataclasses import asdict
+
+    from airflow_spot.operators.attempt_record import AttemptLaunch
+    from airflow_spot.operators.segment import SpotSegmentOperator
+    from airflow_spot.storage.object_store import open_store
+
+    store = open_store(f"file://{tmp_path}/job")
+    fast = max((o for o in market.offers(GPUS) if GPUS.matches(o)), key=lambda o: o.relative_throughput)
+    AttemptLaunch(attempt_id="a1", segment_index=0, start_step=0, end_step=10, instance_id="i-1",
+                  offer=asdict(fast), requested_at=T0, billed_from=T0, reused_instance=False, try_number=1,
+                  task_id="segment_000").write(store)
+    assert SpotSegmentOperator._throughput_of(store, "a1") == fast.relative_throughput
+    assert SpotSegmentOperator._throughput_of(store, "never-launched") is None
