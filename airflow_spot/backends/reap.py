@@ -139,6 +139,10 @@ class Billing(Protocol):
     def after_terminate(self, instances: list[InstanceInfo], stopped: set[str], at: float) -> list[str]:
         """Bill; returns lines to print."""
 
+    def bill_ended(self, instances: list[InstanceInfo]) -> list[str]:
+        """Bill the attempts nobody accounted for on instances that ended before the reap (a run marked
+        failed skips its finish task, then the market reclaims the instance); returns lines to print."""
+
 
 def run(args: argparse.Namespace, backend: Backend | None = None, run_states: RunStates | None = None,
         billing: Billing | None = None) -> int:
@@ -156,20 +160,29 @@ def run(args: argparse.Namespace, backend: Backend | None = None, run_states: Ru
             print(f"airflow-spot reap: {problem}", file=sys.stderr)
             return 2
     now = time.time()
-    found = leftovers(backend.list_instances(dict(args.tag)), args.older_than, now)
+    listed = backend.list_instances(dict(args.tag))
+    found = leftovers(listed, args.older_than, now)
     live_ids = {i.instance_id for i in found}
     stopped = [i for i in stopped_leftovers(backend, dict(args.tag), args.older_than, now)
                if i.instance_id not in live_ids]
     stopped_ids = {i.instance_id for i in stopped}
     found += stopped
+    # instances that ended on their own (a reclaim, an idle timeout) may carry attempts nobody billed
+    ended = [i for i in listed if InstanceState(i.state).is_terminal() and i.instance_id not in stopped_ids] \
+        if billing is not None else []
     if run_states is not None:
-        found = of_finished_runs(found, run_states)
+        over = {i.instance_id for i in of_finished_runs(found + ended, run_states)}
+        found = [i for i in found if i.instance_id in over]
+        ended = [i for i in ended if i.instance_id in over]
     if args.purge_older_than is not None and not args.dry_run:
         purge = getattr(backend, "purge", None)
         if purge is None:
             print(f"airflow-spot reap: backend {args.backend!r} keeps no local records to purge", file=sys.stderr)
             return 2
         print(f"purged {len(purge(args.purge_older_than))} terminated instance record(s)")
+    if ended and billing is not None and not args.dry_run:
+        for line in billing.bill_ended(ended):
+            print(line)
     if not found:
         print("no live instances match")
         return 0

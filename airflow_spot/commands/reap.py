@@ -92,15 +92,46 @@ class JobBilling:
             except Exception as exc:  # noqa: BLE001 - the instances are gone; only the bill is missing
                 print(f"airflow-spot reap: {uri}: not billed ({type(exc).__name__}: {exc})", file=sys.stderr)
                 continue
-            if attempts or idle:
-                lines.append(f"billed in {uri}: {attempts} attempt(s) nobody accounted for (abandoned), "
-                             f"${idle:.4f} of idle time after their instances' last attempts")
-                try:  # the job's page reads its summary's totals: they follow the new bills
-                    if accounting.refresh_summary(store, time.time()):
-                        lines.append(f"  the job summary in {uri} now holds them (its cost: the ledger's)")
-                except Exception as exc:  # noqa: BLE001 - the bills stand; only the summary's totals lag
-                    print(f"airflow-spot reap: {uri}: job summary not updated ({type(exc).__name__}: {exc})",
-                          file=sys.stderr)
+            lines += self._billed(store, uri, attempts, idle)
+        return lines
+
+    def bill_ended(self, instances) -> list[str]:
+        """Attempts nobody accounted for on instances of finished runs that had already ended (their
+        statuses or heartbeats say how far they got), and warm instances that idled out after the run's
+        last attempt: what the finish task bills, for a run whose finish task never ran."""
+        from airflow_spot.operators import accounting
+
+        lines = []
+        for uri, ids in self._by_job(instances).items():
+            try:
+                store = self._stores.get(uri) or self.hook.get_store(uri)
+                launches = accounting.unaccounted_launches(store, lambda launch: launch.instance_id in ids)
+                market = accounting.billing_market(self.hook)
+                attempts = accounting.bill_abandoned(store, launches, set(), time.time(), market)
+                idle = accounting.bill_idle_exits(store, accounting.read_rows(store), market)
+            except Exception as exc:  # noqa: BLE001 - reaping goes on; only the bill is missing
+                print(f"airflow-spot reap: {uri}: ended instances not billed ({type(exc).__name__}: {exc})",
+                      file=sys.stderr)
+                continue
+            lines += self._billed(store, uri, attempts, idle, ended=True)
+        return lines
+
+    @staticmethod
+    def _billed(store, uri: str, attempts: int, idle: float, ended: bool = False) -> list[str]:
+        """The lines saying what was billed in one job, and its summary brought up to the ledger."""
+        from airflow_spot.operators import accounting
+
+        if not (attempts or idle):
+            return []
+        lines = [f"billed in {uri}: {attempts} attempt(s) nobody accounted for "
+                 f"({'on instances that had ended' if ended else 'abandoned'}), "
+                 f"${idle:.4f} of idle time after their instances' last attempts"]
+        try:  # the job's page reads its summary's totals: they follow the new bills
+            if accounting.refresh_summary(store, time.time()):
+                lines.append(f"  the job summary in {uri} now holds them (its cost: the ledger's)")
+        except Exception as exc:  # noqa: BLE001 - the bills stand; only the summary's totals lag
+            print(f"airflow-spot reap: {uri}: job summary not updated ({type(exc).__name__}: {exc})",
+                  file=sys.stderr)
         return lines
 
 

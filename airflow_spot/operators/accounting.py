@@ -187,11 +187,48 @@ def record_kills(store: ObjectStore, launches: Iterable[AttemptLaunch], at: floa
             log.warning("kill of attempt %s not recorded (%s: %s)", launch.attempt_id, type(exc).__name__, exc)
 
 
+#: how long a biller that has just ended instances waits for their agents' statuses: on EC2 a termination
+#: returns at once and the training process's emergency save (inside the shutdown) lands after; the status
+#: then says what it kept. Below the triggerer's ``on_kill_timeout`` (30 s by default).
+STATUS_WAIT_SECONDS = 20.0
+
+
+def wait_for_statuses(store: ObjectStore, attempt_ids: Iterable[str], timeout: float = STATUS_WAIT_SECONDS,
+                      poll: float = 0.5) -> set[str]:
+    """Wait, at most ``timeout`` seconds, until each attempt that trained (it has a heartbeat: a process
+    that may save on its way out) has its agent's status (an agent that answers writes it once the training
+    process's emergency save committed); returns the attempts that have one. Best effort: an attempt whose
+    agent never answers (the instance lost) is billed from its heartbeat after the wait."""
+    layout = JobLayout(store)
+    waiting, answered = set(attempt_ids), set()
+    deadline = time.monotonic() + timeout
+    first = True
+    while waiting:
+        for attempt_id in sorted(waiting):
+            try:
+                if layout.read_status(attempt_id) is not None:
+                    answered.add(attempt_id)
+                elif first and layout.read_heartbeat(attempt_id) is None:
+                    waiting.discard(attempt_id)  # never trained: no save to wait for
+            except Exception:  # noqa: BLE001 - torn or not answering: the wait goes on, the biller reads it again
+                continue
+        first = False
+        waiting -= answered
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(poll)
+    return answered
+
+
 def bill_abandoned(store: ObjectStore, launches: Iterable[AttemptLaunch], terminated: set[str],
                    terminated_at: float, market=None) -> int:
     """Bill each of ``launches`` (:func:`unaccounted_launches`) with :func:`account_abandoned`, the ones on an
     instance in ``terminated`` as ended at ``terminated_at`` at the latest. Best effort; returns how many
     rows were written."""
+    launches = list(launches)
+    ended = [launch.attempt_id for launch in launches if launch.instance_id in terminated]
+    if ended:  # their emergency saves land in the shutdown: bill what the statuses then say was kept
+        wait_for_statuses(store, ended)
     billed = 0
     now = time.time()
     for launch in launches:

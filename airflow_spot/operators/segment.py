@@ -632,6 +632,7 @@ class SpotSegmentOperator(BaseOperator):
                 self.log.warning("instance %s of killed attempt %s still runs: terminating it", launch.instance_id,
                                  launch.attempt_id)
                 backend.terminate([launch.instance_id])
+                accounting.wait_for_statuses(store, [launch.attempt_id])  # its emergency save, in the shutdown
         except Exception as exc:  # noqa: BLE001 - the finish task and reap end it then
             self.log.warning("instance %s of killed attempt %s not checked (%s: %s); billed later",
                              launch.instance_id, launch.attempt_id, type(exc).__name__, exc)

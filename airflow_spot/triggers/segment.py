@@ -650,6 +650,9 @@ class SegmentTrigger(BaseTrigger):
                 store = hook.get_store(self.job_uri)
                 launch = AttemptLaunch.read(store, self.attempt_id)
                 if launch is not None:
+                    # the emergency save lands in the shutdown (EC2's termination returns at once): its status
+                    # says what the attempt kept
+                    accounting.wait_for_statuses(store, [self.attempt_id])
                     market = accounting.billing_market(hook) if self.market_options is not None else None
                     accounting.account_abandoned(store, launch, now=time.time(), killed_at=killed_at, market=market)
             except Exception as exc:  # noqa: BLE001 - the finish task bills it then
