@@ -115,29 +115,35 @@ def plan(
     if not offers:
         raise NoOfferError(f"no offer of the market matches {gpus}; relax the GPU request")
     deadline_seconds = deadline.total_seconds() if deadline else None
-    declared, converted = None, False
-    reference = work_reference(offers)
-    if step_seconds is not None and step_seconds > 0:
-        if step_throughput and step_throughput > 0:
-            converted = abs(step_throughput - reference.relative_throughput) > 1e-9
-            step_seconds = step_seconds * step_throughput / reference.relative_throughput
-    elif step_profile:
-        step_seconds = declared = profile_step_seconds(step_profile, reference)
     restart = {} if restart_overhead_seconds is None else {"restart_overhead_seconds": float(restart_overhead_seconds)}
     params = DecisionParams(deadline=observed_deadline_params(**restart))
+    if checkpoint_region is not None:
+        params = replace(params, home_region=checkpoint_region, transfer_seconds=transfer_seconds,
+                         transfer_dollars=transfer_dollars, remote_dollars_per_hour=remote_dollars_per_hour)
+    # the deadline rule's work unit: a second on the on-demand instance it falls back to
+    measured = step_seconds if step_seconds is not None and step_seconds > 0 else None
+
+    def pace(ref: Offer) -> float | None:  # seconds per step on ``ref``
+        if measured is not None:
+            scale = step_throughput / ref.relative_throughput if step_throughput and step_throughput > 0 else 1.0
+            return measured * scale
+        return profile_step_seconds(step_profile, ref, market_offers) if step_profile else None
+
+    steps_left = max(0, total_steps - min(done_steps, total_steps))
+    reference = fallback_reference(offers, params, steps_left, pace)
+    step_seconds = pace(reference)
+    declared = step_seconds if measured is None else None
+    converted = measured is not None and step_seconds is not None and abs(step_seconds - measured) > 1e-9 * measured
     if step_seconds is not None and step_seconds > 0:
         unit = step_seconds
     elif deadline_seconds:
         # unknown speed: scale steps so that the whole job fills the window before the last restart; the
         # absolute slack is then meaningless, so only the line decides (no safety-net restarts)
         unit = max(deadline_seconds - params.deadline.restart_overhead_seconds, 1.0) / total_steps
-        params = DecisionParams(deadline=observed_deadline_params(safety_restarts=0.0, **restart),
-                                policy="uniform-progress")
+        params = replace(params, deadline=observed_deadline_params(safety_restarts=0.0, **restart),
+                         policy="uniform-progress")
     else:
         unit = 1.0
-    if checkpoint_region is not None:
-        params = replace(params, home_region=checkpoint_region, transfer_seconds=transfer_seconds,
-                         transfer_dollars=transfer_dollars, remote_dollars_per_hour=remote_dollars_per_hour)
     observed = getattr(market, "observations", None)
     deployment = list(observed(now)) if callable(observed) else []
     obs = JobObservation(
@@ -174,37 +180,57 @@ def plan(
     )
 
 
-def work_reference(offers: Sequence[Offer]) -> Offer:
-    """The offer whose speed the deadline rule counts work in: the on-demand offer it falls back to (the
-    cheapest per unit of work), so that "the work left fits on on-demand" holds on the instance it would
-    get; with no on-demand offer, the slowest offer."""
-    from airflow_spot.policy.offer_ranking import cost_per_step
+def work_reference(offers: Sequence[Offer], params: Any = None, work_left: float = 0.0) -> Offer:
+    """The offer whose pace the deadline rule counts work in: the on-demand offer it falls back to
+    (:func:`~airflow_spot.policy.decision.work_reference`, ranked as the decision ranks on-demand offers,
+    with the checkpoint's moves and remote saves of ``params``)."""
+    from airflow_spot.policy.decision import DecisionParams, work_reference as reference
 
-    on_demand = [o for o in offers if not o.is_spot]
-    if on_demand:
-        return min(on_demand, key=cost_per_step)
-    return min(offers, key=lambda o: o.relative_throughput)
+    return reference(offers, params or DecisionParams(), work_left)
 
 
-def profile_step_seconds(profile: dict[str, float], offer: Offer) -> float | None:
-    """Seconds per step a declared ``{GPU model: seconds}`` profile predicts on ``offer``, scaled by the
-    catalog's relative throughputs (as the UI's ranking before the start). None when neither the profile's
-    GPUs nor the offer's have a throughput figure."""
+def fallback_reference(offers: Sequence[Offer], params: Any, steps_left: int, pace: Any) -> Offer:
+    """:func:`work_reference` with the work left counted at the reference's own pace (``pace(offer)``:
+    seconds per step there, None unknown), since the ranking spreads a checkpoint's move over the work left:
+    the offer whose pace ranks it first. Where no offer is (the ranking flips between two), the slowest of
+    those met, so that the deadline holds on either."""
+    def work(ref: Offer | None) -> float:
+        seconds = pace(ref) if ref is not None else None
+        return steps_left * (seconds if seconds else 1.0)
+
+    ref = work_reference(offers, params, work(None))
+    seen = [ref]
+    for _ in range(4):
+        nxt = work_reference(offers, params, work(ref))
+        if nxt == ref:
+            return ref
+        if nxt in seen:
+            break
+        seen.append(nxt)
+        ref = nxt
+    return min(seen, key=lambda o: o.relative_throughput)
+
+
+def profile_step_seconds(profile: dict[str, float], offer: Offer, market_offers: Sequence[Offer] = ()) -> float | None:
+    """Seconds per step a declared ``{GPU model: seconds}`` profile predicts on ``offer``: fitted on the
+    profile's GPUs' relative throughputs (the market's, as its offers of one such GPU state them with any
+    ``throughput_overrides``; else the catalog's) and evaluated at ``offer.relative_throughput``, the figure
+    a measured step time is converted with. None when no GPU of the profile has a throughput figure."""
     from airflow_spot.market.throughput import instance_throughput
     from airflow_spot.policy.estimate import fit_step_time
 
+    per_gpu = {o.gpu_name: o.relative_throughput for o in market_offers if o.gpu_count == 1}
     measured = {}
     for gpu, seconds in profile.items():
         try:
-            measured[instance_throughput(gpu, 1)] = float(seconds)
+            x = per_gpu.get(gpu) or instance_throughput(gpu, 1)
         except KeyError:
             continue
-    if not measured:
+        if x > 0:
+            measured[x] = float(seconds)
+    if not measured or not offer.relative_throughput > 0:
         return None
-    try:
-        return fit_step_time(measured).step_seconds(instance_throughput(offer.gpu_name, offer.gpu_count))
-    except KeyError:
-        return None
+    return fit_step_time(measured).step_seconds(offer.relative_throughput)
 
 
 #: accounted attempts, newest first by their ledger row's end, whose heartbeats a segment start reads

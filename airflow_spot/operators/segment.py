@@ -160,8 +160,8 @@ class SpotSegmentOperator(BaseOperator):
         True unless ``AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE`` says otherwise (see :func:`default_deferrable`).
     :param restart_overhead_seconds: what a new instance costs before it trains, as the deadline rule
         budgets it (its floor, the restart of a switch, a move's cost). None (default): measured — the
-        median of the job's recent fresh starts (launch to the end of the first training step) plus the
-        hand-off after a preemption, else the deployment's jobs' figures, else 600 s
+        median of the job's recent fresh starts (launch to the end of the first training step), else the
+        deployment's jobs' figure, else 600 s
         (``operators/restart_budget.py``); the plan's log line says which. A number pins it: ``simulate``'s
         ``--restart-overhead-hours`` is the same figure.
     :param capacity_recheck_seconds: when no offer of the plan can be launched (every pool refuses and the
@@ -428,7 +428,7 @@ class SpotSegmentOperator(BaseOperator):
         accounting.bill_idle_exits(store, rows, market)
         beat = planning.measured_step(JobLayout(store), rows)
         step_seconds = beat.step_time_ewma if beat is not None else None
-        restart = self._restart_budget(store, rows, recorder)
+        restart = self._restart_budget(store, rows)
         home, transfer = self._checkpoint_transfer(store, newest, step_seconds)
         plan_inputs = dict(
             done_steps=latest or 0,
@@ -873,9 +873,9 @@ class SpotSegmentOperator(BaseOperator):
             return None
         return launch.offer_obj.relative_throughput if launch is not None else None
 
-    def _restart_budget(self, store, rows, recorder) -> RestartBudget:
-        """The restart the deadline rule budgets: the DAG's figure, else the job's measured start-up and
-        hand-off (``operators/restart_budget.py``)."""
+    def _restart_budget(self, store, rows) -> RestartBudget:
+        """The restart the deadline rule budgets: the DAG's figure, else the job's measured start-up
+        (``operators/restart_budget.py``)."""
         from airflow_spot.storage.overhead_history import job_name, prior_for
 
         if self.restart_overhead_seconds is not None:
@@ -888,9 +888,8 @@ class SpotSegmentOperator(BaseOperator):
             except (KeyError, SchemaError):  # an unreadable beat measures nothing; the others stand
                 continue
             beats[hb.attempt_id] = hb
-        refused = [e.at for e in recorder.job_events() if e.kind == "refused"]
         return restart_budget(rows, beats, declared=None, default=DEFAULT_RESTART_SECONDS,
-                              prior=lambda: prior_for(store, exclude_job=job_name(store.uri)), refused_at=refused)
+                              prior=lambda: prior_for(store, exclude_job=job_name(store.uri)))
 
     def _availability(self, store) -> planning.AvailabilityRecorder:
         """The job's and the deployment's availability logs (``storage/availability.py``)."""

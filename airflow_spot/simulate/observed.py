@@ -135,9 +135,12 @@ class ObservedController:
             running = view.running[0]
             if running == Market.SPOT.value:
                 running_pool = view.pools[view.running[1]].name
+        # the engine's work is in reference-GPU seconds; the deadline rule counts it, as the operators do
+        # (``planning.work_reference``), in seconds of the on-demand instance it falls back to
+        pace = view.on_demand.relative_throughput if view.on_demand.relative_throughput > 0 else 1.0
         return JobObservation(
-            now=view.now, started_at=0.0, deadline_at=view.deadline_at, work_done=view.work_done,
-            work_total=view.work_total, offers=[p.offer for p in view.pools] + [view.on_demand],
+            now=view.now, started_at=0.0, deadline_at=view.deadline_at, work_done=view.work_done / pace,
+            work_total=view.work_total / pace, offers=[p.offer for p in view.pools] + [view.on_demand],
             events=[*self.events, *self.shared], running=running, running_pool=running_pool,
         )
 

@@ -152,7 +152,7 @@ def test_the_operator_and_the_replay_decide_with_the_same_restart_overhead(tmp_p
     sim_market = None if target is None else target[0]
     now = time.time()
     # a job that neither says nor has measured its restart budgets the default 600 s
-    unmeasured = op._restart_budget(_store, [], _rec).seconds
+    unmeasured = op._restart_budget(_store, []).seconds
     p = planning.plan(market, GPUS, now=now, done_steps=0, total_steps=int(HOUR), job_started_at=now,
                       deadline=timedelta(seconds=HOUR + slack), ledger_rows=[], step_seconds=1.0,
                       restart_overhead_seconds=unmeasured)

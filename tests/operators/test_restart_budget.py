@@ -8,9 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from airflow_spot.operators import planning
-from airflow_spot.operators.restart_budget import (
-    RESTART_SAMPLES, handoff_samples, restart_budget, startup_samples,
-)
+from airflow_spot.operators.restart_budget import RESTART_SAMPLES, restart_budget, startup_samples
 from airflow_spot.policy.ledger import LedgerRow
 from airflow_spot.policy.offers import GpuRequest
 from airflow_spot.storage.protocol import Heartbeat
@@ -37,26 +35,18 @@ def test_a_declared_restart_is_used_as_given_and_nothing_is_read():
     assert (b.seconds, b.source) == (720.0, "declared")
 
 
-def test_the_measured_restart_is_the_median_start_up_plus_the_median_hand_off_after_a_preemption():
+def test_the_measured_restart_is_the_median_start_up_of_the_fresh_starts():
     # three fresh starts took 300, 500 and 900 s to their first step; a warm continuation tells nothing
     rows = [_row(1, T0, T0 + 3600, "preempted"),
-            _row(2, T0 + 3640, T0 + 7200, "preempted"),        # 40 s after the preemption
-            _row(3, T0 + 7260, T0 + 9000),                     # 60 s after
+            _row(2, T0 + 3640, T0 + 7200, "preempted"),
+            _row(3, T0 + 7260, T0 + 9000),
             _row(4, T0 + 9010, T0 + 9900, new_instance=False)]
     beats = {"a1": _beat(1, T0 + 300), "a2": _beat(2, T0 + 3640 + 500), "a3": _beat(3, T0 + 7260 + 900),
              "a4": _beat(4, T0 + 9010 + 5)}
     assert sorted(startup_samples(rows, beats)) == [300.0, 500.0, 900.0]
-    assert handoff_samples(rows) == [40.0, 60.0]
     b = restart_budget(rows, beats, declared=None, default=600.0)
-    assert b.source == "measured" and b.samples == 3
-    assert b.seconds == pytest.approx(500.0 + 50.0)
-    assert "start-up 500 s + hand-off 50 s" in b.describe()
-
-
-def test_waiting_out_an_outage_between_attempts_is_not_a_hand_off():
-    rows = [_row(1, T0, T0 + 3600, "preempted"), _row(2, T0 + 3600 + 5400, T0 + 12000)]
-    assert handoff_samples(rows, refused_at=[T0 + 3700]) == []   # the job was refused capacity: an outage
-    assert handoff_samples(rows) == [5400.0]
+    assert (b.source, b.samples, b.seconds) == ("measured", 3, 500.0)
+    assert "median start-up of 3" in b.describe()
 
 
 def test_only_the_most_recent_starts_count():
@@ -71,7 +61,7 @@ def test_a_job_without_its_own_start_takes_the_deployments_then_the_default():
     beats = {"a1": Heartbeat(attempt_id="a1", step=0, time=T0 + 50)}  # not trained yet: no first step
     b = restart_budget(rows, beats, declared=None, default=600.0,
                        prior=lambda: {"startup": 410.0, "gap_after_preemption": 30.0})
-    assert (b.seconds, b.source) == (440.0, "deployment")
+    assert (b.seconds, b.source) == (410.0, "deployment")
     assert restart_budget(rows, beats, declared=None, default=600.0, prior=dict).source == "default"
     assert restart_budget(rows, beats, declared=None, default=600.0, prior=dict).seconds == 600.0
 
@@ -89,26 +79,24 @@ def _operator(tmp_path, **kwargs):
 
 
 def test_the_operator_budgets_the_restart_its_job_measured(tmp_path):
-    """The operator reads its fresh starts' heartbeats from the store and its refusals from its log."""
+    """The operator reads its fresh starts' heartbeats from the store."""
     from airflow_spot.storage.ledger_store import LedgerStore
     from airflow_spot.storage.protocol import JobLayout
 
-    op, store, recorder = _operator(tmp_path)
+    op, store, _recorder = _operator(tmp_path)
     assert op.restart_overhead_seconds is None
+    assert op._restart_budget(store, []).source == "default"
     rows = [_row(1, T0, T0 + 3600, "preempted"), _row(2, T0 + 3630, T0 + 7200)]
     layout, ledger = JobLayout(store), LedgerStore(store)
     for r in rows:
         ledger.write(r)
     layout.write_heartbeat(_beat(1, T0 + 700))
     layout.write_heartbeat(_beat(2, T0 + 3630 + 740))
-    b = op._restart_budget(store, rows, recorder)
-    assert (b.source, b.seconds) == ("measured", pytest.approx(720.0 + 30.0))
-    # a capacity refusal between the two: the gap was an outage, not a hand-off
-    recorder.record("p3.2xlarge@us-west-2a", "refused", T0 + 3610)
-    assert op._restart_budget(store, rows, recorder).seconds == pytest.approx(720.0)
+    b = op._restart_budget(store, rows)
+    assert (b.source, b.seconds) == ("measured", pytest.approx(720.0))
     # a DAG that says its restart keeps it
     pinned, _, _ = _operator(tmp_path / "pinned", restart_overhead_seconds=300.0)
-    assert pinned._restart_budget(store, rows, recorder).seconds == 300.0
+    assert pinned._restart_budget(store, rows).seconds == 300.0
 
 
 def test_a_measured_restart_decides_as_the_replay_of_the_same_restart(tmp_path):
