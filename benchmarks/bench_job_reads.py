@@ -19,6 +19,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from airflow_spot.operators import accounting, planning
+from airflow_spot.operators.attempt_record import AttemptLaunch
+from airflow_spot.operators.restart_budget import read_fresh_start_beats
 from airflow_spot.policy.ledger import LedgerRow
 from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import ObjectStore, S3Store
@@ -48,9 +50,14 @@ def fill(store: S3Store, attempts: int) -> None:
 
 
 def segment_start_reads(store: S3Store) -> tuple[int, float | None]:
-    """What a segment start reads of the job's own records: its ledger and the newest step time."""
+    """What a segment start reads of the job's own records: its ledger, the newest step time and the launch
+    record of the attempt that measured it (its instance's throughput), and since 2026-11-27 the heartbeats
+    of its recent fresh starts (the measured restart, ``operators/restart_budget.py``)."""
     rows = accounting.read_rows(store)
-    return len(rows), planning.measured_step_seconds(JobLayout(store), rows)
+    beat = planning.measured_step(JobLayout(store), rows)
+    AttemptLaunch.read(store, beat.attempt_id)
+    read_fresh_start_beats(store, rows)
+    return len(rows), beat.step_time_ewma
 
 
 def main() -> None:

@@ -51,6 +51,21 @@ def fresh_starts(rows: Sequence[Any], limit: int = RESTART_SAMPLES) -> list[Any]
     return sorted(fresh, key=lambda r: r.started_at, reverse=True)[:limit]
 
 
+def read_fresh_start_beats(store: Any, rows: Sequence[Any]) -> dict[str, Any]:
+    """The heartbeats of :func:`fresh_starts` (one ``get_many``); an unreadable one measures nothing."""
+    from airflow_spot.storage.protocol import Heartbeat, JobLayout, SchemaError
+
+    keys = [JobLayout.heartbeat_key(r.attempt_id) for r in fresh_starts(rows)]
+    beats = {}
+    for raw in store.get_many(keys).values() if keys else ():
+        try:
+            hb = Heartbeat.from_json(raw)
+        except (KeyError, SchemaError):
+            continue
+        beats[hb.attempt_id] = hb
+    return beats
+
+
 def startup_samples(rows: Sequence[Any], heartbeats: Mapping[str, Any]) -> list[float]:
     """Launch to the end of the first training step, per fresh start whose heartbeat recorded it."""
     out = []

@@ -39,7 +39,7 @@ from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.links.attempt import SpotAttemptLink, SpotJobLink
 from airflow_spot.operators import accounting, planning
 from airflow_spot.operators.attempt_record import AttemptLaunch, read_job, write_job
-from airflow_spot.operators.restart_budget import RestartBudget, fresh_starts, restart_budget
+from airflow_spot.operators.restart_budget import RestartBudget, read_fresh_start_beats, restart_budget
 from airflow_spot.operators.retry import segment_retry_policy
 from airflow_spot.operators.validation import (
     validate_gpus, validate_option_names, validate_places, validate_step_profile,
@@ -51,7 +51,7 @@ from airflow_spot.storage.checkpoint import DIGEST_ENV, NoUsableCheckpointError,
 from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.manifest import Manifest
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError, store_errors
-from airflow_spot.storage.protocol import Heartbeat, JobLayout, Outcome, SchemaError, SegmentRequest, safe_id
+from airflow_spot.storage.protocol import JobLayout, Outcome, SchemaError, SegmentRequest, safe_id
 from airflow_spot.triggers.completion import summarize
 from airflow_spot.triggers.segment import DEFAULT_STALL_TIMEOUT, EVENT_KEYS, SegmentTrigger
 
@@ -880,15 +880,7 @@ class SpotSegmentOperator(BaseOperator):
 
         if self.restart_overhead_seconds is not None:
             return restart_budget((), {}, declared=self.restart_overhead_seconds, default=DEFAULT_RESTART_SECONDS)
-        keys = [JobLayout.heartbeat_key(r.attempt_id) for r in fresh_starts(rows)]
-        beats = {}
-        for raw in store.get_many(keys).values() if keys else ():
-            try:
-                hb = Heartbeat.from_json(raw)
-            except (KeyError, SchemaError):  # an unreadable beat measures nothing; the others stand
-                continue
-            beats[hb.attempt_id] = hb
-        return restart_budget(rows, beats, declared=None, default=DEFAULT_RESTART_SECONDS,
+        return restart_budget(rows, read_fresh_start_beats(store, rows), declared=None, default=DEFAULT_RESTART_SECONDS,
                               prior=lambda: prior_for(store, exclude_job=job_name(store.uri)))
 
     def _availability(self, store) -> planning.AvailabilityRecorder:
