@@ -149,6 +149,12 @@ class Backend(ABC):
         Remote backends cannot see the instance's image, so they check nothing by default."""
         return None
 
+    @classmethod
+    def options_problem(cls, options: dict) -> str | None:
+        """What is wrong with the values of ``backend_options`` as far as this backend can tell without
+        building it (at DAG parse time), or ``None``. The names are checked against ``__init__`` elsewhere."""
+        return None
+
     @abstractmethod
     def launch(self, spec: LaunchSpec) -> InstanceInfo: ...
 

@@ -111,6 +111,22 @@ class LocalBackend(Backend):
                     "give the full path of the program or install it")
         return None
 
+    #: the numeric options and what ``__init__`` requires of them
+    _NUMBERS = {"notice_window_seconds": {}, "boot_seconds": {}, "terminate_grace_seconds": {},
+                "poll_interval_seconds": {"positive": True}}
+
+    @classmethod
+    def options_problem(cls, options: dict) -> str | None:
+        # the checks __init__ makes of the values, without creating the state directory
+        try:
+            PreemptionConfig.from_kwargs(options.get("preemption"))
+            for name, rule in cls._NUMBERS.items():
+                if name in options:
+                    _number(name, options[name], **rule)
+        except (ValueError, TypeError) as exc:
+            return str(exc)
+        return None
+
     def __init__(
         self,
         state_dir: str | None = None,
@@ -123,10 +139,12 @@ class LocalBackend(Backend):
     ) -> None:
         self.state = LocalState(state_dir or default_state_dir())
         self.preemption = PreemptionConfig.from_kwargs(preemption)
-        self.notice_window_seconds = _number("notice_window_seconds", notice_window_seconds)
-        self.boot_seconds = _number("boot_seconds", boot_seconds)
-        self.terminate_grace_seconds = _number("terminate_grace_seconds", terminate_grace_seconds)
-        self.poll_interval_seconds = _number("poll_interval_seconds", poll_interval_seconds, positive=True)
+        self.notice_window_seconds = _number("notice_window_seconds", notice_window_seconds, **self._NUMBERS["notice_window_seconds"])
+        self.boot_seconds = _number("boot_seconds", boot_seconds, **self._NUMBERS["boot_seconds"])
+        self.terminate_grace_seconds = _number("terminate_grace_seconds", terminate_grace_seconds,
+                                               **self._NUMBERS["terminate_grace_seconds"])
+        self.poll_interval_seconds = _number("poll_interval_seconds", poll_interval_seconds,
+                                             **self._NUMBERS["poll_interval_seconds"])
         self.python = python or sys.executable
         if not os.access(self.python, os.X_OK):
             raise ValueError(f"local backend: python={self.python!r} is not an executable interpreter")

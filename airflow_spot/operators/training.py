@@ -15,6 +15,7 @@ the DAG run's state tells the truth.
 from __future__ import annotations
 
 import json
+import math
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ from airflow_spot.operators.validation import (
     validate_budget,
     validate_checkpoint_uri,
     validate_deadline,
+    validate_deadline_feasible,
     validate_env,
     validate_gpus,
     validate_gpus_offered,
@@ -65,6 +67,7 @@ class SpotJobSummaryOperator(BaseOperator):
         :func:`~airflow_spot.storage.availability.deployment_availability_uri`); the task compacts it.
     :param market_options: the segments' market options: the attempts and idle time this task bills are
         priced by the job's own market, as the segments price theirs.
+    :param deadline: the job's deadline (SpotTraining's): the summary says whether it was met.
     """
 
     template_fields = ("checkpoint_uri",)
@@ -82,10 +85,12 @@ class SpotJobSummaryOperator(BaseOperator):
         aws_conn_id: str | None = "aws_default",
         availability_uri: str | None = None,
         market_options: dict[str, Any] | None = None,
+        deadline: timedelta | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("trigger_rule", TriggerRule.ALL_DONE)
         super().__init__(**kwargs)
+        self.deadline = deadline
         self.availability_uri = availability_uri
         self.market_options = dict(market_options or {})
         self.checkpoint_uri = checkpoint_uri
@@ -154,6 +159,8 @@ class SpotJobSummaryOperator(BaseOperator):
         )
         if broken:
             summary["checkpoint_error"] = broken
+        if self.deadline is not None:
+            summary.update(deadline_figures(store, summary, self.deadline.total_seconds(), time.time()))
         if run_started is not None:
             # a store shared by several runs (a checkpoint_uri without {{ run_id }}) sums every run's attempts
             summary["attempts_this_run"] = sum(r["started_at"] >= run_started() for r in summary.get("rows", []))
@@ -209,6 +216,37 @@ class SpotJobSummaryOperator(BaseOperator):
             self.log.warning("overheads not recorded for later jobs' estimates (%s: %s)", type(exc).__name__, exc)
 
 
+def deadline_figures(store, summary: dict[str, Any], deadline_seconds: float, now: float) -> dict[str, Any]:
+    """Whether the job met its deadline: its last step committed (the end of its last completed attempt)
+    within ``deadline_seconds`` of its start (``control/job.json``). ``deadline_met`` is None while it is
+    neither done nor late (a run that failed early), and missing with the job's start."""
+    try:
+        started = float(json.loads(store.get_bytes(JobLayout.JOB_KEY))["started_at"])
+    except Exception:  # noqa: BLE001 - no job record (nothing ran): nothing to say of the deadline
+        return {"deadline_seconds": deadline_seconds}
+    out: dict[str, Any] = {"deadline_seconds": deadline_seconds, "started_at": started}
+    ends = [r["ended_at"] for r in summary.get("rows", []) if r.get("outcome") == "completed"]
+    if summary.get("completed") and ends:
+        out["elapsed_seconds"] = max(ends) - started
+        out["deadline_met"] = out["elapsed_seconds"] <= deadline_seconds
+    else:
+        out["deadline_met"] = False if now - started > deadline_seconds else None
+    return out
+
+
+def _deadline_line(s: dict[str, Any]) -> list[str]:
+    if s.get("deadline_seconds") is None:
+        return []
+    hours = s["deadline_seconds"] / 3600.0
+    met = s.get("deadline_met")
+    if "elapsed_seconds" in s:
+        word = "met" if met else "MISSED"
+        return [f"  deadline            {word}: the last step committed {s['elapsed_seconds'] / 3600:.2f} h after the "
+                f"job's start, of {hours:.2f} h"]
+    return [f"  deadline            {'MISSED: not done' if met is False else 'not reached: the job is not done'} "
+            f"({hours:.2f} h from the job's start)"]
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """Human-readable summary (task log and ``airflow-spot demo``)."""
     lines = [
@@ -218,7 +256,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  code failures       {s.get('failures')}",
         *([f"  abandoned           {s['abandoned']} (ended unwaited: a killed task, a try that went; billed)"]
           if s.get("abandoned") else []),
-        f"  steps lost          {s.get('steps_lost')}",
+        f"  steps lost          {s.get('steps_lost')} ({s.get('lost_gpu_hours', 0.0):.3f} GPU hours lost: "
+        "paid time that left no kept progress)",
         f"  last step           {s.get('latest_step')} of {s.get('total_steps')}",
         f"  cost                ${s.get('cost', 0.0):.4f}",
         *([f"  of which probes     ${s.get('probe_dollars', 0.0):.4f} ({s['probes']} spot instances launched "
@@ -227,6 +266,7 @@ def format_summary(s: dict[str, Any]) -> str:
            "instances after their last attempt, until terminated)"] if s.get("idle_dollars") else []),
         f"  on-demand cost      ${s.get('on_demand_cost', 0.0):.4f}",
         f"  savings             ${s.get('savings', 0.0):.4f} ({100 * s.get('savings_fraction', 0.0):.1f} %)",
+        *_deadline_line(s),
     ]
     return "\n".join(lines)
 
@@ -266,8 +306,9 @@ def _check_segment_numbers(options: dict[str, Any]) -> None:
         value = options.get(name)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise SpotTrainingConfigError(f"segment_options[{name!r}] must be a number of seconds > 0, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise SpotTrainingConfigError(f"segment_options[{name!r}] must be a finite number of seconds > 0, "
+                                          f"got {value!r}")
     poll = float(options.get("poll_interval", 5.0))
     window = float(options.get("heartbeat_timeout", 300.0))
     if window < max(MIN_HEARTBEAT_TIMEOUT, 3 * poll):
@@ -421,6 +462,7 @@ def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup
     options = dict(segment_options or {})
     _check_task_kwargs(task_kwargs)
     _check_segment_options(options, task_kwargs)
+    validate_deadline_feasible(total_steps, deadline, gpu_request, options.get("step_profile"), market_options)
     bounds = segment_bounds(total_steps, steps_per_segment)
     group_kwargs = {"dag": task_kwargs["dag"]} if task_kwargs.get("dag") is not None else {}
     with TaskGroup(group_id=task_id, **group_kwargs) as group:
@@ -465,6 +507,7 @@ def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup
             aws_conn_id=aws_conn_id,
             availability_uri=options.get("availability_uri"),
             market_options=market_options,
+            deadline=deadline,
             **task_kwargs,
         )
         previous >> finish

@@ -179,6 +179,11 @@ def validate_option_names(backend: str, backend_options: dict | None, market_opt
         if unknown:
             raise SpotTrainingConfigError(f"{name}: unknown keys {unknown} for {cls.__name__} (backend "
                                           f"{backend!r}); valid: {', '.join(valid)}")
+    options = dict(backend_options or {})
+    if not any("{{" in str(v) for v in options.values()):  # a templated value is known only when rendered
+        problem = backend_cls.options_problem(options)
+        if problem:
+            raise SpotTrainingConfigError(f"backend_options: {problem}")
 
 
 def validate_env(env: Any) -> None:
@@ -265,6 +270,41 @@ def _canonical_gpu_names(request: GpuRequest) -> GpuRequest:
     if (names, exclude) == (request.names, request.exclude_names):
         return request
     return dataclasses.replace(request, names=names, exclude_names=exclude)
+
+
+def validate_deadline_feasible(total_steps: int, deadline: timedelta | None, request: GpuRequest,
+                               step_profile: Any, market_options: dict[str, Any] | None = None) -> None:
+    """With a declared ``step_profile`` and a deadline: fail at parse time when the profile says the work
+    alone outlasts the deadline on the fastest instance type the request allows (the bundled catalog's, with
+    the market's ``throughput_overrides``), as ``simulate`` refuses such a deadline. Without a profile the
+    job's pace is not known before it runs."""
+    from airflow_spot.market.catalog import CatalogMarket
+    from airflow_spot.operators.planning import profile_step_seconds
+
+    if deadline is None or not step_profile:
+        return
+    profile = validate_step_profile(step_profile)
+    options = market_options or {}
+    try:
+        offers = CatalogMarket(catalog_path=options.get("catalog_path"), architectures=("x86_64", "arm64"),
+                               throughput_overrides=options.get("throughput_overrides")).offers_of_every_count()
+    except (OSError, ValueError, TypeError):
+        return  # validate_gpus_offered says what is wrong with the catalog
+    loose = {"max_price_per_hour": None, "regions": (), "markets": tuple(Market), "zones": ()}
+    fits = [o for o in offers if dataclasses.replace(request, **loose).matches(o)]
+    if not fits:
+        return
+    fastest = max(fits, key=lambda o: o.relative_throughput)
+    per_step = profile_step_seconds(profile, fastest, offers)
+    if per_step is None:
+        return
+    least = total_steps * per_step
+    if least >= deadline.total_seconds():
+        raise SpotTrainingConfigError(
+            f"deadline {deadline} cannot be met: the declared step_profile predicts {per_step:.3g} s per step on "
+            f"the fastest instance type the request allows ({fastest.instance_type}, {fastest.gpu_name}), so "
+            f"{total_steps} steps take at least {least / 3600:.2f} h before any start-up; give a deadline of "
+            f"more than that, fewer steps, or faster GPUs")
 
 
 def validate_gpus_offered(request: GpuRequest, market_options: dict[str, Any] | None = None) -> None:

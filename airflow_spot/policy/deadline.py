@@ -154,8 +154,10 @@ class Decision:
 def planned_progress(obs: Observation, now: float, params: DeadlineParams) -> float:
     """Work the straight line from start to (deadline - one restart) asks for at ``now``."""
     assert obs.deadline_at is not None
-    end = max(obs.deadline_at - params.restart_overhead_seconds, obs.started_at + 1e-9)
-    frac = (now - obs.started_at) / (end - obs.started_at)
+    span = obs.deadline_at - params.restart_overhead_seconds - obs.started_at
+    if not span > 0:  # the restart alone outlasts the window: all the work is due at once
+        return obs.work_total
+    frac = (now - obs.started_at) / span
     return obs.work_total * min(max(frac, 0.0), 1.0)
 
 

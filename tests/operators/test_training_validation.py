@@ -144,7 +144,7 @@ def test_an_explicit_deployment_setting_wins(monkeypatch):
         (dict(retry_policy="preempted:0"), "retry_policy must be an airflow.sdk RetryPolicy"),
         (dict(segment_options={"heartbeat_timeout": 4}), "would call an attempt lost after a few missed heartbeats"),
         (dict(segment_options={"poll_interval": 10, "heartbeat_timeout": 20}), "use at least 30 s"),
-        (dict(segment_options={"startup_timeout": 0}), "segment_options['startup_timeout'] must be a number of"),
+        (dict(segment_options={"startup_timeout": 0}), "segment_options['startup_timeout'] must be a finite number of"),
         (dict(segment_options={"checkpoint_min_interval": 60, "checkpoint_max_interval": 30}),
          "checkpoint_min_interval=60 is above checkpoint_max_interval=30"),
         (dict(segment_options={"keep_checkpoints": 0}), "keep_checkpoints'] must be an integer >= 1"),
@@ -175,7 +175,7 @@ def test_more_bad_arguments_fail_at_parse_time(overrides, message):
 
 
 def test_every_option_the_backend_or_market_takes_is_accepted():
-    build(backend_options={"boot_seconds": 1, "preemption": {"after_seconds": 3}},
+    build(backend_options={"boot_seconds": 1, "preemption": {"mode": "schedule", "after_seconds": [3]}},
           market_options={"regions": ["us-east-1"], "catalog_path": None, "default_mtbf_hours": 5})
     build(backend="ec2", backend_options={"regions": ["us-east-1"], "image_id": "ami-1"},
           market_options={"regions": ["us-east-1"], "price_ttl_seconds": 60, "spot_prices": "catalog"})
