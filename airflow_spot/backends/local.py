@@ -139,12 +139,13 @@ class LocalBackend(Backend):
     ) -> None:
         self.state = LocalState(state_dir or default_state_dir())
         self.preemption = PreemptionConfig.from_kwargs(preemption)
-        self.notice_window_seconds = _number("notice_window_seconds", notice_window_seconds, **self._NUMBERS["notice_window_seconds"])
-        self.boot_seconds = _number("boot_seconds", boot_seconds, **self._NUMBERS["boot_seconds"])
-        self.terminate_grace_seconds = _number("terminate_grace_seconds", terminate_grace_seconds,
-                                               **self._NUMBERS["terminate_grace_seconds"])
-        self.poll_interval_seconds = _number("poll_interval_seconds", poll_interval_seconds,
-                                             **self._NUMBERS["poll_interval_seconds"])
+        given = {"notice_window_seconds": notice_window_seconds, "boot_seconds": boot_seconds,
+                 "terminate_grace_seconds": terminate_grace_seconds, "poll_interval_seconds": poll_interval_seconds}
+        numbers = {name: _number(name, given[name], **rule) for name, rule in self._NUMBERS.items()}
+        self.notice_window_seconds = numbers["notice_window_seconds"]
+        self.boot_seconds = numbers["boot_seconds"]
+        self.terminate_grace_seconds = numbers["terminate_grace_seconds"]
+        self.poll_interval_seconds = numbers["poll_interval_seconds"]
         self.python = python or sys.executable
         if not os.access(self.python, os.X_OK):
             raise ValueError(f"local backend: python={self.python!r} is not an executable interpreter")
