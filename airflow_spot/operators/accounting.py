@@ -194,30 +194,30 @@ STATUS_WAIT_SECONDS = 20.0
 
 
 def wait_for_statuses(store: ObjectStore, attempt_ids: Iterable[str], timeout: float = STATUS_WAIT_SECONDS,
-                      poll: float = 0.5) -> set[str]:
-    """Wait, at most ``timeout`` seconds, until each attempt that trained (it has a heartbeat: a process
-    that may save on its way out) has its agent's status (an agent that answers writes it once the training
-    process's emergency save committed); returns the attempts that have one. Best effort: an attempt whose
-    agent never answers (the instance lost) is billed from its heartbeat after the wait."""
+                      poll: float = 0.5) -> None:
+    """Wait, at most ``timeout`` seconds, until each attempt that trained (it has a heartbeat: a process that
+    may save on its way out) has its agent's status, which the agent writes once the emergency save
+    committed. Best effort: an attempt whose agent never answers (the instance lost) is billed from its
+    heartbeat after the wait; a record that cannot be read is read again."""
     layout = JobLayout(store)
-    waiting, answered = set(attempt_ids), set()
+
+    def answered(attempt_id: str) -> bool:
+        try:
+            return layout.read_status(attempt_id) is not None
+        except Exception:  # noqa: BLE001 - torn or not answering: read again
+            return False
+
+    def trained(attempt_id: str) -> bool:
+        try:
+            return layout.read_heartbeat(attempt_id) is not None
+        except Exception:  # noqa: BLE001 - unknown: wait for it
+            return True
+
+    waiting = [a for a in attempt_ids if not answered(a) and trained(a)]
     deadline = time.monotonic() + timeout
-    first = True
-    while waiting:
-        for attempt_id in sorted(waiting):
-            try:
-                if layout.read_status(attempt_id) is not None:
-                    answered.add(attempt_id)
-                elif first and layout.read_heartbeat(attempt_id) is None:
-                    waiting.discard(attempt_id)  # never trained: no save to wait for
-            except Exception:  # noqa: BLE001 - torn or not answering: the wait goes on, the biller reads it again
-                continue
-        first = False
-        waiting -= answered
-        if not waiting or time.monotonic() >= deadline:
-            break
+    while waiting and time.monotonic() < deadline:
         time.sleep(poll)
-    return answered
+        waiting = [a for a in waiting if not answered(a)]
 
 
 def bill_abandoned(store: ObjectStore, launches: Iterable[AttemptLaunch], terminated: set[str],

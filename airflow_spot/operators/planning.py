@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_spot.backends.base import InstanceInfo
+from airflow_spot.policy.decision import work_reference
 from airflow_spot.policy.observations import PROBE_RETRIES, ledger_events
 from airflow_spot.policy.offers import GpuRequest, Market, Offer
 
@@ -180,17 +181,9 @@ def plan(
     )
 
 
-def work_reference(offers: Sequence[Offer], params: Any = None, work_left: float = 0.0) -> Offer:
-    """The offer whose pace the deadline rule counts work in: the on-demand offer it falls back to
-    (:func:`~airflow_spot.policy.decision.work_reference`, ranked as the decision ranks on-demand offers,
-    with the checkpoint's moves and remote saves of ``params``)."""
-    from airflow_spot.policy.decision import DecisionParams, work_reference as reference
-
-    return reference(offers, params or DecisionParams(), work_left)
-
-
 def fallback_reference(offers: Sequence[Offer], params: Any, steps_left: int, pace: Any) -> Offer:
-    """:func:`work_reference` with the work left counted at the reference's own pace (``pace(offer)``:
+    """:func:`~airflow_spot.policy.decision.work_reference` (the on-demand offer the decision falls back to)
+    with the work left counted at the reference's own pace (``pace(offer)``:
     seconds per step there, None unknown), since the ranking spreads a checkpoint's move over the work left:
     the offer whose pace ranks it first. Where no offer is (the ranking flips between two), the slowest of
     those met, so that the deadline holds on either."""

@@ -299,14 +299,14 @@ def rank_observed(
     return sorted(offers, key=key)
 
 
-def work_reference(offers: Sequence[Offer], params: DecisionParams, work_left: float) -> Offer:
+def work_reference(offers: Sequence[Offer], params: DecisionParams | None = None, work_left: float = 0.0) -> Offer:
     """The offer whose pace the deadline rule's work is counted in: the on-demand offer the decision falls
     back to (the first of the on-demand offers as :func:`rank_observed` ranks them: cost per unit of work,
     the checkpoint's move and remote saves included), so that "the work left fits on on-demand" holds on the
     instance the job would get; with no on-demand offer, the slowest offer."""
     on_demand = [o for o in offers if not o.is_spot]
     if on_demand:
-        return rank_observed(on_demand, {}, 0.0, params, work_left)[0]
+        return rank_observed(on_demand, {}, 0.0, params or DecisionParams(), work_left)[0]
     return min(offers, key=lambda o: o.relative_throughput)
 
 
