@@ -90,3 +90,31 @@ def dag_run_states(keys: list[tuple[str, str]]) -> dict[tuple[str, str], str | N
             state = session.scalar(select(DagRun.state).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
             out[(dag_id, run_id)] = None if state is None else str(getattr(state, "value", state))
     return out
+
+
+def update_summary_xcoms(refreshed: dict[tuple[str, str, str], dict]) -> list[tuple[str, str]]:
+    """Rewrite the finish task's summary XCom of each ``(dag_id, run_id, job_uri)`` with ``summary`` (the
+    Spot Training list's row of a finished job is that XCom). Only an XCom that is that job's summary is
+    rewritten (its ``job_uri`` the same): a run whose finish task never ran has none, and its row is read
+    from the store anyway. Returns the runs rewritten."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from airflow_spot.ui.jobs import SUMMARY_XCOM_KEY
+
+    logs_to_stderr()
+    updated = []
+    with create_session() as session:
+        for (dag_id, run_id, job_uri), summary in refreshed.items():
+            rows = session.scalars(select(XComModel).where(
+                XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.key == SUMMARY_XCOM_KEY))
+            for row in rows:
+                try:
+                    value = XComModel.deserialize_value(row)
+                except Exception:  # noqa: BLE001 - a value this code cannot decode is not this job's summary
+                    continue
+                if isinstance(value, dict) and value.get("job_uri") == job_uri:
+                    row.value = XComModel.serialize_value({**value, **summary})
+                    updated.append((dag_id, run_id))
+    return updated

@@ -57,12 +57,18 @@ class JobBilling:
         self.hook = hook
         self._stores: dict[str, object] = {}
         self._launches: dict[str, list] = {}
+        self._runs: dict[str, tuple[str, str]] = {}
+        #: ``{(dag_id, run_id, job_uri): summary}``: the summaries brought up to new bills, for their XComs
+        self.refreshed: dict[tuple[str, str, str], dict] = {}
 
     def _by_job(self, instances) -> dict[str, set[str]]:
         jobs: dict[str, set[str]] = {}
         for info in instances:
             if info.job_uri:
                 jobs.setdefault(info.job_uri, set()).add(info.instance_id)
+                tags = getattr(info, "tags", None) or {}
+                if base.TAG_DAG in tags and base.TAG_RUN in tags:
+                    self._runs[info.job_uri] = (tags[base.TAG_DAG], tags[base.TAG_RUN])
         return jobs
 
     def before_terminate(self, instances, at: float) -> None:
@@ -87,8 +93,11 @@ class JobBilling:
                 continue
             try:
                 market = accounting.billing_market(self.hook)
-                attempts = accounting.bill_abandoned(store, self._launches.get(uri, []), ids, at, market)
-                idle = accounting.bill_idle(store, sorted(ids - stopped), accounting.read_rows(store), at, market)
+                attempts = accounting.bill_abandoned(store, self._launches.get(uri, []), ids - stopped, at, market)
+                rows = accounting.read_rows(store)
+                idle = accounting.bill_idle(store, sorted(ids - stopped), rows, at, market)
+                idle += accounting.bill_unrecorded(store, [i for i in instances if i.job_uri == uri], rows,
+                                                   self._launches.get(uri, []), ids - stopped, at, market)
             except Exception as exc:  # noqa: BLE001 - the instances are gone; only the bill is missing
                 print(f"airflow-spot reap: {uri}: not billed ({type(exc).__name__}: {exc})", file=sys.stderr)
                 continue
@@ -108,7 +117,10 @@ class JobBilling:
                 launches = accounting.unaccounted_launches(store, lambda launch: launch.instance_id in ids)
                 market = accounting.billing_market(self.hook)
                 attempts = accounting.bill_abandoned(store, launches, set(), time.time(), market)
-                idle = accounting.bill_idle_exits(store, accounting.read_rows(store), market)
+                rows = accounting.read_rows(store)
+                idle = accounting.bill_idle_exits(store, rows, market)
+                idle += accounting.bill_unrecorded(store, [i for i in instances if i.job_uri == uri], rows,
+                                                   launches, set(), time.time(), market)
             except Exception as exc:  # noqa: BLE001 - reaping goes on; only the bill is missing
                 print(f"airflow-spot reap: {uri}: ended instances not billed ({type(exc).__name__}: {exc})",
                       file=sys.stderr)
@@ -116,8 +128,7 @@ class JobBilling:
             lines += self._billed(store, uri, attempts, idle, ended=True)
         return lines
 
-    @staticmethod
-    def _billed(store, uri: str, attempts: int, idle: float, ended: bool = False) -> list[str]:
+    def _billed(self, store, uri: str, attempts: int, idle: float, ended: bool = False) -> list[str]:
         """The lines saying what was billed in one job, and its summary brought up to the ledger."""
         from airflow_spot.operators import accounting
 
@@ -125,10 +136,13 @@ class JobBilling:
             return []
         lines = [f"billed in {uri}: {attempts} attempt(s) nobody accounted for "
                  f"({'on instances that had ended' if ended else 'abandoned'}), "
-                 f"${idle:.4f} of idle time after their instances' last attempts"]
+                 f"${idle:.4f} of idle time (after their instances' last attempts, or with no attempt recorded)"]
         try:  # the job's page reads its summary's totals: they follow the new bills
-            if accounting.refresh_summary(store, time.time()):
+            summary = accounting.refresh_summary(store, time.time())
+            if summary is not None:
                 lines.append(f"  the job summary in {uri} now holds them (its cost: the ledger's)")
+                if uri in self._runs:
+                    self.refreshed[(*self._runs[uri], uri)] = summary
         except Exception as exc:  # noqa: BLE001 - the bills stand; only the summary's totals lag
             print(f"airflow-spot reap: {uri}: job summary not updated ({type(exc).__name__}: {exc})",
                   file=sys.stderr)
@@ -172,7 +186,26 @@ def run(args: argparse.Namespace) -> int:
         # only the instances of DAG runs known to be over: a running run's segments account for their own
         # attempts, and a kill recorded under them would fail the segment instead of retrying it
         billing = JobBilling(hook) if run_states is not None else None
-        return base.run(args, backend=backend, run_states=run_states, billing=billing)
+        rc = base.run(args, backend=backend, run_states=run_states, billing=billing)
     except (LaunchError, BotoCoreError, ClientError) as exc:  # a missing connection, no permission, no endpoint
         print(f"airflow-spot reap: {exc}", file=sys.stderr)
         return 2
+    if billing is not None and billing.refreshed:
+        _update_list_rows(billing.refreshed)
+    return rc
+
+
+def _update_list_rows(refreshed: dict[tuple[str, str, str], dict]) -> None:
+    """The Spot Training list's row of a finished job is its summary XCom: rewrite it with the summary the
+    new bills refreshed, so the list shows what the job's page does. Best effort: the bills stand."""
+    from airflow_spot.commands.airflow_lookups import update_summary_xcoms
+
+    try:
+        updated = update_summary_xcoms(refreshed)
+    except Exception as exc:  # noqa: BLE001 - only the list's row lags; the job's page reads the store
+        print(f"airflow-spot reap: the summary XComs not updated, the Spot Training list shows the figures "
+              f"before these bills until the runs' finish tasks run again ({type(exc).__name__}: {exc})",
+              file=sys.stderr)
+        return
+    for dag_id, run_id in updated:
+        print(f"  the Spot Training list's row of {dag_id} / {run_id} now shows them")

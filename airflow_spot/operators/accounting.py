@@ -273,6 +273,41 @@ def bill_idle(store: ObjectStore, instance_ids: Iterable[str], rows: list[Ledger
     return billed
 
 
+def bill_unrecorded(store: ObjectStore, instances, rows: list[LedgerRow], launches: Iterable[AttemptLaunch],
+                    ended_now: set[str], at: float, market=None) -> float:
+    """Bill each of the job's instances that neither a ledger row nor an unaccounted launch record names: its
+    launcher died between the launch and the record (a worker lost, a task killed in that window), so no
+    attempt ran on it, only its agent waiting for a request. It is billed as idle time from its launch (with
+    the launch's 60 s minimum) to its end: ``at`` for those in ``ended_now`` (the caller just ended them),
+    else the end its backend reports. ``launches`` must hold every unaccounted launch on these instances
+    (a named instance is some attempt's to bill). Once per instance (``idle.<instance>``). Best effort;
+    returns the dollars billed."""
+    named = {r.instance_id for r in rows} | {launch.instance_id for launch in launches}
+    billed = 0.0
+    for info in instances:
+        if info.instance_id in named or info.launched_at is None:
+            continue
+        end = at if info.instance_id in ended_now else info.terminated_at
+        if end is None or end < info.launched_at:
+            continue  # still running, or the backend does not say when it ended: whoever ends it bills it
+        offer = info.offer
+        try:
+            price = billed_price(market, offer, info.launched_at, end)
+            row = LedgerRow(
+                attempt_id=f"idle.{info.instance_id}", instance_id=info.instance_id,
+                instance_type=offer.instance_type, zone=offer.zone, market=getattr(offer.market, "value", offer.market),
+                price_per_hour=offer.price_per_hour if price is None else price,
+                on_demand_price_per_hour=offer.on_demand_price_per_hour, started_at=info.launched_at, ended_at=end,
+                steps_done=0, outcome="idle", region=offer.region, new_instance=True, gpu_count=offer.gpu_count)
+            if LedgerStore(store).write_idle(row) is not None:
+                billed += row.cost
+                log.warning("instance %s ran %.0f s with no attempt recorded (its launcher died before writing "
+                            "the launch record): $%.4f billed as idle", info.instance_id, row.billed_seconds, row.cost)
+        except Exception as exc:  # noqa: BLE001 - only the bill is missing
+            log.warning("unrecorded instance %s not billed (%s: %s)", info.instance_id, type(exc).__name__, exc)
+    return billed
+
+
 def _ended_with(row: LedgerRow) -> bool:
     """Whether the instance ended with this attempt, never warm after it: preempted or lost, or abandoned
     (its killer ended it; the shutdown's seconds after the kill are not billed)."""
@@ -319,17 +354,18 @@ def bill_idle_exits(store: ObjectStore, rows: list[LedgerRow], market=None) -> f
     return sum(bill_idle(store, [instance_id], rows, at, market) for instance_id, at in sorted(exits.items()))
 
 
-def refresh_summary(store: ObjectStore, now: float) -> bool:
+def refresh_summary(store: ObjectStore, now: float) -> dict[str, Any] | None:
     """Bring a job summary the finish task wrote (``JobLayout.SUMMARY_KEY``) up to the ledger after bills
     written later (``airflow-spot reap``): its totals are recomputed, what the finish task said of the run
-    stays. False when there is no summary to refresh. The summary XCom (the list's row) is not rewritten."""
+    stays. Returns the summary written, None when there is none to refresh. The summary XCom (the list's
+    row) is the caller's to rewrite (``commands.airflow_lookups.update_summary_xcoms``)."""
     try:
         summary = json.loads(store.get_bytes(JobLayout.SUMMARY_KEY))
     except ObjectNotFound:
-        return False
+        return None
     summary.update(summarize(store, now=now))
     store.put_bytes(JobLayout.SUMMARY_KEY, json.dumps(summary, sort_keys=True, indent=2).encode())
-    return True
+    return summary
 
 
 def _readable(read, attempt_id: str):

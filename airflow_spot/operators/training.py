@@ -106,9 +106,11 @@ class SpotJobSummaryOperator(BaseOperator):
                         market_options=self.market_options, aws_conn_id=self.aws_conn_id)
         backend = hook.get_backend()
         tags = job_tags(self.dag_id, context["run_id"], self.job_name)
-        running = [i.instance_id for i in backend.list_instances(tags=tags) if not InstanceState(i.state).is_terminal()]
+        instances = backend.list_instances(tags=tags)
+        running = [i.instance_id for i in instances if not InstanceState(i.state).is_terminal()]
         # stopped instances serve nothing (reported terminated) but their volumes bill until terminated
-        leftover = running + [i.instance_id for i in stopped_leftovers(backend, tags, older_than=0.0, now=time.time())]
+        stopped = stopped_leftovers(backend, tags, older_than=0.0, now=time.time())
+        leftover = running + [i.instance_id for i in stopped]
         dag_run = context.get("dag_run")
         # when the run was due (run_after, kept when a task is cleared; start_date is reset then)
         run_started = next((getattr(getattr(dag_run, name, None), "timestamp", None)
@@ -138,6 +140,8 @@ class SpotJobSummaryOperator(BaseOperator):
             if running:
                 accounting.bill_idle(store, running, rows, terminated_at, market)
             accounting.bill_idle_exits(store, rows, market)
+            accounting.bill_unrecorded(store, instances + stopped, rows, unaccounted, set(running), terminated_at,
+                                       market)
         except Exception as exc:  # noqa: BLE001 - the same: best effort
             self.log.warning("warm instances' idle time not billed (%s: %s)", type(exc).__name__, exc)
         try:

@@ -15,6 +15,7 @@ from airflow_spot.operators.attempt_record import AttemptLaunch
 from airflow_spot.operators.training import SpotJobSummaryOperator
 from airflow_spot.policy.ledger import LedgerRow
 from airflow_spot.policy.offers import Market, Offer
+from airflow_spot.storage.job_view import JobView
 from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import open_store
 from airflow_spot.storage.protocol import AttemptStatus, JobLayout
@@ -166,3 +167,49 @@ def test_an_attempt_that_completed_its_segment_is_completed_whatever_kill_came_a
     JobLayout(other).write_status(AttemptStatus("s.try1", "completed", 0, now - 600, now - 4,
                                                 last_committed_step=6, kill_seen=True))
     assert accounting.account_abandoned(other, launch, now=now, killed_at=now - 5)["outcome"] == "abandoned"
+
+
+class ListedBackend(FakeBackend):
+    """A backend whose instances carry their launch times (and the ended ones their ends), as EC2's describe
+    and the local backend's state do."""
+
+    def __init__(self, infos):
+        super().__init__(running=())
+        self.infos = infos
+
+    def list_instances(self, tags=None):
+        return list(self.infos)
+
+
+def test_an_instance_whose_launch_record_was_never_written_is_billed_from_its_launch(tmp_path, monkeypatch):
+    """Mechanism: a segment's worker died between ``backend.launch`` and the launch record's write (the
+    window is the store's PUT). No attempt names the instance, so ``bill_abandoned`` (launch records) and
+    ``bill_idle`` (ledger rows) both passed it by: the finish task terminated it and nobody billed the time
+    it ran, idling under its agent. Now it is billed as idle from its launch (the 60 s minimum included) to
+    its termination; an instance an attempt names is not billed twice, and one that had already ended is
+    billed to its own end."""
+    now = time.time()
+    uri = f"file://{tmp_path}/job"
+    store = open_store(uri)
+    JobLayout(store).checkpoint_store().save(10, lambda f: f.write(b"state"))
+    named = InstanceInfo("i-named", InstanceState.RUNNING, OFFER, uri, launched_at=now - 900)
+    AttemptLaunch("s.try1", 0, 0, 10, "i-named", OFFER.to_dict(), now - 900, now - 900, False, 1, "s",
+                  run_id="r").write(store)
+    LedgerStore(store).write(LedgerRow(
+        attempt_id="s.try1", instance_id="i-named", instance_type="g5.xlarge", zone="us-east-1a", market="spot",
+        price_per_hour=0.5, on_demand_price_per_hour=1.0, started_at=now - 900, ended_at=now - 300, steps_done=10,
+        outcome="completed"))
+    orphan = InstanceInfo("i-orphan", InstanceState.RUNNING, OFFER, uri, launched_at=now - 600)
+    gone = InstanceInfo("i-gone", InstanceState.TERMINATED, OFFER, uri, launched_at=now - 2000,
+                        terminated_at=now - 1970)
+    backend = ListedBackend([named, orphan, gone])
+    op = plain_finish(tmp_path, monkeypatch, backend)
+    pushed: dict = {}
+    op.execute(finish_context(now, pushed))
+    assert set(backend.terminated) == {"i-named", "i-orphan"}
+    idle = {r.instance_id: r for r in JobView(store).idle_rows()}
+    assert set(idle) == {"i-named", "i-orphan", "i-gone"}, idle
+    assert idle["i-orphan"].started_at == pytest.approx(now - 600) and idle["i-orphan"].ended_at >= now
+    assert idle["i-gone"].ended_at == pytest.approx(now - 1970) and idle["i-gone"].billed_seconds == 60
+    assert idle["i-named"].started_at == pytest.approx(now - 300)  # after its attempt, as before
+    assert pushed["summary"]["idle_dollars"] == pytest.approx(sum(r.cost for r in idle.values()), abs=1e-6)
