@@ -406,12 +406,16 @@ class CheckpointStore:
         return moved
 
     # ---- retention
-    def prune(self, keep: int) -> list[str]:
+    def prune(self, keep: int, newest_step: int | None = None) -> list[str]:
         """Keep the newest ``keep`` committed checkpoints; delete older ones and abandoned partial saves
-        older than the oldest kept one. Partial directories newer than that may be a live writer's."""
+        older than the oldest kept one. Partial directories newer than that may be a live writer's.
+
+        :param newest_step: count back from this step (the save just written): a checkpoint of a later
+            step is left alone and not counted (one whose payload a resume found corrupt verifies by its
+            manifest; counted, it would prune the save that replaced it and the one it resumed from)."""
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
-        committed = self.committed()
+        committed = [m for m in self.committed() if newest_step is None or m.step <= newest_step]
         if not committed:
             return []
         # with no more than ``keep`` committed there is still cleaning: partial saves older than the oldest

@@ -52,7 +52,8 @@ class AsyncCheckpointer:
         self.last_write_seconds = time.monotonic() - started
         self.last_manifest = manifest
         try:
-            self.checkpoints.prune(self.keep)
+            # counted back from this save: a newer step in the store is one a resume found unusable
+            self.checkpoints.prune(self.keep, newest_step=step)
         except OSError as exc:  # retention is housekeeping; a failure must not fail the save
             log.warning("pruning old checkpoints failed: %s", exc)
         return manifest

@@ -63,11 +63,20 @@ class ResumableSampler(Sampler[int]):
         return self.length - self.offset
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "offset": self.offset, "seed": self.seed, "length": self.length}
+        return {"epoch": self.epoch, "offset": self.offset, "seed": self.seed, "length": self.length,
+                "shuffle": self.shuffle}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        # the saved position means something only in the order it was taken from: another length, seed or
+        # shuffle would resume mid-epoch in another permutation (items seen twice, others never)
         if state.get("length", self.length) != self.length:
             raise ValueError(
                 f"sampler was saved for a dataset of {state['length']} items, this one has {self.length}"
             )
+        for name in ("seed", "shuffle"):
+            if name in state and state[name] != getattr(self, name):
+                raise ValueError(
+                    f"sampler was saved with {name}={state[name]!r}, this one has {name}={getattr(self, name)!r}: "
+                    f"resuming would feed another order of the data; build it with {name}={state[name]!r}, or "
+                    "start a new job (a new checkpoint_uri) for the new order")
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])

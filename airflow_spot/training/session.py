@@ -163,6 +163,9 @@ class SpotSession:
         self._hb_thread: threading.Thread | None = None
         self._between_segments = False
         self._last_save_at = time.monotonic()
+        self._entered = False  # inside the ``with`` block: notices are heard, heartbeats written
+        self._stepping = False  # inside the loop's body: the current step is not done yet
+        self._save_requested = False  # save() called in the body: taken once the step is done
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -219,6 +222,7 @@ class SpotSession:
         return cls(e.get(E.JOB_URI) or job_uri or os.path.abspath("spot-job"), end, **opts)
 
     def __enter__(self) -> SpotSession:
+        self._entered = True
         for src in self.notice_sources:
             src.start(self._on_notice)
         self._observe_preemptions()
@@ -227,6 +231,7 @@ class SpotSession:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        self._entered = False
         for src in self.notice_sources:
             src.stop()
         try:
@@ -260,14 +265,33 @@ class SpotSession:
         :func:`~airflow_spot.training.data.adopt_data_loader`). Feeding that cannot resume bit-exactly is
         reported once, as a warning, here.
 
+        Objects are restored when tracked before ``steps()`` begins (each call restores the objects it is
+        given). One tracked once the loop runs (an EMA model, a second optimizer) is only registered: it is
+        saved from the next checkpoint on, and the live state is never rolled back to an older checkpoint.
+
         Returns the step training resumes from.
         """
         objects = self._checkpointable(objects)
         self.tracked.update(objects)
+        if self._stepping or self.first_step_at is not None or self.segments > 1:
+            for name in objects:
+                log.warning("%s tracked after steps() began: saved from the next checkpoint on, not restored now; a "
+                            "resumed run restores it only if the script tracks it before steps()", name)
+        else:
+            self._restore(objects)
+        # Allocate the staging buffers before training starts (fresh pages fault in several times slower
+        # than a copy); optimizer state that appears only after the first step is allocated at first save.
+        for name, obj in objects.items():
+            self.stager.stage(obj.state_dict(), (name,))
+        return self.step
+
+    def _restore(self, objects: dict[str, Any]) -> None:
+        """Restore ``objects`` from the job's newest usable checkpoint (or the warm start's)."""
         restored = self.checkpoints.restore_latest(_load_payload)
         if restored is not None:
             manifest, payload = restored
-            self._apply(payload, keys=None)
+            self._apply(payload, keys=tuple(objects), source=f"the checkpoint at step {manifest.step} "
+                                                               f"({self.checkpoints.store.uri}/{manifest.directory})")
             self.step = self.restored_step = manifest.step
             log.info("resumed from checkpoint at step %d (%s)", manifest.step, manifest.directory)
         elif self.warm_start_uri:
@@ -276,7 +300,8 @@ class SpotSession:
             )
             if warm is None:
                 raise FileNotFoundError(f"warm start: no checkpoint under {self.warm_start_uri}")
-            self._apply(warm[1], keys=self.warm_start_keys)
+            self._apply(warm[1], keys=tuple(k for k in objects if k in self.warm_start_keys), rng=False,
+                        source=f"the warm start's checkpoint at step {warm[0].step} ({self.warm_start_uri})")
             log.info("warm-started %s from %s step %d", self.warm_start_keys, self.warm_start_uri, warm[0].step)
         elif self.start_step > 0:  # planned after progress that was committed and is now gone: never redo from 0
             raise CheckpointError(
@@ -284,11 +309,6 @@ class SpotSession:
                 "holds no checkpoint: the checkpoint directory was deleted or the store emptied. Put the "
                 "checkpoints back (e.g. from a backup), or start the job again from step 0 under a new checkpoint_uri"
             )
-        # Allocate the staging buffers before training starts (fresh pages fault in several times slower
-        # than a copy); optimizer state that appears only after the first step is allocated at first save.
-        for name, obj in objects.items():
-            self.stager.stage(obj.state_dict(), (name,))
-        return self.step
 
     def _checkpointable(self, objects: dict[str, Any]) -> dict[str, Any]:
         """What to checkpoint for each object handed to ``track()``; warns (once per problem, at start)
@@ -325,15 +345,21 @@ class SpotSession:
                 log.warning("resume will not be bit-exact: %s", problem)
         return out
 
-    def _apply(self, payload: dict, keys: tuple[str, ...] | None) -> None:
+    def _apply(self, payload: dict, keys: tuple[str, ...], source: str, rng: bool = True) -> None:
         saved = payload["objects"]
-        for name, obj in self.tracked.items():
-            if keys is not None and name not in keys:
-                continue
+        for name in keys:
             if name not in saved:
-                raise KeyError(f"checkpoint has no state for tracked object {name!r} (saved: {sorted(saved)})")
-            obj.load_state_dict(saved[name])
-        if keys is None:
+                raise KeyError(f"{source} has no state for tracked object {name!r} (it holds {sorted(saved)}): "
+                               "track under the names the job saved, or start a new job (a new checkpoint_uri)")
+            try:
+                self.tracked[name].load_state_dict(saved[name])
+            except Exception as exc:
+                raise RuntimeError(
+                    f"cannot restore tracked object {name!r} from {source}: {type(exc).__name__}: {exc}. Build "
+                    f"{name!r} as it was when that checkpoint was saved (the same shapes and parameter groups; "
+                    "change it after track()), or train the changed model as a new job: a new checkpoint_uri, "
+                    "with warm_start_uri to start it from this job's weights") from exc
+        if rng:
             restore_rng(payload["rng"])
 
     def _stage(self) -> tuple[dict, float]:
@@ -368,7 +394,15 @@ class SpotSession:
         return True
 
     def save(self) -> None:
-        """Commit a checkpoint of the current state now (blocking)."""
+        """Commit a checkpoint of the current state (blocking). Called in the loop's body, it is taken once
+        the current step is done (the checkpoint at step N holds the state after N steps, so a resume never
+        runs a step twice), before the next one starts."""
+        if not self.tracked:
+            raise RuntimeError("call spot.track(model=..., optimizer=...) before spot.save(): nothing is tracked, "
+                               "and an empty checkpoint would be what every later attempt restores")
+        if self._stepping:
+            self._save_requested = True
+            return
         self._save("final", wait=True)
 
     def _recompute_interval(self) -> None:
@@ -420,6 +454,9 @@ class SpotSession:
         after it; handles saves between them (see module doc)."""
         if not self.tracked:
             raise RuntimeError("call spot.track(model=..., optimizer=...) before spot.steps()")
+        if not self._entered:
+            raise RuntimeError("iterate spot.steps() inside `with SpotSession.from_env(...) as spot:`: only there "
+                               "are preemption notices heard (the emergency save) and heartbeats written")
         while True:
             yield from self._segment_steps()
             if not self._next_segment():
@@ -430,8 +467,21 @@ class SpotSession:
         while self.step < self.end_step:
             if self.notice is not None:
                 self._emergency_exit()
-            yield self.step
+            self._stepping = True
+            try:
+                yield self.step
+            except GeneratorExit:  # the body left the loop (break, return) after asking for a save
+                self._stepping = False
+                if self._save_requested:
+                    self._save_requested = False
+                    self.step += 1
+                    self._save("final", wait=True)
+                raise
+            self._stepping = False
             self.step += 1
+            if self._save_requested:
+                self._save_requested = False
+                self._save("final", wait=True)
             if self.first_step_at is None:
                 self.first_step_at, self.first_step = time.time(), self.step
             now = time.monotonic()

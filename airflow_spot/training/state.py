@@ -63,8 +63,14 @@ class Stager:
                 return buf.copy_(src, non_blocking=True)
             return buf.copy_(src)
         if isinstance(obj, dict):
-            items = ((k, self._stage(v, path + (k,))) for k, v in obj.items())
-            return dict(items) if type(obj) is dict else type(obj)(items)
+            if type(obj) is dict:
+                return {k: self._stage(v, path + (k,)) for k, v in obj.items()}
+            # a subclass (OrderedDict with a module's _metadata, Counter, defaultdict): a shallow copy keeps
+            # its type, its attributes and its default factory, whatever its constructor takes
+            out = copy.copy(obj)
+            for k, v in obj.items():
+                out[k] = self._stage(v, path + (k,))
+            return out
         if isinstance(obj, list):
             return [self._stage(v, path + (i,)) for i, v in enumerate(obj)]
         if isinstance(obj, tuple) and not hasattr(obj, "_fields"):

@@ -103,7 +103,7 @@ def test_an_emergency_save_the_store_refuses_still_exits_as_a_preemption(tmp_pat
 
     monkeypatch.setattr(C.CheckpointStore, "save", save)
     assert exit_code_after_a_notice_at_7(job, save_at=3) == PREEMPTED_EXIT_CODE
-    assert ckpts(job).latest_step() == 3  # the step-3 save stands; nothing half-written is newer
+    assert ckpts(job).latest_step() == 4  # the save in step 3 (after it: 4 steps done) stands; nothing newer
 
 
 def test_periodic_saves_follow_the_interval_and_insurance_on_rebalance(tmp_path):
