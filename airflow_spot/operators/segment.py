@@ -188,7 +188,8 @@ class SpotSegmentOperator(BaseOperator):
 
     # ``spot_job`` is a template field so that it is in the serialized DAG: the UI plugin ranks offers for a
     # job from it before the job's first attempt (airflow_spot/ui/prestart.py); it holds no template
-    template_fields: Sequence[str] = ("command", "checkpoint_uri", "env", "cwd", "warm_start_uri", "spot_job")
+    template_fields: Sequence[str] = ("command", "checkpoint_uri", "env", "cwd", "warm_start_uri", "spot_job",
+                                      "availability_uri")
     template_fields_renderers = {"command": "json", "env": "json"}
     ui_color = "#fde8c8"
     operator_extra_links = (SpotAttemptLink(), SpotJobLink())
@@ -487,7 +488,9 @@ class SpotSegmentOperator(BaseOperator):
             reused_instance=reused,
             try_number=context["ti"].try_number,
             task_id=self.task_id,
-            resume_step=max(latest or 0, self.start_step),
+            # where the session resumes: the newest committed step, which is short of start_step when a
+            # segment before was marked success by hand or the run's segments changed (it trains the gap too)
+            resume_step=latest or 0,
             transfer_dollars=0.0 if reused or home in (None, instance.offer.region) else transfer.dollars,
             remote_dollars_per_hour=0.0 if home in (None, instance.offer.region) else transfer.dollars_per_hour,
             run_id=context["run_id"],

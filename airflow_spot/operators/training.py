@@ -70,7 +70,7 @@ class SpotJobSummaryOperator(BaseOperator):
     :param deadline: the job's deadline (SpotTraining's): the summary says whether it was met.
     """
 
-    template_fields = ("checkpoint_uri",)
+    template_fields = ("checkpoint_uri", "availability_uri")
     ui_color = "#d9f2d9"
 
     def __init__(
@@ -167,7 +167,8 @@ class SpotJobSummaryOperator(BaseOperator):
             summary.update(deadline_figures(store, summary, self.deadline.total_seconds(), time.time()))
         if run_started is not None:
             # a store shared by several runs (a checkpoint_uri without {{ run_id }}) sums every run's attempts
-            summary["attempts_this_run"] = sum(r["started_at"] >= run_started() for r in summary.get("rows", []))
+            summary["attempts_this_run"] = self._attempts_of_run(store, summary.get("rows", []), context["run_id"],
+                                                                 run_started())
             if summary["attempts_this_run"] == 0 and summary.get("attempts"):
                 self.log.warning(
                     "this run trained nothing: the store %s already held the job's checkpoints, and the figures "
@@ -184,12 +185,46 @@ class SpotJobSummaryOperator(BaseOperator):
         if broken:
             raise AirflowFailException(f"job {self.job_name}: {broken}")
         if not summary["completed"]:
-            where = "no checkpoint was committed" if latest is None else f"newest checkpoint at step {latest}"
-            raise AirflowFailException(
-                f"job {self.job_name} did not finish: {where} of {self.total_steps} steps "
-                "(see the failed segment's log)"
-            )
+            raise AirflowFailException(self._unfinished_message(latest))
         return summary
+
+    @staticmethod
+    def _attempts_of_run(store, rows: list[dict[str, Any]], run_id: str, run_started: float) -> int:
+        """The attempts this DAG run launched: by the run its launch record names; by the run's start only for
+        a record that names none (written before launch records carried it). A catchup or backfill run is
+        due long before it runs, so by time alone it counted the earlier runs' attempts as its own."""
+        from airflow_spot.storage.job_view import JobView
+
+        try:
+            launches = JobView(store).launches()
+        except Exception:  # noqa: BLE001 - the time alone, then
+            launches = {}
+        count = 0
+        for row in rows:
+            named = (launches.get(row["attempt_id"]) or {}).get("run_id")
+            count += (named == run_id) if named else (row["started_at"] >= run_started)
+        return count
+
+    def _unfinished_message(self, latest: int | None) -> str:
+        """Why the job stopped short, naming the segment that owes the rest: it failed (its log says why), or
+        it was marked success or skipped by hand, or the run's segments changed while it was in flight."""
+        where = "no checkpoint was committed" if latest is None else f"the newest checkpoint is at step {latest}"
+        step = latest or 0
+        try:
+            tasks = self.dag.tasks
+        except RuntimeError:  # not in a DAG (built by hand): no segments to name
+            tasks = []
+        segments = sorted((t for t in tasks if isinstance(t, SpotSegmentOperator) and t.job_name == self.job_name),
+                          key=lambda t: t.start_step)
+        owing = next((t for t in segments if t.start_step <= step < t.end_step), None)
+        if owing is None:
+            return (f"job {self.job_name} did not finish: {where} of {self.total_steps} steps; clear the job's "
+                    "segments to train the rest")
+        return (f"job {self.job_name} did not finish: {where} of {self.total_steps} steps, inside {owing.task_id} "
+                f"(steps [{owing.start_step}, {owing.end_step})), which ended without its end checkpoint. If it "
+                f"failed, its log says why; if it was marked success or skipped by hand, or the DAG's segments "
+                f"changed while this run was in flight, clear {owing.task_id} and the tasks after it to train "
+                "the rest")
 
     def _compact_availability(self, hook: SpotHook, store) -> None:
         """Delete the deployment log's events no decision reads (``AvailabilityLog.compact``), so that the
@@ -515,4 +550,21 @@ def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup
             **task_kwargs,
         )
         previous >> finish
+    _check_own_job_root(finish)
     return group
+
+
+def _check_own_job_root(finish: SpotJobSummaryOperator) -> None:
+    """Refuse a second job of one DAG on the same ``checkpoint_uri``: its segments would skip or resume on
+    the other job's checkpoints, and each finish task would bill both jobs' attempts."""
+    try:
+        tasks = finish.dag.tasks
+    except RuntimeError:  # outside a DAG there is nothing to compare with
+        return
+    for task in tasks:
+        if isinstance(task, SpotJobSummaryOperator) and task is not finish \
+                and task.checkpoint_uri == finish.checkpoint_uri:
+            raise SpotTrainingConfigError(
+                f"checkpoint_uri {finish.checkpoint_uri!r} is also the root of job {task.job_name!r} in this DAG: "
+                "two jobs in one store would train on each other's checkpoints and bill each other's attempts; "
+                f"give each its own root, e.g. {finish.checkpoint_uri.rstrip('/')}/{finish.job_name}")

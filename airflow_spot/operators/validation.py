@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import json
 import logging
+import re
 import shlex
 from datetime import timedelta
 from typing import Any
@@ -73,10 +74,29 @@ def validate_backend(backend: Any) -> None:
         raise SpotTrainingConfigError(f"unknown backend {backend!r}; valid backends: {', '.join(valid)}")
 
 
+_TEMPLATE_SPAN = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", re.S)
+
+
+def split_command(command: str) -> list[str]:
+    """Split a command string like a shell would (no shell runs it), a Jinja span (``{{ ds }}``,
+    ``{% ... %}``) kept whole inside its argument: Airflow renders each argument of the list on its own,
+    and a span cut at its spaces (``'{{'``, ``'ds'``, ``'}}'``) would not render. A rendered value is one
+    argument, whatever spaces it holds (as a quoted shell variable)."""
+    spans: list[str] = []
+
+    def hide(match: re.Match) -> str:
+        spans.append(match.group(0))
+        return f"\x00{len(spans) - 1}\x00"
+
+    args = shlex.split(_TEMPLATE_SPAN.sub(hide, command))
+    return [re.sub("\x00(\\d+)\x00", lambda m: spans[int(m.group(1))], arg) for arg in args]
+
+
 def normalize_command(command: Any, backend: str) -> list[str]:
-    """Return the command as an argv list; a string is split like a shell would (no shell runs it)."""
+    """Return the command as an argv list; a string is split like a shell would (no shell runs it), its
+    Jinja spans kept whole (:func:`split_command`)."""
     if isinstance(command, str):
-        command = shlex.split(command)
+        command = split_command(command)
     if not isinstance(command, (list, tuple)) or not command:
         raise SpotTrainingConfigError(
             f"command must be a non-empty list of arguments, e.g. ['python', 'train.py'], got {command!r}"

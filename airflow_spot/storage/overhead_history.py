@@ -23,6 +23,7 @@ estimates from its own measurements alone.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -59,8 +60,10 @@ def history_uris(job_uri: str, environ=None) -> list[str]:
 
 
 def job_name(job_uri: str) -> str:
-    """How a job is named in the history: its root's last part (its run, among the runs beside it)."""
-    return job_uri.rstrip("/").rsplit("/", 1)[-1]
+    """How a job is named in the history: its root's last part (its run, among the runs beside it) and a
+    digest of the whole root (the deployment's history holds every DAG's runs, whose run ids repeat)."""
+    root = job_uri.rstrip("/")
+    return f"{root.rsplit('/', 1)[-1]}.{hashlib.sha256(root.encode()).hexdigest()[:8]}"
 
 
 class OverheadHistory:
@@ -80,7 +83,10 @@ class OverheadHistory:
         key = f"{at:017.3f}-{safe_id(job)}.json"
         body = {"schema": SCHEMA, "job": job, "at": at, "overheads": kept}
         self.store.put_bytes(key, json.dumps(body, sort_keys=True).encode())
-        old = self._keys()[keep:]
+        keys = self._keys()
+        # one entry per job: a run cleared and finished again replaces its figures, not outvotes the others
+        again = [k for k in keys if k != key and k.endswith(f"-{safe_id(job)}.json")]
+        old = sorted(set(keys[keep:]) | set(again))
         if old:
             self.store.delete(old)
         return key

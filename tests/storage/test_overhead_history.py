@@ -21,7 +21,10 @@ def test_a_job_belongs_to_its_dags_history_and_to_the_deployments_when_one_is_na
     # the deployment's history named as the DAG's own place is one history, not two
     assert history_uris("s3://bucket/dag/run", {ENV_URI: f"s3://bucket/dag/{DEFAULT_DIR}/"}) == [
         f"s3://bucket/dag/{DEFAULT_DIR}"]
-    assert job_name("s3://bucket/dag/manual__2026-11-24/") == "manual__2026-11-24"
+    # the run, and a digest of the whole root: two DAGs' runs of one date are two jobs in the deployment's history
+    assert job_name("s3://bucket/dag/manual__2026-11-24/").startswith("manual__2026-11-24.")
+    assert job_name("s3://bucket/dag/manual__2026-11-24/") == job_name("s3://bucket/dag/manual__2026-11-24")
+    assert job_name("s3://bucket/dag/manual__2026-11-24") != job_name("s3://bucket/other/manual__2026-11-24")
 
 
 def test_a_dags_first_run_borrows_from_the_deployment_what_its_dags_runs_have_not_measured(tmp_path, monkeypatch):
