@@ -23,6 +23,7 @@ flipped. Its ``price_info`` (``price``, ``on_demand_price``, $/h) prices the poo
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -208,8 +209,8 @@ def parse_trace(raw: object, name: str = "<trace>", zone: str | None = None,
     if not isinstance(meta, dict) or "gap_seconds" not in meta:
         raise TraceError(f"{name}: missing metadata.gap_seconds (seconds between two values)")
     gap = meta["gap_seconds"]
-    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not gap > 0:
-        raise TraceError(f"{name}: metadata.gap_seconds must be a positive number, got {gap!r}")
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not 0 < gap < math.inf:
+        raise TraceError(f"{name}: metadata.gap_seconds must be a finite positive number, got {gap!r}")
     if not isinstance(data, list):
         raise TraceError(f"{name}: 'data' must be a list of 0/1 values (or instance counts), got {type(data).__name__}")
     if len(data) < MIN_TICKS:
@@ -220,7 +221,8 @@ def parse_trace(raw: object, name: str = "<trace>", zone: str | None = None,
     if preempted:
         max_count = 1  # the simulator's traces are 0/1 (a gang's threshold is applied when they are made)
     for i, v in enumerate(data):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or not 0 <= v <= max_count:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v) \
+                or not 0 <= v <= max_count:
             if preempted:
                 raise TraceError(f"{name}: data[{i}] is {v!r}; values of the SkyPilot simulator's traces must be "
                                  "1 (preempted) or 0 (available)")
@@ -284,7 +286,8 @@ def load_traces(paths: list[str | Path] | str | Path) -> list[SpotTrace]:
     """Load trace files and directories (see :func:`_trace_files`) as one set: one tick length, one pool
     per zone."""
     given = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    files = [f for p in given for f in _trace_files(Path(p))]
+    # a file named twice (a folder and one of its files, overlapping globs) is one pool, read once
+    files = list({f.resolve(): f for p in given for f in _trace_files(Path(p))}.values())
     traces = [load_trace(f) for f in files]
     gaps = {t.gap_seconds for t in traces}
     if len(gaps) > 1:
@@ -339,7 +342,8 @@ def read_notes(traces: list[SpotTrace], tick_prices: bool = True, own_prices: bo
 
 def check_node_count(traces: list[SpotTrace], nodes: int) -> None:
     """Raise :class:`TraceError` unless every trace can show ``nodes`` instances up (a gang replay)."""
-    short = [t.zone for t in traces if t.max_count < nodes]
+    # a zone never up in the window (all 0) is a real observation: a pool that is always down
+    short = [t.zone for t in traces if 0 < t.max_count < nodes]
     if short:
         raise TraceError(f"--nodes {nodes}: the traces of {short} never show that many instances up "
                          "(a 1-node trace holds 0/1); use multi-node availability traces or fewer nodes")

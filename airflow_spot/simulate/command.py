@@ -190,7 +190,21 @@ _UPPER_BOUNDS = {
     "checkpoint_gib": (1_048_576.0, "the checkpoint's size in GiB (a PiB at most)"),
     "transfer_dollars_per_gib": (10.0, "inter-region $ per GiB (AWS charges about 0.02; $10 at most)"),
     "transfer_seconds_per_gib": (3_600.0, "restore seconds per GiB across regions (an hour at most)"),
+    "history_hours": (8_760.0, "the hours of an earlier job's events the deployment's log starts with (a year at "
+                               "most)"),
 }
+
+
+def _history_words(args: argparse.Namespace, traces, start: int) -> str:
+    """The history the replay had: what the traces hold before the start, not what was asked for."""
+    if not args.history_hours:
+        return ""
+    held = min(args.history_hours, start * traces[0].gap_seconds / 3600.0)
+    if held <= 0:
+        return f" with no history (--history-hours {args.history_hours:g}: the traces hold none before the start)"
+    if held < args.history_hours:
+        return f" after {held:g} h of history (the traces hold no more before the start; {args.history_hours:g} asked)"
+    return f" after {held:g} h of history"
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
@@ -387,7 +401,7 @@ def run(args: argparse.Namespace) -> int:
                 _warn(f"the prices file {args.prices} lists zones {', '.join(stray)} that no trace covers; they are "
                       f"ignored (the traces cover {', '.join(sorted({t.zone for t in traces}))})")
         if args.zones:
-            wanted = [z.strip() for z in args.zones.split(",") if z.strip()]
+            wanted = list(dict.fromkeys(z.strip() for z in args.zones.split(",") if z.strip()))  # one pool a zone
             if not wanted:
                 raise ValueError(f"--zones {args.zones!r} names no zone; give some of "
                                  f"{', '.join(sorted(t.zone for t in traces))}, or leave --zones out for all")
@@ -441,7 +455,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"job: {spec.work_hours:g} GPU h x {spec.nodes} node(s), {deadline}, restart "
           f"{spec.restart_overhead_hours:g} h, segments {spec.segment_seconds / 60:g} min, zones {', '.join(t.zone for t in traces)}, "
           f"start hour {args.start_hour:g}, "
-          f"{args.jobs} job(s)" + (f" after {args.history_hours:g} h of history" if args.history_hours else "")
+          f"{args.jobs} job(s)" + _history_words(args, traces, start)
           + f"; on-demand only = ${baseline:.2f}" + optimum)
     print(format_table(results, baseline, best))
     out: dict = {"spec": spec.__dict__, "zones": [t.zone for t in traces], "on_demand_cost": baseline,

@@ -122,7 +122,10 @@ def profile_step_seconds(
         run_env = {**os.environ, **(env or {}), E.JOB_URI: store.uri, E.ATTEMPT_ID: "profile",
                    E.START_STEP: "0", E.END_STEP: str(steps), E.TOTAL_STEPS: str(steps),
                    E.HEARTBEAT_SECONDS: "0.05", E.WARM_PROCESS: "0"}
-        proc = subprocess.Popen(command, env=run_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # stderr to a file, not a pipe read at the end: a chatty script (logging, warnings, progress bars)
+        # would fill the pipe and block until the timeout
+        errors = open(os.path.join(tmp, "stderr.txt"), "w+b")  # noqa: SIM115 - closed below, after the run
+        proc = subprocess.Popen(command, env=run_env, stdout=subprocess.DEVNULL, stderr=errors)
         samples: list[tuple[int, float]] = []
         deadline = time.monotonic() + timeout
         last = None
@@ -130,13 +133,16 @@ def profile_step_seconds(
             if time.monotonic() > deadline:
                 proc.kill()
                 proc.wait()
+                errors.close()
                 raise EstimateError(f"--profile-command ran longer than --profile-timeout={timeout:g} s")
             hb = layout.read_heartbeat("profile")
             if hb is not None and (not samples or hb.step > samples[-1][0]):
                 samples.append((hb.step, hb.time))
             last = hb or last
             poll(PROFILE_POLL_SECONDS)
-        err = proc.stderr.read() if proc.stderr else ""
+        errors.seek(max(0, os.fstat(errors.fileno()).st_size - 4000))
+        err = errors.read().decode(errors="replace")
+        errors.close()
         if proc.returncode != 0:
             raise EstimateError(f"--profile-command exited {proc.returncode}:\n{err[-2000:]}")
         last = layout.read_heartbeat("profile") or last
@@ -178,6 +184,9 @@ def rank(args: argparse.Namespace) -> tuple[list, object]:
             profile_as = canonical_gpu_name(args.profile_as)
         except ValueError as exc:
             raise EstimateError(f"--profile-as: {exc}") from None
+        if profile_as in measured:
+            raise EstimateError(f"--measured gives {profile_as} a step time and --profile-as {args.profile_as} "
+                                "measures it again: give one figure per GPU model (drop one of them)")
         if not 0 < args.profile_timeout < math.inf:  # also NaN, which would never time out
             raise EstimateError(f"--profile-timeout is the seconds the profiling run may take and must be > 0, "
                                 f"got {args.profile_timeout}")

@@ -29,13 +29,16 @@ def read_prices(path: str | Path) -> dict[str, tuple[float, float]]:
     if not p.is_file():
         raise ValueError(f"prices file {p} does not exist; give a CSV with lines zone,spot,on_demand")
     out: dict[str, tuple[float, float]] = {}
-    with p.open(newline="") as f:
+    header_allowed = True  # on the first line that is not blank or a comment
+    with p.open(newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's "CSV UTF-8" starts with a BOM
         for n, row in enumerate(csv.reader(f), 1):
             cells = [c.strip() for c in row]
             if not cells or not any(cells) or cells[0].startswith("#"):
                 continue
-            if n == 1 and cells[0].lower() == "zone":
+            if header_allowed and cells[0].lower() == "zone":
+                header_allowed = False
                 continue
+            header_allowed = False
             if len(cells) != 3:
                 raise ValueError(f"{p} line {n}: expected zone,spot,on_demand, got {','.join(cells)!r}")
             try:
