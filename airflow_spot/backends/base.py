@@ -124,13 +124,17 @@ class InstanceInfo:
 class LaunchError(RuntimeError):
     """No instance could be had. ``capacity`` separates "try another offer" from "fix your config";
     ``transient`` (with ``capacity=False``): try again soon; nothing to fix (throttling, a 5xx from the cloud,
-    no answer on the network, after the client's own retries). It is not a capacity refusal of the pool."""
+    no answer on the network, after the client's own retries). It is not a capacity refusal of the pool.
+    ``unusable`` (with ``capacity=False``): this account or configuration cannot launch this offer (a quota
+    used up, no configured subnet in its zone) while another offer may be launched; the message says what to
+    fix, and nothing is learnt of the pool's capacity."""
 
-    def __init__(self, message: str, *, capacity: bool, transient: bool = False,
+    def __init__(self, message: str, *, capacity: bool, transient: bool = False, unusable: bool = False,
                  tried: list[str] | None = None) -> None:
         super().__init__(message)
         self.capacity = capacity
         self.transient = transient
+        self.unusable = unusable
         self.tried = tried or []
 
 
@@ -147,6 +151,11 @@ class Backend(ABC):
     def command_problem(cls, command: list[str]) -> str | None:
         """What is wrong with ``command`` as far as this backend can tell before launching, or ``None``.
         Remote backends cannot see the instance's image, so they check nothing by default."""
+        return None
+
+    def search_scope(self) -> str | None:
+        """Where ``list_instances`` looks, when that is not everywhere (a cloud backend's regions): said
+        with an empty answer, so "nothing" is not read as "nothing anywhere"."""
         return None
 
     @classmethod

@@ -143,6 +143,37 @@ class Ec2Backend(Backend):
     uses_clients = True
     reaps_by_run_state = True
 
+    @staticmethod
+    def _check_values(regions, image_id, launch_template, block_device_gib, term_grace_seconds) -> list[str]:
+        """The checks of the options' values that need no client; the regions as a list."""
+        checked = validate_regions([regions] if isinstance(regions, str) else list(regions))
+        if image_id is not None and not (isinstance(image_id, str) and image_id.startswith("ami-")):
+            raise ValueError(f"ec2 backend: image_id must be an AMI id like 'ami-0123abcd', got {image_id!r}")
+        if launch_template is not None and not (
+            isinstance(launch_template, dict) and {"LaunchTemplateId", "LaunchTemplateName"} & set(launch_template)
+        ):
+            raise ValueError("ec2 backend: launch_template must be a dict with LaunchTemplateId or LaunchTemplateName "
+                             f"(and optionally Version), got {launch_template!r}")
+        if block_device_gib is not None and (
+                isinstance(block_device_gib, bool) or not isinstance(block_device_gib, int) or block_device_gib < 8):
+            raise ValueError(f"ec2 backend: block_device_gib must be an integer >= 8, got {block_device_gib!r}")
+        if isinstance(term_grace_seconds, bool) or not isinstance(term_grace_seconds, (int, float)) \
+                or not 0 < term_grace_seconds < float("inf"):
+            raise ValueError(f"ec2 backend: term_grace_seconds must be a number of seconds > 0, got "
+                             f"{term_grace_seconds!r}")
+        return checked
+
+    @classmethod
+    def options_problem(cls, options: dict) -> str | None:
+        # the checks __init__ makes of the values, without building any client
+        try:
+            cls._check_values(options.get("regions", ("us-east-1",)), options.get("image_id"),
+                              options.get("launch_template"), options.get("block_device_gib"),
+                              options.get("term_grace_seconds", 100.0))
+        except (ValueError, TypeError) as exc:
+            return str(exc)
+        return None
+
     def __init__(
         self,
         regions: list[str] | tuple[str, ...] | str = ("us-east-1",),
@@ -159,18 +190,7 @@ class Ec2Backend(Backend):
         term_grace_seconds: float = 100.0,
         clients: Clients | None = None,
     ) -> None:
-        self.regions = validate_regions([regions] if isinstance(regions, str) else list(regions))
-        if image_id is not None and not (isinstance(image_id, str) and image_id.startswith("ami-")):
-            raise ValueError(f"ec2 backend: image_id must be an AMI id like 'ami-0123abcd', got {image_id!r}")
-        if launch_template is not None and not (
-            isinstance(launch_template, dict) and {"LaunchTemplateId", "LaunchTemplateName"} & set(launch_template)
-        ):
-            raise ValueError("ec2 backend: launch_template must be a dict with LaunchTemplateId or LaunchTemplateName "
-                             f"(and optionally Version), got {launch_template!r}")
-        if block_device_gib is not None and (not isinstance(block_device_gib, int) or block_device_gib < 8):
-            raise ValueError(f"ec2 backend: block_device_gib must be an integer >= 8, got {block_device_gib!r}")
-        if term_grace_seconds <= 0:
-            raise ValueError(f"ec2 backend: term_grace_seconds must be > 0, got {term_grace_seconds!r}")
+        self.regions = self._check_values(regions, image_id, launch_template, block_device_gib, term_grace_seconds)
         self.image_id = image_id
         self.launch_template = dict(launch_template) if launch_template else None
         self.subnet_ids: dict[str, str] | list[str] = (
@@ -186,6 +206,7 @@ class Ec2Backend(Backend):
         self.term_grace_seconds = float(term_grace_seconds)
         self.clients = clients or default_clients()
         self._sync: dict[str, Any] = {}
+        self._subnet_zone_cache: dict[str, dict[str, str]] = {}
 
     def serialize(self) -> dict:
         return {
@@ -195,6 +216,10 @@ class Ec2Backend(Backend):
             "root_device_name": self.root_device_name, "python": self.python, "setup": self.setup,
             "imds_url": self.imds_url, "term_grace_seconds": self.term_grace_seconds,
         }
+
+    def search_scope(self) -> str:
+        return (f"regions {', '.join(self.regions)} (backend_options regions; "
+                f"--backend-options '{{\"regions\": [...]}}' for others)")
 
     def describe_scope(self) -> str:
         """Backends with the same clients and regions describe the same instances (one shared poller)."""
@@ -232,7 +257,11 @@ class Ec2Backend(Backend):
             )
         except ValueError as exc:
             raise LaunchError(f"ec2 backend: {exc}", capacity=False) from exc
-        tags = {**spec.tags, TAG_MANAGED: "true", TAG_JOB: spec.job_uri[:_TAG_VALUE_MAX],
+        if len(spec.job_uri) > _TAG_VALUE_MAX:  # reap and the billing read the job back from this tag
+            raise LaunchError(f"ec2 backend: the job's root {spec.job_uri!r} is {len(spec.job_uri)} characters; an EC2 "
+                              f"tag value holds {_TAG_VALUE_MAX}, and the instance names its job in one: shorten "
+                              "checkpoint_uri (e.g. a shorter prefix or DAG id)", capacity=False)
+        tags = {**spec.tags, TAG_MANAGED: "true", TAG_JOB: spec.job_uri,
                 TAG_OFFER: encode_offer(offer), TAG_TOKEN: spec.idempotency_token}
         tag_list = [{"Key": k, "Value": str(v)[:_TAG_VALUE_MAX]} for k, v in tags.items()]
         params: dict[str, Any] = {
@@ -279,11 +308,38 @@ class Ec2Backend(Backend):
         return params
 
     def _subnet(self, spec: LaunchSpec, zone: str | None) -> str | None:
+        """The configured subnet in the offer's zone: an instance runs in its subnet's zone, so another
+        zone's subnet would launch the offer somewhere the market did not price or rank."""
         if spec.subnet_ids:
             return spec.subnet_ids[0]
+        if not self.subnet_ids:
+            return None
         if isinstance(self.subnet_ids, dict):
-            return self.subnet_ids.get(zone or "") or None
-        return self.subnet_ids[0] if self.subnet_ids else None
+            found = self.subnet_ids.get(zone or "") or None
+        else:
+            zones = self._subnet_zones(spec.offer.region)
+            found = next((s for s in self.subnet_ids if zone is not None and zones.get(s) == zone), None)
+        if found is None:
+            raise LaunchError(
+                f"ec2 backend: no subnet of backend_options subnet_ids {self.subnet_ids} is in {zone or spec.offer.zone}, "
+                "where this offer is; add one there (subnet_ids as {zone: subnet} names each), or keep the job's "
+                "gpus zones to those of the subnets", capacity=False, unusable=True, tried=[spec.offer.pool])
+        return found
+
+    def _subnet_zones(self, region: str) -> dict[str, str]:
+        """``{subnet id: zone}`` of the configured subnets of ``region`` (one ``DescribeSubnets``, kept)."""
+        if region not in self._subnet_zone_cache:
+            from botocore.exceptions import ClientError
+
+            try:
+                found = self.client(region).describe_subnets(
+                    Filters=[{"Name": "subnet-id", "Values": list(self.subnet_ids)}])["Subnets"]
+            except ClientError as exc:
+                raise LaunchError(f"ec2 backend: cannot read the zones of subnet_ids {self.subnet_ids} in {region} "
+                                  f"({exc}); attach the policy in airflow_spot/backends/iam_policy.json "
+                                  "(ec2:DescribeSubnets), or give subnet_ids as {zone: subnet}", capacity=False) from exc
+            self._subnet_zone_cache[region] = {s["SubnetId"]: s["AvailabilityZone"] for s in found}
+        return self._subnet_zone_cache[region]
 
     def launch(self, spec: LaunchSpec) -> InstanceInfo:
         """Start one instance for ``spec``, or return the live one its token (ClientToken and a tag: moto
@@ -408,19 +464,26 @@ class Ec2Backend(Backend):
     def describe(self, instance_ids: list[str]) -> dict[str, InstanceInfo]:
         return {iid: self._info(inst, region) for iid, (region, inst) in self._describe_raw(instance_ids).items()}
 
-    def _describe_raw(self, instance_ids: list[str]) -> dict[str, tuple[str, dict]]:
-        """``{id: (region, EC2's instance dict)}`` of the known ids (one paginated call per region)."""
+    def _describe_raw(self, instance_ids: list[str],
+                      failed: dict[str, BaseException] | None = None) -> dict[str, tuple[str, dict]]:
+        """``{id: (region, EC2's instance dict)}`` of the known ids (one paginated call per region). With
+        ``failed``, a region whose describe fails is recorded there and the others are still asked."""
         ids = list(dict.fromkeys(instance_ids))
         wanted, out = set(ids), dict[str, tuple[str, dict]]()
         if not ids:
             return out
         for region in self.regions:
-            pages = self.client(region).get_paginator("describe_instances").paginate(Filters=self._filters(ids))
-            for page in pages:
-                for reservation in page.get("Reservations", []):
-                    for inst in reservation.get("Instances", []):
-                        if inst["InstanceId"] in wanted:  # a describe by tag returns every managed one
-                            out[inst["InstanceId"]] = (region, inst)
+            try:
+                pages = self.client(region).get_paginator("describe_instances").paginate(Filters=self._filters(ids))
+                for page in pages:
+                    for reservation in page.get("Reservations", []):
+                        for inst in reservation.get("Instances", []):
+                            if inst["InstanceId"] in wanted:  # a describe by tag returns every managed one
+                                out[inst["InstanceId"]] = (region, inst)
+            except Exception as exc:
+                if failed is None:
+                    raise
+                failed[region] = exc
         return out
 
     async def adescribe(self, instance_ids: list[str]) -> dict[str, InstanceInfo]:
@@ -491,13 +554,20 @@ class Ec2Backend(Backend):
             return
         from botocore.exceptions import ClientError
 
-        described = self._describe_raw(ids)
+        # a region that does not answer (not opted in, a policy, an outage) must not keep the others' instances
+        # running: each region is asked on its own, and the failures are raised at the end, by region
+        failed: dict[str, BaseException] = {}
+        described = self._describe_raw(ids, failed)
         by_region: dict[str, list[str]] = {}
         for instance_id, (region, inst) in described.items():
             if _state(inst) not in _GONE:
                 by_region.setdefault(region, []).append(instance_id)
         for region, region_ids in by_region.items():
-            self.client(region).terminate_instances(InstanceIds=region_ids)
+            try:
+                self.client(region).terminate_instances(InstanceIds=region_ids)
+            except Exception as exc:  # noqa: BLE001 - the other regions' instances still go
+                failed.setdefault(region, exc)
+                continue
             log.info("terminated %s in %s", ", ".join(region_ids), region)
         # Not described yet is not gone: right after RunInstances, EC2's describe may lag (eventual
         # consistency), and an on_kill then must still stop the instance. Ask each region; "not found" is fine.
@@ -507,7 +577,14 @@ class Ec2Backend(Backend):
                     self.client(region).terminate_instances(InstanceIds=[instance_id])
                 except ClientError as exc:
                     if not str(exc.response.get("Error", {}).get("Code", "")).startswith("InvalidInstanceID"):
-                        raise
+                        failed.setdefault(region, exc)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - as above
+                    failed.setdefault(region, exc)
                     continue
                 log.info("terminated %s in %s (not yet visible to describe)", instance_id, region)
                 break
+        if failed:
+            raise LaunchError("ec2 backend: could not end instances in " + "; ".join(
+                f"{region} ({type(exc).__name__}: {exc})" for region, exc in failed.items())
+                + f"; the instances of {sorted(set(self.regions) - set(failed))} were ended", capacity=False)

@@ -9,11 +9,13 @@ from __future__ import annotations
 from airflow_spot.backends.base import LaunchError
 from airflow_spot.policy.offers import Offer
 
-#: a pool is full or our quota is used up: another pool (or later) may work
+#: a pool is full: another pool (or later) may work
 CAPACITY_CODES = frozenset({
-    "InsufficientInstanceCapacity", "InsufficientCapacity", "MaxSpotInstanceCountExceeded", "VcpuLimitExceeded",
-    "SpotMaxPriceTooLow", "InsufficientFreeAddressesInSubnet", "InstanceLimitExceeded",
+    "InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow", "InsufficientFreeAddressesInSubnet",
 })
+
+#: the account's quota is used up: no pool is full, and another market or instance family may still launch
+QUOTA_CODES = frozenset({"MaxSpotInstanceCountExceeded", "VcpuLimitExceeded", "InstanceLimitExceeded"})
 
 #: EC2 refused the call for its rate: nothing was done, a later call will work
 THROTTLING_CODES = frozenset({
@@ -52,6 +54,23 @@ _HINTS = {
 }
 
 
+#: the identity or account cannot make the call: a retry meets the same refusal
+PERMISSION_CODES = frozenset({"UnauthorizedOperation", "AccessDenied", "AccessDeniedException", "AuthFailure",
+                              "OptInRequired", "InvalidClientTokenId", "UnrecognizedClientException",
+                              "SignatureDoesNotMatch"})
+
+
+def configuration_problem(exc: BaseException) -> str | None:
+    """What to fix when ``exc`` (or what it was raised from) is AWS refusing the caller itself (a missing
+    permission, bad credentials, a region not opted in): a retry would meet the same refusal. None otherwise."""
+    for err in (exc, exc.__cause__):
+        code = error_code(err) if err is not None else ""
+        if code in PERMISSION_CODES:
+            hint = _HINTS.get(code) or _HINTS["UnauthorizedOperation"]
+            return f"{exc} ({hint})" if hint not in str(exc) else str(exc)
+    return None
+
+
 def error_code(exc) -> str:
     """The EC2 error code of a botocore ``ClientError`` (``""`` for anything else)."""
     response = getattr(exc, "response", None)
@@ -81,7 +100,7 @@ def is_transient(exc) -> bool:
     if is_network_error(exc):
         return True
     code = error_code(exc)
-    if not code or code in CAPACITY_CODES:
+    if not code or code in CAPACITY_CODES or code in QUOTA_CODES:
         return False
     return code in THROTTLING_CODES or code in SERVER_CODES or _status(exc) >= 500
 
@@ -111,6 +130,12 @@ def launch_error(exc, offer: Offer, operation: str = "RunInstances") -> LaunchEr
         )
     error = exc.response.get("Error", {})
     message = str(error.get("Message", "")) or str(exc)
+    if code in QUOTA_CODES:
+        return LaunchError(
+            f"{code} for {offer.pool} ({market}): {message}. This is the AWS account's quota, not the pool's "
+            f"capacity: raise it in Service Quotas (EC2: the {'Spot Instance Requests' if offer.is_spot else 'Running On-Demand'} "
+            f"quota of the {offer.instance_type.split('.')[0]} family's bucket, in vCPUs, in {offer.region}), or "
+            "let the job use other instance families or markets", capacity=False, unusable=True, tried=[offer.pool])
     if code in CAPACITY_CODES or code == "Unsupported":
         # "Unsupported" is per zone: the same type may exist in the next pool
         return LaunchError(f"{code} for {offer.pool} ({market}): {message}", capacity=True, tried=[offer.pool])

@@ -184,7 +184,8 @@ def run(args: argparse.Namespace, backend: Backend | None = None, run_states: Ru
         for line in billing.bill_ended(ended):
             print(line)
     if not found:
-        print("no live instances match")
+        scope = backend.search_scope()
+        print("no live instances match" + (f" in {scope}" if scope else ""))
         return 0
     for info in found:
         age = now - (info.launched_at or now)

@@ -151,7 +151,18 @@ class SpotHook(BaseHook):
         """The offer source for this backend (bundled catalog for ``local``; see ``airflow_spot.market``)."""
         from airflow_spot.market import get_market
 
-        return get_market(self.backend_name, clients=self.clients, **self.market_options)
+        return get_market(self.backend_name, clients=self.clients, **market_options_for(
+            self.backend_name, self.backend_options, self.market_options))
 
     def get_market(self):
         return self.market
+
+
+def market_options_for(backend: str, backend_options: dict[str, Any], market_options: dict[str, Any]) -> dict[str, Any]:
+    """The market's options: the ``ec2`` market offers from the ``ec2`` backend's regions unless
+    ``market_options`` names its own (an offer from a region the backend cannot launch into fails its
+    segment; ``operators.validation.validate_market_regions`` refuses one named so at parse time)."""
+    if backend == "ec2" and market_options.get("kind") in (None, "ec2") and "regions" not in market_options \
+            and backend_options.get("regions"):
+        return {**market_options, "regions": backend_options["regions"]}
+    return dict(market_options)

@@ -35,6 +35,7 @@ from airflow_spot.backends.base import (
     backend_class,
     launch_token,
 )
+from airflow_spot.backends.ec2_errors import configuration_problem
 from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.links.attempt import SpotAttemptLink, SpotJobLink
 from airflow_spot.operators import accounting, planning
@@ -393,6 +394,21 @@ class SpotSegmentOperator(BaseOperator):
         return delay
 
     def _run_segment(self, context: Context) -> dict[str, Any] | None:
+        """Plan, launch (or reattach) and wait; a configuration AWS refuses fails the task at once (every try
+        would meet it: a missing connection or permission), with what to fix."""
+        try:
+            return self._start_segment(context)
+        except LaunchError as exc:  # listing or reusing the job's instances, before any launch
+            if exc.capacity or exc.transient:
+                raise
+            raise AirflowFailException(f"segment {self.segment_index}: {exc}") from exc
+        except Exception as exc:
+            problem = configuration_problem(exc)
+            if problem is None:
+                raise
+            raise AirflowFailException(f"segment {self.segment_index}: {problem}") from exc
+
+    def _start_segment(self, context: Context) -> dict[str, Any] | None:
         store = self._open_store()
         rows = accounting.read_rows(store)  # the one read of the ledger a segment start makes
         resumed = self._reattach(context, store, rows)
@@ -914,7 +930,7 @@ class SpotSegmentOperator(BaseOperator):
         if warm is not None:
             if warm.offer.is_spot and plan.move_to:
                 # make before break: the warm instance goes only once a cheaper pool has accepted
-                moved, errors = self._launch_first(context, store, plan.move_to, recorder, optional=True)
+                moved, errors, _ = self._launch_first(context, store, plan.move_to, recorder, optional=True)
                 if moved is not None:
                     self.log.info("moved from %s to the cheaper %s (%s)", warm.offer.pool, moved.offer.pool, plan.reason)
                     self._let_go(store, [warm.instance_id], rows, f"moved to {moved.offer.pool}")
@@ -922,7 +938,7 @@ class SpotSegmentOperator(BaseOperator):
                 self.log.info("cheaper pools refused (%s); keeping the warm instance in %s", "; ".join(errors),
                               warm.offer.pool)
             return warm, True  # priced now by pick_warm
-        launched, errors = self._launch_first(context, store, plan.ranked, recorder)
+        launched, errors, unusable = self._launch_first(context, store, plan.ranked, recorder)
         if launched is not None:
             self._let_go(store, [keep.instance_id] if keep else [], rows, f"left for spot in {launched.offer.pool}")
             return launched, False
@@ -933,6 +949,10 @@ class SpotSegmentOperator(BaseOperator):
             if again.market is Market.ON_DEMAND:
                 return self._get_instance(context, store, again, [keep] if keep else [], recorder=recorder,
                                           rows=rows)
+        if unusable:  # no pool refused for capacity: waiting would not help, the configuration must change
+            self._let_go(store, [keep.instance_id] if keep else [], rows, "no offer can be launched")
+            raise AirflowFailException("no offer of the plan can be launched with this account or configuration: "
+                                       + "; ".join(errors))
         self._let_go(store, [keep.instance_id] if keep else [], rows, "no capacity now: the job waits")
         # No capacity anywhere right now: execute waits and decides again (not an Airflow try)
         raise NoCapacityNow("no offer could be launched now; tried: " + "; ".join(errors or ["no offers"]))
@@ -948,14 +968,16 @@ class SpotSegmentOperator(BaseOperator):
     def _launch_first(
         self, context: Context, store, offers, recorder: planning.AvailabilityRecorder | None,
         optional: bool = False,
-    ) -> tuple[InstanceInfo | None, list[str]]:
+    ) -> tuple[InstanceInfo | None, list[str], bool]:
         """Launch the first of ``offers`` that has capacity; the capacity refusals, recorded as pool events.
         ``optional`` (a move, with a warm instance to fall back on): an offer that cannot be launched for
-        another reason than capacity (quota, a region's configuration) is skipped with a warning instead of
-        failing the task."""
+        another reason than capacity (a region's configuration) is skipped with a warning instead of
+        failing the task. An offer this account cannot launch (a quota, no subnet in its zone) is skipped,
+        not learnt as a refusal; the third value says every offer tried was such a one."""
         backend = self.hook.get_backend()
         ti = context["ti"]
         errors = []
+        unusable = 0
         for offer in offers:
             # hashed: EC2's ClientToken holds 64 characters, dag/run/task ids can be far longer; the market
             # too: a try that falls back to on-demand in a pool whose spot launch it tried asks anew
@@ -989,6 +1011,11 @@ class SpotSegmentOperator(BaseOperator):
                                      offer.market, exc)
                     errors.append(f"{offer.pool} {offer.market}: {exc}")
                     continue
+                if getattr(exc, "unusable", False):  # the next offer may launch; no pool is full
+                    self.log.warning("cannot launch %s (%s): %s; trying the next offer", offer.pool, offer.market, exc)
+                    errors.append(f"{offer.pool} {offer.market}: {exc}")
+                    unusable += 1
+                    continue
                 if not exc.capacity and not optional:
                     raise AirflowFailException(f"cannot launch {offer.instance_type} in {offer.zone}: {exc}") from exc
                 if not exc.capacity:
@@ -1003,8 +1030,8 @@ class SpotSegmentOperator(BaseOperator):
                 continue
             if recorder is not None and offer.is_spot:
                 recorder.record(offer.pool, "launched", time.time())
-            return launched, errors
-        return None, errors
+            return launched, errors, False
+        return None, errors, bool(errors) and unusable == len(errors)
 
     # ------------------------------------------------------------------ completion
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:

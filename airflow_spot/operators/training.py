@@ -42,6 +42,7 @@ from airflow_spot.operators.validation import (
     validate_gpus_offered,
     validate_places,
     validate_json_options,
+    validate_market_regions,
     validate_optional_str,
     validate_retry_delay,
     validate_steps,
@@ -494,6 +495,7 @@ def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup
     validate_json_options("segment_options", segment_options)
     validate_gpus_offered(gpu_request, market_options)
     validate_places(gpu_request, backend, market_options)
+    validate_market_regions(backend, backend_options, market_options)
     validate_env(env)
     validate_optional_str("cwd", cwd, "/home/ubuntu/project")
     validate_optional_str("aws_conn_id", aws_conn_id, "aws_default")

@@ -426,6 +426,32 @@ def _catalog_zones(catalog_path: str | None) -> dict[str, str]:
     return {r.zone_id: r.region for r in read_catalog(catalog_path or CATALOG_PATH)}
 
 
+def validate_market_regions(backend: str, backend_options: dict[str, Any] | None,
+                            market_options: dict[str, Any] | None) -> None:
+    """Fail at parse time when the ``ec2`` market may offer a region the ``ec2`` backend cannot launch into
+    (the first such offer ranked first would fail its segment, hours into the job). Without ``regions`` in
+    ``market_options`` the market takes the backend's (:func:`airflow_spot.hooks.spot.market_options_for`)."""
+    market_options, backend_options = market_options or {}, backend_options or {}
+    if backend != "ec2" or market_options.get("kind") not in (None, "ec2") or "regions" not in market_options:
+        return
+
+    def listed(value: Any) -> set[str] | None:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or any("{{" in str(v) for v in items):
+            return None  # malformed (the backend's or market's own check says so) or known only when rendered
+        return {str(v) for v in items}
+
+    market = listed(market_options["regions"])
+    launchable = listed(backend_options.get("regions", ["us-east-1"]))
+    if market is None or launchable is None:
+        return
+    if market - launchable:
+        raise SpotTrainingConfigError(
+            f"market_options regions {sorted(market)} include {sorted(market - launchable)}, which the ec2 backend "
+            f"cannot launch into (backend_options regions {sorted(launchable)}): list the same regions in both, or "
+            "leave regions out of market_options (it then offers from the backend's)")
+
+
 def validate_places(request: GpuRequest, backend: str = "local", market_options: dict[str, Any] | None = None) -> None:
     """Fail at parse time on a region or zone no offer of the job's market can ever be in. The bundled
     catalog (the ``local`` backend's market, or ``catalog_path``'s) knows its regions and names zones by id

@@ -174,13 +174,23 @@ def test_backend_rebuilt_from_its_serialised_options_sees_the_same_instances(hoo
     assert again.describe_scope() == backend.describe_scope()
 
 
-@pytest.mark.parametrize("code", ["InsufficientInstanceCapacity", "MaxSpotInstanceCountExceeded", "VcpuLimitExceeded"])
+@pytest.mark.parametrize("code", ["InsufficientInstanceCapacity", "InsufficientCapacity"])
 def test_capacity_refusals_say_try_the_next_offer(hook, code):
     backend = hook.get_backend()
     moto_ec2.refuse(backend.client("us-east-1"), "RunInstances", code)
     with pytest.raises(LaunchError) as err:
         backend.launch(spec())
     assert err.value.capacity and err.value.tried == ["g5.xlarge@us-east-1a"] and code in str(err.value)
+
+
+@pytest.mark.parametrize("code", ["MaxSpotInstanceCountExceeded", "VcpuLimitExceeded", "InstanceLimitExceeded"])
+def test_quota_refusals_say_try_the_next_offer_and_raise_the_quota(hook, code):
+    backend = hook.get_backend()
+    moto_ec2.refuse(backend.client("us-east-1"), "RunInstances", code)
+    with pytest.raises(LaunchError) as err:
+        backend.launch(spec())
+    assert not err.value.capacity and err.value.unusable and code in str(err.value)
+    assert "Service Quotas" in str(err.value)
 
 
 def test_capacity_refused_in_one_pool_falls_to_the_next_ranked_offer(hook):

@@ -39,6 +39,12 @@ def test_policy_lists_exactly_the_ec2_actions_called(endpoint):
     hook.__dict__["clients"] = recorder.wrap(hook.clients)
 
     offers = hook.get_market().offers(GpuRequest(count=1, min_memory_gib=16, markets=(Market.SPOT,)))
+    # subnets given as a list: the backend reads their zones (DescribeSubnets) to launch in the offer's own
+    ec2 = boto3.client("ec2", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                       aws_secret_access_key="testing")
+    vpc = ec2.create_vpc(CidrBlock="10.7.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.7.1.0/24", AvailabilityZone=offers[0].zone)["Subnet"]
+    hook.backend_options = {**hook.backend_options, "subnet_ids": [subnet["SubnetId"]]}
     backend = hook.get_backend()
     info = backend.launch(LaunchSpec(offer=offers[0], job_uri="s3://b/j", idempotency_token=launch_token("iam"),
                                      tags={"airflow-spot:dag": "d", "airflow-spot:run": "r"}))

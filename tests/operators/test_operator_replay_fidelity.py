@@ -106,7 +106,7 @@ def test_a_refused_leave_from_on_demand_keeps_the_on_demand_instance_as_the_repl
     try:
         # launched by an earlier segment's task (its own launch token)
         earlier = {"ti": SimpleNamespace(try_number=7), "run_id": "manual__0"}
-        warm, _ = op._launch_first(earlier, store, [od], rec)
+        warm, _, _ = op._launch_first(earlier, store, [od], rec)
         real = backend.launch
 
         def spot_refuses(spec_):

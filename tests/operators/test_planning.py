@@ -416,7 +416,7 @@ def test_the_operator_moves_a_warm_instance_only_once_a_cheaper_pool_accepts(tmp
     op, store, rec, market, backend, context = segment_operator(tmp_path)
     worst = make_plan(market).ranked[-1]
     try:
-        warm, _ = op._launch_first(context, store, [worst], rec)
+        warm, _, _ = op._launch_first(context, store, [worst], rec)
         p = plan(market, GPUS, now=time.time(), done_steps=10, total_steps=1000, job_started_at=T0, deadline=None,
                  ledger_rows=[], running=Market.SPOT, running_pool=worst.pool, job_events=rec.job_events())
         assert p.move_to
@@ -537,7 +537,7 @@ def test_a_warm_instance_is_billed_at_its_pools_price_now_not_the_price_it_was_l
     op, store, rec, market, backend, context = segment_operator(tmp_path)
     best = make_plan(market).ranked[0]
     try:
-        launched, _ = op._launch_first(context, store, [best], rec)
+        launched, _, _ = op._launch_first(context, store, [best], rec)
         # launched when the pool cost half what it costs now
         warm = replace(launched, offer=replace(launched.offer, price_per_hour=best.price_per_hour / 2))
         p = plan(market, GPUS, now=time.time(), done_steps=10, total_steps=1000, job_started_at=T0, deadline=None,
