@@ -245,8 +245,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} is {what} and must be at most {most:,.0f}, got {value:g}")
     if not args.start_hour >= 0:
         raise ValueError(f"--start-hour must be >= 0 (hours into the traces), got {args.start_hour}")
-    if not args.segment_minutes > 0:
-        raise ValueError(f"--segment-minutes is the wall-clock length of one segment and must be > 0, "
+    if not args.segment_minutes >= 1:  # an Airflow task's own hand-off takes longer; below, a replay only spins
+        raise ValueError(f"--segment-minutes is the wall-clock length of one segment and must be at least 1, "
                          f"got {args.segment_minutes}")
     if not args.history_hours >= 0:
         raise ValueError(f"--history-hours is how long an earlier job ran before the replayed one and must be >= 0, "
@@ -460,6 +460,9 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(results, baseline, best))
     out: dict = {"spec": spec.__dict__, "zones": [t.zone for t in traces], "on_demand_cost": baseline,
                  "runs": [r.to_dict() for r in results]}
+    if best is not None and math.isfinite(best):  # the table's "x hindsight" column, whatever --policies holds
+        out["hindsight_cost"] = best
+        out["cost_per_hindsight"] = {r.policy: r.cost / best for r in results if best > 0}
     if offs is not None:
         dists = [distribution(spec, pools, on_demand, n, offs, baseline, jobs=args.jobs, history_hours=args.history_hours)
                  for n in names]
@@ -471,6 +474,8 @@ def run(args: argparse.Namespace) -> int:
               + (", and / hindsight" if hs else "") + "):")
         print(format_distributions(dists, hs))
         out["distributions"] = [d.to_dict() for d in dists]
+        if hs is not None:
+            out["hindsight_distribution"] = hs.to_dict()
     if args.png:
         print(f"\nwrote {plot(results, args.png, spec)}")
     if args.json_out:

@@ -207,7 +207,10 @@ def rank(args: argparse.Namespace) -> tuple[list, object]:
         logs.setdefault(instance_throughput(g, 1), []).append(math.log(t))
     by_throughput = {x: math.exp(sum(ys) / len(ys)) for x, ys in logs.items()}
     model = fit_step_time(by_throughput)
-    regions = [r for r in args.regions.split(",") if r]
+    regions = list(dict.fromkeys(r.strip() for r in args.regions.split(",") if r.strip()))
+    if args.regions.strip() and not regions:
+        raise EstimateError(f"--regions {args.regions!r} names no region; give e.g. us-east-1,us-west-2, or leave it "
+                            "out for every region")
     try:
         market = get_market("local", regions=regions or None)
         offers = market.offers(GpuRequest(count=args.gpus, min_memory_gib=args.min_memory_gib))

@@ -26,7 +26,9 @@ def run(capsys, *argv: str) -> tuple[int | None, str]:
         (["--start-hour", "-3"], "--start-hour must be >= 0"),
         (["--start-hour", "100000"], "--start-hour 100000 is past the end of the traces"),
         (["--offsets", "--offset-step-hours", "0"], "--offset-step-hours must be > 0"),
-        (["--segment-minutes", "0"], "--segment-minutes is the wall-clock length of one segment and must be > 0"),
+        (["--segment-minutes", "0"], "--segment-minutes is the wall-clock length of one segment and must be at least 1"),
+        (["--segment-minutes", "0.0001"], "--segment-minutes is the wall-clock length of one segment and must be at "
+                                          "least 1"),
         (["--history-hours", "-24"], "--history-hours is how long an earlier job ran before the replayed one and must "
                                      "be >= 0, got -24.0"),
         (["--zones", "mars-1a"], "--zones: zones ['mars-1a'] have no trace"),
