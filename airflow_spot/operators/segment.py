@@ -1033,6 +1033,35 @@ class SpotSegmentOperator(BaseOperator):
             return launched, errors, False
         return None, errors, bool(errors) and unusable == len(errors)
 
+    #: lost attempts in a row whose instances' agents never wrote to the store before the segment gives up
+    NEVER_REACHED_STORE_LIMIT = 2
+
+    def _fail_if_instances_never_reach_the_store(self, store, event: dict[str, Any]) -> None:
+        """Fail now when the job's latest lost attempts all ran on instances whose agent never wrote its
+        liveness to the store: the image does not start the agent (no python or airflow-spot's training
+        extra, a failing setup line) or the instance cannot reach the store (its profile, the network). Each
+        further try would boot one more instance into the same silence, through the whole preemption budget."""
+        try:
+            lost = sorted((r for r in accounting.read_rows(store) if r.outcome == Outcome.LOST.value),
+                          key=lambda r: r.ended_at)[-self.NEVER_REACHED_STORE_LIMIT:]
+            if len(lost) < self.NEVER_REACHED_STORE_LIMIT:
+                return
+            layout = JobLayout(store)
+            keys = [layout.agent_key(r.instance_id) for r in lost]
+            if store.get_many(keys):
+                return  # some agent did reach the store: an ordinary loss
+        except Exception as exc:  # noqa: BLE001 - an ordinary retry then
+            self.log.warning("could not check whether the lost instances reached the store (%s)", exc)
+            return
+        raise AirflowFailException(
+            f"segment {self.segment_index}: the last {len(lost)} instances ({', '.join(r.instance_id for r in lost)}) "
+            f"were lost without their agent ever writing to the job's store {store.uri} "
+            f"({event.get('message')}). The agent does not start on them, or cannot reach the store: check that "
+            "the image has python and airflow-spot's training extra (and that backend_options setup lines "
+            "succeed), that the instance profile grants the store, and the instances' console output; if they "
+            "only boot slowly, raise segment_options startup_timeout. The checkpoints are kept: fix it and clear "
+            "the task")
+
     # ------------------------------------------------------------------ completion
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         store = self._open_store()
@@ -1077,7 +1106,9 @@ class SpotSegmentOperator(BaseOperator):
             if not event.get("terminated"):  # the trigger releases it itself when it can
                 self.hook.get_backend().terminate([launch.instance_id])
             offer = launch.offer_obj
-            if offer.is_spot:  # the deployment learns of the loss (the job's own ledger row has it already)
+            # the deployment learns of the market's reclaim (the job's own ledger row has it already); a lost
+            # attempt (an agent that never started, a silent instance) says nothing of the pool's capacity
+            if offer.is_spot and outcome is Outcome.PREEMPTED:
                 recorder = self._availability(store)
                 if recorder.deployment_log is not None:
                     try:
@@ -1100,6 +1131,8 @@ class SpotSegmentOperator(BaseOperator):
                 store, outcomes=(Outcome.PREEMPTED, Outcome.LOST), since=self._budget_start(context, store)
             )
             resume = latest if latest is not None else self.start_step
+            if outcome is Outcome.LOST:
+                self._fail_if_instances_never_reach_the_store(store, event)
             if preemptions > self.max_preemptions:
                 raise AirflowFailException(
                     f"segment {self.segment_index} {outcome.value} on {launch.instance_id} ({event.get('message')}); "

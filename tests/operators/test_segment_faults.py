@@ -425,3 +425,31 @@ def test_a_kill_is_told_from_a_preemption_by_the_agents_word_not_by_skewed_clock
     # a status of an older agent says nothing: its clock decides, as before
     old = AttemptStatus("seg.try1", "preempted", 143, now - 600, now - 15, 4)
     assert old.kill_seen is None and not old.before_kill(now - 20) and old.before_kill(now - 10)
+
+
+def test_instances_whose_agent_never_reaches_the_store_fail_the_segment_after_two(airflow_db, tmp_path):  # noqa: F811
+    """An image that does not start the agent (here the interpreter that should run it exits at once) boots
+    instances that never write to the job's store: each attempt ends lost. That used to be retried through
+    the whole preemption budget, one more instance each time, with nothing saying why. Two such losses in a
+    row fail the segment with what to check; the losses are not logged as the pool's preemptions for the
+    deployment's other jobs."""
+    from airflow.sdk import DAG
+
+    from airflow_spot.storage.availability import AvailabilityLog, deployment_availability_uri
+
+    options = {**backend_options(tmp_path), "python": "/bin/true"}  # "python -m airflow_spot.training.agent" exits 0
+    with DAG("agent_never_starts", schedule=None, start_date=datetime(2024, 1, 1), catchup=False) as dag:
+        SpotSegmentOperator(
+            task_id="segment", command=protocol_command("--step-seconds", "0.1"),
+            checkpoint_uri=f"file://{tmp_path}/jobs/{{{{ run_id }}}}", start_step=0, end_step=20, total_steps=20,
+            backend="local", backend_options=options, max_preemptions=8, code_retries=1, retries=9,
+            retry_delay=timedelta(seconds=0.2), deferrable=True, poll_interval=0.2, startup_timeout=3.0,
+            heartbeat_timeout=5.0,
+        )
+    dr = run_dag(dag)
+    store = job_store(tmp_path, dr.run_id)
+    rows = LedgerStore(store).rows()
+    assert ti_states(dr) == {"segment": ("failed", 2)}, (ti_states(dr), [(r.attempt_id, r.outcome) for r in rows])
+    assert [r.outcome for r in rows] == ["lost", "lost"]
+    log = AvailabilityLog(open_store(deployment_availability_uri(store.uri, None)))
+    assert not [e for e in log.read() if e.kind == "preempted"]
