@@ -74,6 +74,7 @@ def plan(
     restart_overhead_seconds: float | None = None,
     step_profile: dict[str, float] | None = None,
     step_throughput: float | None = None,
+    profile_source: str = "the declared step_profile",
 ) -> Plan:
     """Rank the offers for the next attempt with :func:`airflow_spot.policy.decision.decide_attempt`, the
     function the simulator's ``ours`` replays, fed by one
@@ -101,6 +102,8 @@ def plan(
         ``step_seconds`` was measured on. The deadline rule counts work in seconds of its reference offer,
         the on-demand instance it falls back to: a job measured on a fast spot type and falling back to a
         slower on-demand type needs more time than its measured pace says. None: measured on that type.
+    :param profile_source: where ``step_profile`` comes from, for the plan's reason (the declared one, or
+        what the DAG's earlier run measured).
     """
     from airflow_spot.policy.deadline import WAIT, DeadlineState
     from airflow_spot.policy import decision as policy_decision
@@ -165,7 +168,7 @@ def plan(
         reason=(
             f"{decision.market} ({decision.reason}); "
             f"best {best.instance_type} in {best.zone} at ${best.price_per_hour:.4f}/h"
-            + ("" if declared is None else f"; {declared:.3g} s per step from the declared step_profile")
+            + ("" if declared is None else f"; {declared:.3g} s per step from {profile_source}")
             + ("" if not converted else f"; work counted at {reference.instance_type}'s pace")
             + ("" if decision.preemption_rate_per_hour is None
                else f"; this job's preemptions {decision.preemption_rate_per_hour:.2f}/h with the prior")

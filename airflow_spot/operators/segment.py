@@ -462,8 +462,8 @@ class SpotSegmentOperator(BaseOperator):
             transfer_dollars=transfer.dollars,
             remote_dollars_per_hour=transfer.dollars_per_hour,
             restart_overhead_seconds=restart.seconds,
-            step_profile=self.spot_job.get("step_profile"),
             step_throughput=self._throughput_of(store, beat.attempt_id) if beat is not None else None,
+            **self._step_profile(store, measured=step_seconds is not None),
         )
 
         def replan() -> planning.Plan:  # after capacity refusals: the same decision, with them observed
@@ -1032,6 +1032,21 @@ class SpotSegmentOperator(BaseOperator):
                 recorder.record(offer.pool, "launched", time.time())
             return launched, errors, False
         return None, errors, bool(errors) and unusable == len(errors)
+
+    def _step_profile(self, store, measured: bool) -> dict[str, Any]:
+        """The step time per GPU model the deadline rule takes before the job has measured its own: the
+        declared ``step_profile``, else what this DAG's last finished run of the job measured."""
+        declared = self.spot_job.get("step_profile") or None
+        if declared or measured:
+            return {"step_profile": declared}
+        from airflow_spot.storage.overhead_history import earlier_pace
+        from airflow_spot.market.throughput import RELATIVE_THROUGHPUT_PER_GPU
+
+        earlier = {gpu: s for gpu, s in earlier_pace(store, self.dag_id, self.job_name).items()
+                   if gpu in RELATIVE_THROUGHPUT_PER_GPU}
+        if not earlier:
+            return {"step_profile": None}
+        return {"step_profile": earlier, "profile_source": "this DAG's earlier run"}
 
     #: lost attempts in a row whose instances' agents never wrote to the store before the segment gives up
     NEVER_REACHED_STORE_LIMIT = 2

@@ -247,13 +247,17 @@ class SpotJobSummaryOperator(BaseOperator):
         """What this job's overheads were, for the estimates of the deployment's later jobs (the next runs of
         this DAG above all; ``storage/overhead_history.py``). Best effort: the summary does not depend on it."""
         from airflow_spot.storage.job_view import JobView
-        from airflow_spot.storage.overhead_history import job_name, record
+        from airflow_spot.storage.overhead_history import job_name, record, record_pace
 
+        now = time.time()
         try:
-            now = time.time()
             record(store, job_name(store.uri), now, JobView(store).measured_overheads(now))
         except Exception as exc:  # noqa: BLE001 - a later job then estimates from its own figures alone
             self.log.warning("overheads not recorded for later jobs' estimates (%s: %s)", type(exc).__name__, exc)
+        try:  # the next run's first segment decides on this step time until it has measured its own
+            record_pace(store, self.dag_id, self.job_name, JobView(store).measured_step_profile(), now)
+        except Exception as exc:  # noqa: BLE001 - the next run then starts on the declared profile, or none
+            self.log.warning("step times not recorded for the next runs (%s: %s)", type(exc).__name__, exc)
 
 
 def deadline_figures(store, summary: dict[str, Any], deadline_seconds: float, now: float) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -454,6 +455,18 @@ class JobView:
                 ))
             previous_end = a.ended_at if a.ended_at is not None else previous_end
         return paces
+
+    def measured_step_profile(self) -> dict[str, float]:
+        """Seconds per step per GPU model this job's attempts measured (the median of their ledger rows'
+        step times, by the GPU of the offer each was launched on); empty before any step was timed."""
+        launches = self.launches()
+        seen: dict[str, list[float]] = {}
+        for row in self.ledger_rows():
+            offer = (launches.get(row.attempt_id) or {}).get("offer") or {}
+            gpu = offer.get("gpu_name") if isinstance(offer, dict) else None
+            if row.step_seconds and row.step_seconds > 0 and row.steps_done > 0 and isinstance(gpu, str) and gpu:
+                seen.setdefault(gpu, []).append(float(row.step_seconds))
+        return {gpu: statistics.median(values) for gpu, values in seen.items()}
 
     def measured_overheads(self, now: float) -> dict[str, float]:
         """The overheads this job measured itself (what it can teach the deployment's later jobs,

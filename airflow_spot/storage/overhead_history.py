@@ -144,3 +144,42 @@ def prior_for(job_store: ObjectStore, exclude_job: str | None = None) -> dict[st
         for k, v in found.items():
             merged.setdefault(k, v)
     return merged
+
+
+#: beside the job root, as ``_overheads``: the step time per GPU model each training job of a DAG last
+#: measured, so its next run's first segment has a step time before its own first heartbeat
+PACES_DIR = "_paces"
+
+
+def _pace_store(job_store: ObjectStore) -> ObjectStore:
+    return job_store.at(beside_job_root(job_store.uri, PACES_DIR))
+
+
+def pace_key(dag_id: str, job: str) -> str:
+    """One object per DAG and training job (the same model, run after run); the newest run's replaces it."""
+    return f"{safe_id(dag_id, job)}.json"
+
+
+def record_pace(job_store: ObjectStore, dag_id: str, job: str, profile: dict[str, float], at: float) -> None:
+    """Keep the step time per GPU model ``profile`` this run measured for the DAG's next runs (only beside
+    the job's root: another DAG's or job's model is not this one's)."""
+    kept = {str(k): float(v) for k, v in profile.items() if isinstance(v, (int, float)) and 0 < v < math.inf}
+    if not kept:
+        return
+    body = {"schema": SCHEMA, "dag_id": dag_id, "job": job, "at": at, "job_uri": job_store.uri, "profile": kept}
+    _pace_store(job_store).put_bytes(pace_key(dag_id, job), json.dumps(body, sort_keys=True).encode())
+
+
+def earlier_pace(job_store: ObjectStore, dag_id: str, job: str) -> dict[str, float]:
+    """The step time per GPU model the DAG's last finished run of ``job`` measured (empty when none is
+    readable); a hint for the first segment of a run, which has measured nothing yet."""
+    try:
+        body = json.loads(_pace_store(job_store).get_bytes(pace_key(dag_id, job)))
+        if int(body.get("schema", 0)) > SCHEMA:
+            return {}
+        return {str(k): float(v) for k, v in body["profile"].items() if 0 < float(v) < math.inf}
+    except ObjectNotFound:
+        return {}
+    except Exception as exc:  # noqa: BLE001 - a hint; the job measures its own
+        log.warning("earlier runs' step times not read (%s: %s)", type(exc).__name__, exc)
+        return {}

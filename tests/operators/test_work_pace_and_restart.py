@@ -205,3 +205,53 @@ def test_a_declared_step_profile_is_predicted_with_the_markets_throughputs():
     assert measured.market is Market.ON_DEMAND
     declared = planning.plan(market, gpus, step_profile={"V100": 35.0}, **args)
     assert declared.market is Market.ON_DEMAND, declared.reason
+
+
+# --------------------------------------------------------------------------- the earlier run's pace
+def test_a_runs_first_segment_decides_on_the_step_time_the_dags_earlier_run_measured(tmp_path, monkeypatch):
+    """A scheduled retraining DAG trains the same model run after run. Before a run's first heartbeat its
+    deadline rule had no step time unless one was declared (``step_profile``), and followed the Uniform
+    Progress line only. The finish task now keeps the step time per GPU model the run measured beside the
+    job root (one object per DAG and job, ``_paces``); the next run's first segment decides on it, and a
+    declared profile or the run's own measurement still wins."""
+    from airflow.sdk import DAG
+
+    from airflow_spot.operators.attempt_record import AttemptLaunch
+    from airflow_spot.operators.segment import SpotSegmentOperator
+    from airflow_spot.operators.training import SpotJobSummaryOperator
+    from airflow_spot.storage.object_store import open_store
+
+    offer = [o for o in get_market("local").offers(V100) if o.market is Market.SPOT][0]
+    first = open_store(f"file://{tmp_path}/jobs/run1")
+    AttemptLaunch("train.segment_000.try1", 0, 0, 3000, "i-1", offer.to_dict(), T0, T0, False, 1,
+                  "train.segment_000", run_id="run1").write(first)
+    _write(first, [LedgerRow(attempt_id="train.segment_000.try1", instance_id="i-1", instance_type=offer.instance_type,
+                             zone=offer.zone, market="spot", price_per_hour=1.0, on_demand_price_per_hour=3.06,
+                             started_at=T0, ended_at=T0 + 6000, steps_done=3000, outcome="completed",
+                             step_seconds=2.0)], [])
+    monkeypatch.setattr(SpotJobSummaryOperator, "dag_id", property(lambda self: "retrain"))
+    finish = SpotJobSummaryOperator(task_id="finish", checkpoint_uri=first.uri, job_name="train", total_steps=43200,
+                                    segments=15)
+    finish._record_overheads(first)
+
+    with DAG("retrain", schedule=None):
+        def segment(**kwargs):
+            return SpotSegmentOperator(task_id=f"segment_{len(kwargs)}", command=["python", "train.py"],
+                                       checkpoint_uri=f"file://{tmp_path}/jobs/run2", start_step=0, end_step=3000,
+                                       total_steps=43200, gpus=V100, job_name="train", **kwargs)
+
+        op, declared = segment(), segment(step_profile={"V100": 0.5})
+    second = open_store(f"file://{tmp_path}/jobs/run2")
+    earlier = op._step_profile(second, measured=False)
+    assert earlier == {"step_profile": {"V100": 2.0}, "profile_source": "this DAG's earlier run"}
+    assert declared._step_profile(second, measured=False) == {"step_profile": {"V100": 0.5}}
+    assert op._step_profile(second, measured=True) == {"step_profile": None}
+
+    plan = planning.plan(get_market("local"), V100, now=T0, done_steps=0, total_steps=43200, job_started_at=T0,
+                         deadline=timedelta(hours=30), ledger_rows=[], **earlier)
+    assert "s per step from this DAG's earlier run" in plan.reason, plan.reason
+    blind = planning.plan(get_market("local"), V100, now=T0, done_steps=0, total_steps=43200, job_started_at=T0,
+                          deadline=timedelta(hours=30), ledger_rows=[])
+    assert "per step from" not in blind.reason
+    # 43200 steps of 2 s is 24 h of work in a 30 h window: the earlier pace leaves less slack than the line
+    assert plan.reason != blind.reason
