@@ -711,8 +711,12 @@ class SpotSegmentOperator(BaseOperator):
         return min(max(ends), requested_at) if ends else requested_at
 
     def _check_command(self) -> None:
+        if isinstance(self.command, (list, tuple)):  # a DAG rendering native objects makes "{{ params.n }}" a number
+            self.command = [str(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else a
+                            for a in self.command]
         if not self.command or not all(isinstance(a, str) and a for a in self.command):
-            raise AirflowFailException(f"command must be a non-empty list of strings, got {self.command!r}")
+            raise AirflowFailException(f"command must be a non-empty list of strings (as rendered), got "
+                                       f"{self.command!r}")
         for where, value in (("this Airflow worker's environment", os.environ.get(DIGEST_ENV)),
                              ("the operator's env=", self.env.get(DIGEST_ENV))):
             try:  # before an attempt is recorded or an instance launched with it, as _request sends it

@@ -301,3 +301,21 @@ def test_a_templated_availability_uri_is_rendered(airflow_db, tmp_path):  # noqa
     logs = tmp_path / "logs"
     assert sorted(p.name for p in logs.iterdir()) == ["review_templated_log"], sorted(p.name for p in logs.iterdir())
     assert any(p.suffix == ".json" for p in (logs / "review_templated_log" / "_availability").rglob("*"))
+
+
+def test_a_dag_rendering_native_objects_passes_numbers_in_its_command(tmp_path):
+    """``render_template_as_native_obj=True`` renders ``"{{ params.epochs }}"`` to the int 5; the rendered
+    command was refused ("a non-empty list of strings") at every try. Numbers are passed as their text."""
+    from airflow.sdk import DAG
+
+    from airflow_spot.operators.segment import SpotSegmentOperator
+
+    with DAG("review_native", schedule=None, start_date=DAY1, render_template_as_native_obj=True,
+             params={"epochs": 5}) as dag:
+        op = SpotSegmentOperator(task_id="segment", command=[sys.executable, "-c", "pass", "{{ params.epochs }}"],
+                                 checkpoint_uri=f"file://{tmp_path}/job", start_step=0, end_step=10, total_steps=10,
+                                 backend="local", backend_options=backend_options(tmp_path))
+    op.render_template_fields({"params": {"epochs": 5}, "dag": dag, "run_id": "r"})
+    assert op.command[-1] == 5  # as Airflow rendered it
+    op._check_command()
+    assert op.command == [sys.executable, "-c", "pass", "5"]
