@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -92,10 +93,12 @@ class Ec2Market(MarketSource):
         self.regions = validate_regions([regions] if isinstance(regions, str) else list(regions))
         if spot_prices not in ("api", "catalog"):
             raise ValueError(f"spot_prices must be 'api' or 'catalog', got {spot_prices!r}")
-        if price_ttl_seconds < 0:
-            raise ValueError(f"price_ttl_seconds must be >= 0, got {price_ttl_seconds!r}")
-        if default_mtbf_hours <= 0:
-            raise ValueError(f"default_mtbf_hours must be positive, got {default_mtbf_hours!r}")
+        for name, value, least in (("price_ttl_seconds", price_ttl_seconds, 0.0),
+                                   ("default_mtbf_hours", default_mtbf_hours, None)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value < math.inf \
+                    or (value < least if least is not None else not value > 0):
+                raise ValueError(f"{name} must be a finite number {'>= 0' if least is not None else '> 0'}, "
+                                 f"got {value!r}")
         self.price_overrides = self._check_overrides(price_overrides or {}, "price_overrides")
         self.price_overrides_path = price_overrides_path
         self.spot_prices = spot_prices

@@ -217,3 +217,17 @@ def test_a_refused_history_read_says_what_is_missing_and_the_row_keeps_the_launc
     stub.add_client_error("describe_spot_price_history", service_error_code="UnauthorizedOperation")
     assert billed_price(market, offer, 1_790_000_000.0, 1_790_003_600.0) is None  # the caller bills the launch price
     assert "g5.xlarge@us-east-1a (spot)" in caplog.text and "billing the launch price $0.4000/h" in caplog.text
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"price_ttl_seconds": "300"}, "price_ttl_seconds must be a finite number >= 0"),
+    ({"price_ttl_seconds": float("nan")}, "price_ttl_seconds must be a finite number >= 0"),
+    ({"default_mtbf_hours": 0}, "default_mtbf_hours must be a finite number > 0"),
+])
+def test_market_numbers_that_are_no_numbers_say_so(kwargs, says):
+    """A string from a JSON option (``--market-options '{"price_ttl_seconds": "300"}'``) was a bare
+    TypeError from a comparison; every value now gets the same message, naming the option."""
+    from airflow_spot.market.ec2 import Ec2Market
+
+    with pytest.raises(ValueError, match=says):
+        Ec2Market(clients=object(), **kwargs)
