@@ -1,7 +1,8 @@
 """The ``local`` backend, the embedded default: an instance is a process group on this machine.
 
-``launch`` starts ``python -m airflow_spot.training.agent`` as the leader of a new session (so one
-``killpg`` reaches the agent and the training command it runs) and, when the preemption injector plans
+``launch`` starts ``python -m airflow_spot.training.agent`` as the leader of a new session (the instance: the
+agent's process group and the groups of the training commands it runs; ``local_state.kill_group`` reaches
+them all) and, when the preemption injector plans
 a preemption for it, a supervisor process outside that group (see :mod:`airflow_spot.backends.preemption`).
 All state lives in a directory shared by every process (see :mod:`airflow_spot.backends.local_state`), so
 the operator, a trigger in another process and ``airflow-spot reap`` see the same instances.

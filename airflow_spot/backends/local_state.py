@@ -104,25 +104,24 @@ class ProcessRef:
             return False
 
 
+# An instance is the session its agent leads (launched with start_new_session, so the session id is the
+# agent's pid and its process group's id, ``pgid``): the agent runs each training command in a process group
+# of its own inside that session, so a signal reaches a command's whole tree, and ending the instance ends
+# every group of the session.
+
 def group_alive(pgid: int) -> bool:
-    """Whether any non-zombie process is left in process group ``pgid``."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    """Whether any non-zombie process is left in the instance (the session) led by ``pgid``."""
     return bool(group_members(pgid))
 
 
 def group_members(pgid: int) -> list[int]:
-    """Pids of the live (non-zombie) processes of a process group."""
+    """Pids of the live (non-zombie) processes of the instance (the session) led by ``pgid``."""
     out = []
     for proc in psutil.process_iter(["pid", "status"]):
         if proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue
         try:
-            if os.getpgid(proc.info["pid"]) == pgid:
+            if os.getsid(proc.info["pid"]) == pgid:
                 out.append(proc.info["pid"])
         except (ProcessLookupError, PermissionError):
             continue
@@ -130,8 +129,13 @@ def group_members(pgid: int) -> list[int]:
 
 
 def kill_group(pgid: int, sig: int) -> None:
+    """Signal every process of the instance (the session) led by ``pgid``: its agent's group and its
+    commands' groups."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+    for pid in group_members(pgid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
 
 
 @dataclass

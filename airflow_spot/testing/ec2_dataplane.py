@@ -312,8 +312,11 @@ class Ec2DataPlane:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(played.agent.pid, signal.SIGKILL)
             played.agent.wait(timeout=10)
-        with contextlib.suppress(ProcessLookupError):  # anything the agent left in its group
-            os.killpg(played.agent.pid, signal.SIGKILL)
+        # anything the agent left in its session (its commands run in groups of their own), as a powered-off
+        # instance ends every process
+        from airflow_spot.backends.local_state import kill_group
+
+        kill_group(played.agent.pid, signal.SIGKILL)
 
     def running_instances(self, tags: dict[str, str] | None = None) -> list[str]:
         """Managed instances moto still shows as pending or running (a leak check after a run), optionally

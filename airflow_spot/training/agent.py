@@ -25,6 +25,7 @@ Never imports Airflow: only ``storage`` and the environment contract of ``traini
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -46,7 +47,9 @@ from airflow_spot.storage.protocol import (
     safe_id,
 )
 from airflow_spot.training import env as E
-from airflow_spot.training.handoff import ANSWER_GRACE_SECONDS, HandoffDir, WarmAgentMixin, WarmProcess, wants_handoff
+from airflow_spot.training.handoff import (
+    ANSWER_GRACE_SECONDS, HandoffDir, WarmAgentMixin, WarmProcess, group_alive, signal_group, wants_handoff,
+)
 
 log = logging.getLogger("airflow_spot.agent")
 
@@ -80,11 +83,16 @@ def outcome_for_exit(code: int, *, stop_signalled: bool = False, notice_issued: 
         return Outcome.COMPLETED
     if code == PREEMPTED_EXIT_CODE:
         return Outcome.PREEMPTED
-    if code == -signal.SIGTERM and (stop_signalled or notice_issued):
+    # -15 from the command itself, 128 + 15 from a wrapper that reports its child's death the shell's way
+    if code in (-signal.SIGTERM, 128 + signal.SIGTERM) and (stop_signalled or notice_issued):
         return Outcome.PREEMPTED
     if code == -signal.SIGKILL and killed_by_agent:
         return Outcome.PREEMPTED
     return Outcome.FAILED
+
+
+#: seconds the processes a finished command left behind get after SIGTERM before SIGKILL
+LEFTOVER_GRACE_SECONDS = 10.0
 
 
 def segment_env(
@@ -186,6 +194,8 @@ class Agent(WarmAgentMixin):
         self.handoff_wait = idle_timeout if handoff_wait is None else max(0.0, float(handoff_wait))
         self.warm: WarmProcess | None = None
         self._processes = 0
+        #: final statuses the store refused (an outage): written as soon as it answers again
+        self._unwritten: list[AttemptStatus] = []
 
     # ------------------------------------------------------------------ signals
     def install_signal_handlers(self) -> None:
@@ -203,10 +213,9 @@ class Agent(WarmAgentMixin):
         if child is None or self._sigterm_forwarded or child.poll() is not None:
             return
         self._sigterm_forwarded = True
-        try:
-            child.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        # the whole group: a wrapper (bash train.sh, sh -c "cd ... && python ...") would die of it at once and
+        # leave the training process, which saves on SIGTERM, unwarned; each process gets it once
+        signal_group(child, signal.SIGTERM)
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> str:
@@ -216,6 +225,7 @@ class Agent(WarmAgentMixin):
         self._liveness("idle", None, force=True)
         while not self.stopping:
             ran = False
+            self._write_unwritten()
             try:
                 requests = self.new_requests()
             except STORE_ERRORS as exc:
@@ -231,7 +241,7 @@ class Agent(WarmAgentMixin):
             for request in requests:
                 if self.stopping:
                     break
-                self.run_request(request)
+                self._serve(request)
                 ran = True
             if ran:
                 idle_since = time.monotonic()
@@ -253,9 +263,27 @@ class Agent(WarmAgentMixin):
             self._liveness("idle", None)
             time.sleep(self.poll_interval)
         self._end_warm("the agent is stopping")  # it got the SIGTERM too: it exits preempted, state committed
+        self._write_unwritten()
         self._write_exit("sigterm")
         self._liveness("exited", None, force=True, exit_reason="sigterm")
         return "sigterm"
+
+    def _serve(self, request: SegmentRequest) -> None:
+        """Run one request; an error of the agent's own (a full disk, a bug) ends that request with a status
+        saying so instead of ending the agent, which would leave the attempt without one (lost)."""
+        try:
+            self.run_request(request)
+        except Exception as exc:  # noqa: BLE001 - the agent serves on; the attempt says what happened
+            log.exception("attempt %s: the agent failed serving it", request.attempt_id)
+            if self.child is not None and self.child.poll() is None:
+                self._end_group(self.child, "the agent failed serving its attempt")
+            self.child = None
+            status = AttemptStatus(
+                attempt_id=request.attempt_id, outcome=Outcome.FAILED.value, exit_code=None, started_at=time.time(),
+                ended_at=time.time(), last_committed_step=None, instance_id=self.instance_id,
+                error_tail=f"[agent] the agent failed serving this attempt: {type(exc).__name__}: {exc}")
+            if not self._write_status_once(status):
+                self._unwritten.append(status)
 
     def _new_requests_or_none(self) -> list[SegmentRequest]:
         try:
@@ -326,7 +354,8 @@ class Agent(WarmAgentMixin):
             instance_id=self.instance_id,
             kill_seen=self._kill_seen(request.attempt_id),
         )
-        self._write_status_once(status)
+        if not self._write_status_once(status):
+            self._unwritten.append(status)  # retried at every turn of the main loop until the store answers
         log.info("attempt %s: %s (exit %s, last committed step %s)", request.attempt_id, outcome.value,
                  exit_code, status.last_committed_step)
         self._liveness("idle", None, force=True)
@@ -349,7 +378,7 @@ class Agent(WarmAgentMixin):
         notice = bool(self.notice_file and os.path.exists(self.notice_file))
         outcome = outcome_for_exit(exit_code, stop_signalled=self.stopping, notice_issued=notice,
                                    killed_by_agent=self._killed_child)
-        if exit_code < 0 and outcome is Outcome.PREEMPTED:
+        if (exit_code < 0 or exit_code == 128 + signal.SIGTERM) and outcome is Outcome.PREEMPTED:
             why = "the instance was stopping" if self.stopping else "a preemption notice was issued"
             tail += f"\n[agent] {why}; the attempt counts as preempted"
         return outcome, tail
@@ -363,17 +392,26 @@ class Agent(WarmAgentMixin):
             self.child = warm.proc
             channel, out_path = warm.channel, warm.log_path
             offset = out_path.stat().st_size if out_path.exists() else 0
-            log_path.write_text(f"[agent] attempt {request.attempt_id} continues in the warm training process "
-                                f"{warm.proc.pid}; its output is in {out_path.name} from byte {offset}\n")
+            with contextlib.suppress(OSError):  # a note for whoever reads the logs; a full disk may refuse it
+                log_path.write_text(f"[agent] attempt {request.attempt_id} continues in the warm training process "
+                                    f"{warm.proc.pid}; its output is in {out_path.name} from byte {offset}\n")
         else:
             offset, out_path = 0, log_path
             channel = None
             if wants_handoff(request):
                 self._processes += 1
                 channel = HandoffDir(self.work_dir / "handoff" / f"{self._processes:05d}")
-                channel.path.mkdir(parents=True, exist_ok=True)
+                try:
+                    channel.path.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:  # a full disk: the process ends with its segment instead
+                    log.warning("no hand-off for %s (%s): the process ends with its segment", request.attempt_id, exc)
+                    channel = None
             env = self._handoff_env(request, channel) if channel else segment_env(request, self.notice_file)
-            with open(log_path, "ab") as out:
+            try:
+                out = open(log_path, "ab")  # noqa: SIM115 - closed when the command is started
+            except OSError as exc:  # the instance's disk is full (or read-only): no command can run well
+                return None, f"[agent] cannot open the attempt's log {log_path}: {exc}; the instance's disk is full?"
+            with out:
                 self._sigterm_forwarded = self._killed_child = False
                 try:
                     self.child = subprocess.Popen(
@@ -383,6 +421,7 @@ class Agent(WarmAgentMixin):
                         stdout=out,
                         stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL,
+                        process_group=0,  # its own group: signals and the clean-up reach all it starts
                     )
                 except OSError as exc:  # missing program, not executable, bad cwd: the user's to fix
                     where = f" in {request.cwd!r}" if request.cwd else ""
@@ -416,12 +455,39 @@ class Agent(WarmAgentMixin):
                 log.warning("attempt %s did not exit %.0f s after SIGTERM: killing it",
                             request.attempt_id, self.term_grace)
                 self._killed_child = True
-                child.kill()
+                signal_group(child, signal.SIGKILL)
+        # what the command left running: while the instance stops, a wrapper's training process may still be
+        # committing its emergency save (waited for up to the grace, so the status counts it); otherwise
+        # background processes of an attempt that ended must not run into the next one
+        if self.stopping:
+            left = (term_deadline or time.monotonic() + self.term_grace) - time.monotonic()
+            self._wait_group(child.pid, max(0.0, left))
+        self._end_group(child, "its command ended")
         self.child = None
         tail = read_tail(out_path, start=offset)
         if code < 0:
             tail += f"\n[agent] command killed by signal {-code}"
         return code, tail
+
+    @staticmethod
+    def _wait_group(pgid: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for process group ``pgid`` to end; whether it did."""
+        deadline = time.monotonic() + timeout
+        while group_alive(pgid):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _end_group(self, proc: subprocess.Popen, why: str) -> None:
+        """End what is left of ``proc``'s process group: SIGTERM, then SIGKILL after a grace."""
+        if not group_alive(proc.pid):
+            return
+        log.warning("process group %d: processes left running after %s; ending them", proc.pid, why)
+        signal_group(proc, signal.SIGTERM)
+        if not self._wait_group(proc.pid, min(self.term_grace, LEFTOVER_GRACE_SECONDS)):
+            signal_group(proc, signal.SIGKILL)
+            self._wait_group(proc.pid, 5.0)
 
     # ------------------------------------------------------------------ warm process (see WarmAgentMixin)
     def _latest_committed_step(self) -> int | None:
@@ -453,6 +519,14 @@ class Agent(WarmAgentMixin):
         tmp.write_text(json.dumps({"reason": reason, "time": time.time(), "pid": os.getpid()}))
         os.replace(tmp, path)
 
+    def _write_unwritten(self) -> None:
+        """Write the statuses an outage of the store held back, oldest first (one try each per turn)."""
+        while self._unwritten:
+            if not self._write_status_once(self._unwritten[0], attempts=1):
+                return
+            log.info("wrote the held-back status of %s", self._unwritten[0].attempt_id)
+            self._unwritten.pop(0)
+
     def _write_status_once(self, status: AttemptStatus, attempts: int = 6) -> bool:
         """Write the final status unless one exists (written once, never overwritten), retrying a failing
         store for about 15 s; if the store stays down the trigger will call the attempt lost."""
@@ -464,8 +538,10 @@ class Agent(WarmAgentMixin):
             except STORE_ERRORS as exc:
                 log.warning("cannot write the status of %s (%s: %s); retrying", status.attempt_id,
                             type(exc).__name__, exc)
-                time.sleep(0.5 * (i + 1))
-        log.error("gave up writing the status of %s: the store is unreachable", status.attempt_id)
+                if i + 1 < attempts:
+                    time.sleep(0.5 * (i + 1))
+        log.error("could not write the status of %s: the store is unreachable; it is written when the store "
+                  "answers again", status.attempt_id)
         return False
 
 

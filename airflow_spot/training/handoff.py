@@ -27,9 +27,11 @@ The directory is local to the instance: no sockets, no store round trip. Never i
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import time
 from abc import ABC, abstractmethod
@@ -48,6 +50,40 @@ EXIT = "exit"
 POLL_SECONDS = 0.02
 #: how long a process waits for the agent's answer beyond the agent's own hand-off wait
 ANSWER_GRACE_SECONDS = 30.0
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a live (not zombie) process is left in process group ``pgid``: read from ``/proc`` (the
+    instance is Linux), where an orphaned zombie, which nobody may reap yet, does not count."""
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        entries = None
+    if entries is None:  # no /proc: any member, zombies included
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
+
+
+def signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """Signal the command's whole process group (its own: a wrapper script, the workers it started), the
+    process alone when the group is gone."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
 
 
 def write_json_atomic(path: Path, body: dict[str, Any]) -> None:
@@ -207,10 +243,13 @@ class WarmProcess:
             except OSError:
                 pass  # it is killed below if it does not end on its own
         try:
-            return self.proc.wait(timeout=max(0.0, grace))
+            code = self.proc.wait(timeout=max(0.0, grace))
         except subprocess.TimeoutExpired:  # a process that ignores its answer
-            self.proc.kill()
-            return self.proc.wait(timeout=30)
+            signal_group(self.proc, signal.SIGKILL)
+            code = self.proc.wait(timeout=30)
+        if group_alive(self.proc.pid):  # what it started (a wrapper's child, workers) goes with it
+            signal_group(self.proc, signal.SIGKILL)
+        return code
 
 
 class WarmAgentMixin(ABC):
