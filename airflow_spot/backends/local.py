@@ -178,8 +178,14 @@ class LocalBackend(Backend):
             if known is not None:
                 record = self.state.read(known)
                 if record is not None:
-                    log.info("launch token %s already launched %s", spec.idempotency_token, known)
-                    return self._refresh(record).info
+                    info = self._refresh(record).info
+                    if not InstanceState(info.state).is_terminal():
+                        log.info("launch token %s already launched %s", spec.idempotency_token, known)
+                        return info
+                    # it ended: a fresh one, as EC2's backend does (a run made again with the same run_id
+                    # repeats its tokens, and an ended instance serves no attempt)
+                    log.info("launch token %s launched %s, which has ended: launching anew", spec.idempotency_token,
+                             known)
             now = time.time()
             if spec.offer.is_spot and self.preemption.capacity:
                 since = now + self.boot_seconds - self.state.job_clock(spec.job_uri, now)
@@ -297,7 +303,7 @@ class LocalBackend(Backend):
         else:
             reason = TerminationReason.FAILED
         # The agent may have died alone (killed by someone else): its command must not outlive it.
-        kill_group(record.pgid, signal.SIGKILL)
+        kill_group(record.pgid, signal.SIGKILL, leader=record.agent)
         self._stop_supervisor(record)
         info.state = InstanceState.TERMINATED
         info.reason = reason
@@ -315,8 +321,8 @@ class LocalBackend(Backend):
             if record is None:
                 continue
             if InstanceState(record.info.state).is_terminal():
-                if group_alive(record.pgid):  # a record written by a killed process: make it true
-                    kill_group(record.pgid, signal.SIGKILL)
+                if group_alive(record.pgid, leader=record.agent):  # a record written by a killed process
+                    kill_group(record.pgid, signal.SIGKILL, leader=record.agent)
                 continue
 
             def request(r: InstanceRecord) -> None:
@@ -331,18 +337,18 @@ class LocalBackend(Backend):
             # the whole group could reach the command after its handler is gone (Python restores the
             # default handler while exiting) and kill it after a clean emergency save.
             if not self._signal_agent(record, signal.SIGTERM):
-                kill_group(record.pgid, signal.SIGTERM)
+                kill_group(record.pgid, signal.SIGTERM, leader=record.agent)
         deadline = time.monotonic() + self.terminate_grace_seconds
-        pending = [r for r in targets if group_alive(r.pgid)]
+        pending = [r for r in targets if group_alive(r.pgid, leader=r.agent)]
         while pending and time.monotonic() < deadline:
             time.sleep(0.05)
-            pending = [r for r in pending if group_alive(r.pgid)]
+            pending = [r for r in pending if group_alive(r.pgid, leader=r.agent)]
         for record in pending:
             log.warning("%s did not stop %.0f s after SIGTERM: SIGKILL", record.info.instance_id,
                         self.terminate_grace_seconds)
-            kill_group(record.pgid, signal.SIGKILL)
+            kill_group(record.pgid, signal.SIGKILL, leader=record.agent)
         kill_deadline = time.monotonic() + 5.0  # SIGKILL cannot be ignored; bounded all the same
-        while any(group_alive(r.pgid) for r in pending) and time.monotonic() < kill_deadline:
+        while any(group_alive(r.pgid, leader=r.agent) for r in pending) and time.monotonic() < kill_deadline:
             time.sleep(0.02)
         for record in targets:
             self.state.update(record.info.instance_id, self._mark_dead)

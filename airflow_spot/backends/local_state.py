@@ -96,6 +96,15 @@ class ProcessRef:
         except psutil.NoSuchProcess:
             return cls(pid, 0.0)
 
+    def reused(self) -> bool:
+        """Another process holds this pid now (this one is gone and the pid was given out again). Linux gives
+        out no pid still in use as a process group or session id, so that process's session is not this
+        one's: nothing of it may be signalled."""
+        try:
+            return abs(psutil.Process(self.pid).create_time() - self.create_time) >= 0.01
+        except psutil.NoSuchProcess:
+            return False
+
     def alive(self) -> bool:
         try:
             proc = psutil.Process(self.pid)
@@ -109,8 +118,11 @@ class ProcessRef:
 # of its own inside that session, so a signal reaches a command's whole tree, and ending the instance ends
 # every group of the session.
 
-def group_alive(pgid: int) -> bool:
-    """Whether any non-zombie process is left in the instance (the session) led by ``pgid``."""
+def group_alive(pgid: int, leader: ProcessRef | None = None) -> bool:
+    """Whether any non-zombie process is left in the instance (the session) led by ``pgid``; never when
+    ``leader`` (the instance's agent, pid ``pgid``) is gone and its pid leads another session now."""
+    if leader is not None and leader.reused():
+        return False
     return bool(group_members(pgid))
 
 
@@ -128,9 +140,12 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
-def kill_group(pgid: int, sig: int) -> None:
+def kill_group(pgid: int, sig: int, leader: ProcessRef | None = None) -> None:
     """Signal every process of the instance (the session) led by ``pgid``: its agent's group and its
-    commands' groups."""
+    commands' groups. Nothing when ``leader`` (the instance's agent, pid ``pgid``) is gone and its pid was
+    given to another process: that session is someone else's (another job's agent, a daemon)."""
+    if leader is not None and leader.reused():
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
     for pid in group_members(pgid):

@@ -466,7 +466,8 @@ def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup
 ) -> TaskGroup:
     """Build the task group of one spot training job (validated now, at DAG parse time).
 
-    :param task_id: id of the task group (also the job's name in tags and the ledger).
+    :param task_id: id of the task group; its full id (with any enclosing groups' ids) is the job's name in
+        tags, the ledger and the histories.
     :param command: training command, argv list (a string is shell-split); templated.
     :param total_steps: length of the job in training steps.
     :param steps_per_segment: steps per segment task; the last segment may be shorter.
@@ -511,6 +512,9 @@ def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup
     bounds = segment_bounds(total_steps, steps_per_segment)
     group_kwargs = {"dag": task_kwargs["dag"]} if task_kwargs.get("dag") is not None else {}
     with TaskGroup(group_id=task_id, **group_kwargs) as group:
+        # the job's name in tags, the ledger and the histories: the group's full id, so two jobs named alike
+        # in two task groups of one DAG never take (or end) each other's instances
+        job_name = group.group_id
         previous = None
         for index, (start, end) in enumerate(bounds):
             segment = SpotSegmentOperator(
@@ -521,7 +525,7 @@ def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup
                 end_step=end,
                 total_steps=total_steps,
                 segment_index=index,
-                job_name=task_id,
+                job_name=job_name,
                 gpus=gpu_request,
                 backend=backend,
                 backend_options=backend_options,
@@ -544,7 +548,7 @@ def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup
         finish = SpotJobSummaryOperator(
             task_id="finish",
             checkpoint_uri=checkpoint_uri,
-            job_name=task_id,
+            job_name=job_name,
             total_steps=total_steps,
             segments=len(bounds),
             backend=backend,

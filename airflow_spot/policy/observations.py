@@ -97,14 +97,16 @@ class PoolView:
 def ledger_events(rows: Iterable) -> list[PoolEvent]:
     """Pool events of the job's own ledger rows (:class:`~airflow_spot.policy.ledger.LedgerRow`): a new spot
     instance held capacity when it started (``launched``; an instance reused from the previous segment is
-    ``running``), one that completed held it until it ended, a preempted or lost one lost it when it ended."""
+    ``running``), one that completed held it until it ended, a preempted one lost it when it ended. A lost
+    attempt (silence, an agent that never started, an instance ended without the market's word) held it too:
+    it says nothing of the pool's capacity, as the deployment's log, which does not carry it, says nothing."""
     out = []
     for r in rows:
         if r.market != "spot":
             continue
         pool = f"{r.instance_type}@{r.zone}"
         out.append(PoolEvent(pool, "launched" if r.new_instance else "running", float(r.started_at)))
-        out.append(PoolEvent(pool, "preempted" if r.outcome in ("preempted", "lost") else "running", float(r.ended_at)))
+        out.append(PoolEvent(pool, "preempted" if r.outcome == "preempted" else "running", float(r.ended_at)))
     return out
 
 

@@ -53,7 +53,9 @@ class AgentProcess:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            from airflow_spot.backends.local_state import kill_group
+
+            kill_group(self.proc.pid, signal.SIGKILL)  # the agent's session: its commands' groups too
             self.proc.wait(timeout=10)
 
 
