@@ -94,6 +94,10 @@ def outcome_for_exit(code: int, *, stop_signalled: bool = False, notice_issued: 
 #: seconds the processes a finished command left behind get after SIGTERM before SIGKILL
 LEFTOVER_GRACE_SECONDS = 10.0
 
+#: ``Popen`` arguments that start a command in a process group of its own, inside the agent's session
+#: (``process_group`` is Python 3.11's; on 3.10 the child calls ``setpgid`` itself before its exec)
+OWN_PROCESS_GROUP: dict = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+
 
 def segment_env(
     request: SegmentRequest,
@@ -421,7 +425,7 @@ class Agent(WarmAgentMixin):
                         stdout=out,
                         stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL,
-                        process_group=0,  # its own group: signals and the clean-up reach all it starts
+                        **OWN_PROCESS_GROUP,  # signals and the clean-up reach all it starts
                     )
                 except OSError as exc:  # missing program, not executable, bad cwd: the user's to fix
                     where = f" in {request.cwd!r}" if request.cwd else ""
