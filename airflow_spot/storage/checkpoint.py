@@ -373,6 +373,23 @@ class CheckpointStore:
             raise NoUsableCheckpointError(self.store.uri, problems)
         return None
 
+    def restore(self, directory: str, read: Callable[[str], Any]) -> tuple[Manifest, Any]:
+        """Read the checkpoint in ``directory``, verified (the one another rank chose with
+        :meth:`restore_latest`); no fall-back.
+
+        :raises CheckpointError: when it is gone, does not verify, or the store cannot be read."""
+        for status in self.scan():
+            if status.directory != directory:
+                continue
+            if not status.ok:
+                raise CheckpointError(f"checkpoint {self.store.uri}/{directory} does not verify: {status.problem}")
+            try:
+                return status.manifest, self.fetch_verified(status.manifest, status.manifest.files[0], read)
+            except store_errors() as exc:
+                raise CheckpointError(f"cannot read checkpoint {self.store.uri}/{directory}: "
+                                      f"{type(exc).__name__}: {exc}") from exc
+        raise CheckpointError(f"checkpoint {self.store.uri}/{directory} is gone (pruned or deleted)")
+
     def inspect(self, verify_payloads: bool = True) -> list[CheckpointStatus]:
         """:meth:`scan`, with every payload fetched and checked too when ``verify_payloads``."""
         out = []

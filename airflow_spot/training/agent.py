@@ -105,6 +105,7 @@ def segment_env(
     base: dict[str, str] | None = None,
     handoff_dir: str | None = None,
     handoff_wait: float | None = None,
+    outcome_file: str | None = None,
 ) -> dict[str, str]:
     """Environment of one attempt: the agent's own, the request's extras, then the protocol variables
     (which win, so a request cannot point the session at another job or range)."""
@@ -126,6 +127,7 @@ def segment_env(
         E.TOTAL_STEPS: request.total_steps,
         E.HANDOFF_DIR: handoff_dir,
         E.HANDOFF_WAIT: handoff_wait,
+        E.OUTCOME_FILE: outcome_file,
     }
     for name, value in optional.items():
         if value is not None and value != "":
@@ -184,6 +186,8 @@ class Agent(WarmAgentMixin):
         self.idle_timeout = idle_timeout
         self.work_dir = Path(work_dir)
         (self.work_dir / "attempts").mkdir(parents=True, exist_ok=True)
+        #: where the session records that a notice ended its attempt (cleared before each attempt)
+        self.outcome_file = self.work_dir / "outcome"
         self.notice_file = notice_file
         self.poll_interval = poll_interval
         self.term_grace = term_grace
@@ -382,16 +386,27 @@ class Agent(WarmAgentMixin):
         notice = bool(self.notice_file and os.path.exists(self.notice_file))
         outcome = outcome_for_exit(exit_code, stop_signalled=self.stopping, notice_issued=notice,
                                    killed_by_agent=self._killed_child)
+        if outcome is Outcome.FAILED and self._session_said_preempted():
+            return Outcome.PREEMPTED, tail + (f"\n[agent] exit {exit_code}, but the training session ended the attempt "
+                                              "for a preemption notice (its launcher did not pass exit code 75 on)")
         if (exit_code < 0 or exit_code == 128 + signal.SIGTERM) and outcome is Outcome.PREEMPTED:
             why = "the instance was stopping" if self.stopping else "a preemption notice was issued"
             tail += f"\n[agent] {why}; the attempt counts as preempted"
         return outcome, tail
+
+    def _session_said_preempted(self) -> bool:
+        try:
+            return self.outcome_file.read_text().startswith("preempted")
+        except OSError:
+            return False
 
     def _run_command(
         self, request: SegmentRequest, log_path: Path, warm: WarmProcess | None = None
     ) -> tuple[int | None, str]:
         """Run the command (or continue ``warm``, which took the request) to its end or to its "segment
         done" marker; returns (exit code, 0 at a done marker, or None if it never started; output tail)."""
+        with contextlib.suppress(OSError):  # an earlier attempt's word is not this one's
+            self.outcome_file.unlink(missing_ok=True)
         if warm is not None:
             self.child = warm.proc
             channel, out_path = warm.channel, warm.log_path
@@ -410,7 +425,8 @@ class Agent(WarmAgentMixin):
                 except OSError as exc:  # a full disk: the process ends with its segment instead
                     log.warning("no hand-off for %s (%s): the process ends with its segment", request.attempt_id, exc)
                     channel = None
-            env = self._handoff_env(request, channel) if channel else segment_env(request, self.notice_file)
+            env = (self._handoff_env(request, channel) if channel
+                   else segment_env(request, self.notice_file, outcome_file=str(self.outcome_file)))
             try:
                 out = open(log_path, "ab")  # noqa: SIM115 - closed when the command is started
             except OSError as exc:  # the instance's disk is full (or read-only): no command can run well
@@ -499,7 +515,7 @@ class Agent(WarmAgentMixin):
 
     def _handoff_env(self, request: SegmentRequest, channel: HandoffDir) -> dict[str, str]:
         return segment_env(request, self.notice_file, handoff_dir=str(channel.path),
-                           handoff_wait=self.handoff_wait + ANSWER_GRACE_SECONDS)
+                           handoff_wait=self.handoff_wait + ANSWER_GRACE_SECONDS, outcome_file=str(self.outcome_file))
 
     # ------------------------------------------------------------------ reporting
     def _liveness(self, state: str, attempt_id: str | None, force: bool = False,

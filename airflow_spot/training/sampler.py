@@ -17,29 +17,45 @@ class ResumableSampler(Sampler[int]):
     For workers, use :class:`~airflow_spot.training.data.ResumableLoader`, which counts the batches
     training received; a plain DataLoader over this sampler resumes bit-exactly with ``num_workers=0``
     when it is tracked (``spot.track(loader=...)``), which gives it a generator of its own.
+
+    **Data parallel** (``torchrun``): give each rank ``rank=`` and ``num_replicas=`` (as for
+    ``DistributedSampler``); rank ``r`` takes every ``num_replicas``-th index of the epoch's order from ``r``
+    on, and the tail that does not divide evenly is left out, so the ranks take their steps together. The
+    ranks' positions are then the same, and the one rank 0 saves restores every rank. Resumed on another
+    number of ranks, the epoch continues after the items already taken (to within a rank's share).
     """
 
-    def __init__(self, length: int, seed: int = 0, shuffle: bool = True) -> None:
+    def __init__(self, length: int, seed: int = 0, shuffle: bool = True, *, rank: int = 0,
+                 num_replicas: int = 1) -> None:
         if length < 1:
             raise ValueError(f"ResumableSampler needs a positive dataset length, got {length}")
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"ResumableSampler needs 0 <= rank < num_replicas, got rank={rank}, "
+                             f"num_replicas={num_replicas}")
+        if length < num_replicas:
+            raise ValueError(f"a dataset of {length} items cannot give each of {num_replicas} ranks one")
         self.length = length
         self.seed = seed
         self.shuffle = shuffle
+        self.rank, self.num_replicas = rank, num_replicas
+        self.per_rank = length // num_replicas  # this rank's items an epoch
         self.epoch = 0
-        self.offset = 0
+        self.offset = 0  # this rank's items taken this epoch
 
     def order(self) -> list[int]:
-        """The indices of the current epoch, in the order they are handed out."""
+        """This rank's indices of the current epoch, in the order they are handed out."""
         if not self.shuffle:
-            return list(range(self.length))
-        g = torch.Generator()
-        g.manual_seed(self.seed + self.epoch)
-        return torch.randperm(self.length, generator=g).tolist()
+            order = list(range(self.length))
+        else:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.length, generator=g).tolist()
+        return order[self.rank::self.num_replicas][: self.per_rank]
 
     def __iter__(self) -> Iterator[int]:
         while True:
             order = self.order()
-            while self.offset < self.length:
+            while self.offset < self.per_rank:
                 i = order[self.offset]
                 self.offset += 1
                 yield i
@@ -60,11 +76,11 @@ class ResumableSampler(Sampler[int]):
                 yield batch
 
     def __len__(self) -> int:
-        return self.length - self.offset
+        return self.per_rank - self.offset
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "offset": self.offset, "seed": self.seed, "length": self.length,
-                "shuffle": self.shuffle}
+                "shuffle": self.shuffle, "num_replicas": self.num_replicas}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         # the saved position means something only in the order it was taken from: another length, seed or
@@ -80,3 +96,6 @@ class ResumableSampler(Sampler[int]):
                     f"resuming would feed another order of the data; build it with {name}={state[name]!r}, or "
                     "start a new job (a new checkpoint_uri) for the new order")
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+        saved_replicas = int(state.get("num_replicas", 1))
+        if saved_replicas != self.num_replicas:  # the items the saved ranks took, shared among these
+            self.offset = min(self.per_rank, self.offset * saved_replicas // self.num_replicas)

@@ -43,6 +43,7 @@ from airflow_spot.storage.protocol import PREEMPTED_EXIT_CODE, AttemptStatus, He
 from airflow_spot.training import env as E
 from airflow_spot.training.async_save import AsyncCheckpointer
 from airflow_spot.training.handoff import ANSWER_GRACE_SECONDS, CONTINUE, HandoffDir
+from airflow_spot.training.ranks import Ranks
 from airflow_spot.training.notices import (
     PREEMPTION,
     REBALANCE,
@@ -64,9 +65,38 @@ def _save_payload(staged: Any, f) -> None:
 
 
 def _load_payload(path: str) -> Any:
-    # Our own checkpoint (verified by sha256 against its manifest): it holds RNG states and numpy
-    # arrays, which the weights_only unpickler refuses.
+    # The job's own checkpoint (verified by sha256 against its manifest): whoever may write the job's store
+    # already decides what its instances run, and tracked objects' states may hold any picklable type.
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def _numpy_globals() -> list:
+    """The numpy types an RNG state or an array in a state dict pickles as (numpy 1.x and 2.x)."""
+    try:
+        import numpy as np
+    except ImportError:
+        return []
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype,
+            *{type(np.dtype(t)) for t in (np.uint32, np.int64, np.float32, np.float64, np.bool_)}]
+
+
+def _load_foreign_payload(path: str) -> Any:
+    """Another job's checkpoint (a warm start): loaded with torch's safe unpickler, which builds tensors,
+    containers and numpy arrays but runs no code a payload names: the store may be another team's, or a
+    downloaded checkpoint."""
+    import collections
+    import pickle
+
+    allowed = [collections.Counter, collections.defaultdict, *_numpy_globals()]
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ValueError(
+            f"the warm start's checkpoint holds objects a safe load does not build ({str(exc).splitlines()[0]}); a "
+            "warm start loads only tensors, containers and numpy arrays: save the weights to start from as plain "
+            "state dicts") from None
 
 
 class SpotSession:
@@ -94,6 +124,10 @@ class SpotSession:
     :param handoff_wait: seconds to wait there for the next segment before ending.
     :param warm_process: False opts out of the warm process: ``steps()`` always returns at ``end_step``
         (for scripts that do per-segment work after their loop).
+    :param ranks: the processes of a data parallel attempt (``torchrun``); ``"auto"`` takes them from
+        ``torch.distributed`` when it is initialised with more than one process (see :mod:`.ranks`).
+    :param outcome_file: where the session records that it ended the attempt for a preemption (``torchrun``
+        and shell wrappers do not pass exit code 75 on); the agent reads it.
     """
 
     def __init__(
@@ -117,6 +151,8 @@ class SpotSession:
         handoff_dir: str | None = None,
         handoff_wait: float = 300.0 + ANSWER_GRACE_SECONDS,
         warm_process: bool = True,
+        ranks: Ranks | None | str = "auto",
+        outcome_file: str | None = None,
     ) -> None:
         if end_step < 1 or start_step < 0 or start_step >= end_step:
             raise ValueError(f"need 0 <= start_step < end_step, got start={start_step}, end={end_step}")
@@ -134,7 +170,14 @@ class SpotSession:
         self.heartbeat_seconds = heartbeat_seconds
         self.warm_start_uri, self.warm_start_keys = warm_start_uri, warm_start_keys
         self.total_steps = total_steps
-        self.handoff = HandoffDir(handoff_dir) if handoff_dir and warm_process else None
+        self.ranks: Ranks | None = Ranks.detect() if ranks == "auto" else ranks  # type: ignore[assignment]
+        #: this process writes the attempt's checkpoints and heartbeats (rank 0, or the only process)
+        self.is_writer = self.ranks is None or self.ranks.writer
+        if self.ranks is not None and handoff_dir and warm_process:
+            log.info("%d ranks: each segment ends its processes (a warm process is one process)",
+                     self.ranks.world_size)
+        self.handoff = HandoffDir(handoff_dir) if handoff_dir and warm_process and self.ranks is None else None
+        self.outcome_file = outcome_file
         self.handoff_wait = float(handoff_wait)
         self.segments = 1  # segments this process has trained (more than one when kept warm)
 
@@ -166,6 +209,7 @@ class SpotSession:
         self._entered = False  # inside the ``with`` block: notices are heard, heartbeats written
         self._stepping = False  # inside the loop's body: the current step is not done yet
         self._save_requested = False  # save() called in the body: taken once the step is done
+        self._saved_step: int | None = None  # the step of the last save started (the same on every rank)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -217,6 +261,7 @@ class SpotSession:
             total_steps=int(e[E.TOTAL_STEPS]) if e.get(E.TOTAL_STEPS) else total_steps,
             handoff_dir=e.get(E.HANDOFF_DIR) or None,
             handoff_wait=num(E.HANDOFF_WAIT, 300.0 + ANSWER_GRACE_SECONDS),
+            outcome_file=e.get(E.OUTCOME_FILE) or None,
         )
         opts.update(kwargs)
         return cls(e.get(E.JOB_URI) or job_uri or os.path.abspath("spot-job"), end, **opts)
@@ -226,8 +271,9 @@ class SpotSession:
         for src in self.notice_sources:
             src.start(self._on_notice)
         self._observe_preemptions()
-        self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="spot-heartbeat", daemon=True)
-        self._hb_thread.start()
+        if self.is_writer:
+            self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="spot-heartbeat", daemon=True)
+            self._hb_thread.start()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -287,7 +333,7 @@ class SpotSession:
 
     def _restore(self, objects: dict[str, Any]) -> None:
         """Restore ``objects`` from the job's newest usable checkpoint (or the warm start's)."""
-        restored = self.checkpoints.restore_latest(_load_payload)
+        restored = self._restore_latest()
         if restored is not None:
             manifest, payload = restored
             self._apply(payload, keys=tuple(objects), source=f"the checkpoint at step {manifest.step} "
@@ -296,7 +342,7 @@ class SpotSession:
             log.info("resumed from checkpoint at step %d (%s)", manifest.step, manifest.directory)
         elif self.warm_start_uri:
             warm = CheckpointStore(open_store(self.warm_start_uri).child(JobLayout.CHECKPOINTS)).restore_latest(
-                _load_payload
+                _load_foreign_payload
             )
             if warm is None:
                 raise FileNotFoundError(f"warm start: no checkpoint under {self.warm_start_uri}")
@@ -309,6 +355,28 @@ class SpotSession:
                 "holds no checkpoint: the checkpoint directory was deleted or the store emptied. Put the "
                 "checkpoints back (e.g. from a backup), or start the job again from step 0 under a new checkpoint_uri"
             )
+
+    def _restore_latest(self) -> tuple[Any, dict] | None:
+        """The newest usable checkpoint and its payload. Under several ranks rank 0 chooses it (the
+        fall-back past broken checkpoints included) and every rank reads that one."""
+        if self.ranks is None:
+            return self.checkpoints.restore_latest(_load_payload)
+        chosen: tuple[str | None, str | None] = (None, None)  # (directory, error)
+        restored = None
+        if self.is_writer:
+            try:
+                restored = self.checkpoints.restore_latest(_load_payload)
+                chosen = (restored[0].directory if restored else None, None)
+            except Exception as exc:  # every rank fails with it, rather than waiting for rank 0
+                chosen = (None, f"{type(exc).__name__}: {exc}")
+                self.ranks.from_writer(chosen)
+                raise
+        directory, error = self.ranks.from_writer(chosen)
+        if error is not None:
+            raise CheckpointError(f"rank 0 could not restore the job's checkpoint: {error}")
+        if self.is_writer or directory is None:
+            return restored
+        return self.checkpoints.restore(directory, _load_payload)
 
     def _checkpointable(self, objects: dict[str, Any]) -> dict[str, Any]:
         """What to checkpoint for each object handed to ``track()``; warns (once per problem, at start)
@@ -360,15 +428,37 @@ class SpotSession:
                     "change it after track()), or train the changed model as a new job: a new checkpoint_uri, "
                     "with warm_start_uri to start it from this job's weights") from exc
         if rng:
-            restore_rng(payload["rng"])
+            restore_rng(self._own_rng(payload, source))
 
-    def _stage(self) -> tuple[dict, float]:
+    def _own_rng(self, payload: dict, source: str) -> dict:
+        """This rank's RNG state in ``payload`` (rank 0's, which ``rng`` holds, for a single process)."""
+        if self.ranks is None or self.ranks.writer:
+            return payload["rng"]
+        per_rank = payload.get("rank_rng") or []
+        if len(per_rank) == self.ranks.world_size:
+            return per_rank[self.ranks.rank]
+        problem = (f"{source} was saved by {len(per_rank) or 1} rank(s), this attempt runs {self.ranks.world_size}: "
+                   "each rank takes rank 0's random state")
+        if problem not in self._warned:
+            self._warned.add(problem)
+            log.warning("resume will not be bit-exact: %s", problem)
+        return payload["rng"]
+
+    def _stage(self) -> tuple[dict | None, float]:
+        """The state to save, staged to host memory (None on ranks other than 0, which send rank 0 their
+        RNG state: data parallel ranks hold the same model and optimizer, not the same random streams)."""
         started = time.monotonic()
+        rng = capture_rng()
+        per_rank = self.ranks.to_writer(rng) if self.ranks is not None else None
+        if not self.is_writer:
+            return None, 0.0
         staged = {
             "objects": {name: self.stager.stage(obj.state_dict(), (name,)) for name, obj in self.tracked.items()},
-            "rng": capture_rng(),
+            "rng": rng,
             "step": self.step,
         }
+        if per_rank is not None:
+            staged["rank_rng"] = per_rank
         stall = time.monotonic() - started
         self.save_cost_ewma = stall if self.save_cost_ewma is None else (
             (1 - EWMA_ALPHA) * self.save_cost_ewma + EWMA_ALPHA * stall
@@ -384,11 +474,18 @@ class SpotSession:
         # The stager reuses its buffers, so the previous write must be finished before staging again.
         self.writer.wait()
         staged, _ = self._stage()
-        if wait:
-            self.writer.save_sync(self.step, staged, self._meta(reason))
-        else:
-            self.writer.save_async(self.step, staged, self._meta(reason))
+        try:
+            if staged is None:
+                pass  # a rank other than 0: rank 0 writes
+            elif wait:
+                self.writer.save_sync(self.step, staged, self._meta(reason))
+            else:
+                self.writer.save_async(self.step, staged, self._meta(reason))
+        finally:
+            if wait and self.ranks is not None:
+                self.ranks.barrier()  # no rank goes on (or exits) before the checkpoint is committed
         self.saves[reason] += 1
+        self._saved_step = self.step
         self._last_save_at = time.monotonic()
         self._recompute_interval()
         return True
@@ -463,10 +560,9 @@ class SpotSession:
                 return
 
     def _segment_steps(self) -> Iterator[int]:
-        last = time.monotonic()
         while self.step < self.end_step:
-            if self.notice is not None:
-                self._emergency_exit()
+            self._between_steps()
+            last = time.monotonic()  # the step's time leaves the saves out
             self._stepping = True
             try:
                 yield self.step
@@ -479,27 +575,51 @@ class SpotSession:
                 raise
             self._stepping = False
             self.step += 1
-            if self._save_requested:
-                self._save_requested = False
-                self._save("final", wait=True)
             if self.first_step_at is None:
                 self.first_step_at, self.first_step = time.time(), self.step
-            now = time.monotonic()
-            dt = now - last
+            dt = time.monotonic() - last
             self.step_time_ewma = dt if self.step_time_ewma is None else (
                 (1 - EWMA_ALPHA) * self.step_time_ewma + EWMA_ALPHA * dt
             )
-            if self.step >= self.end_step:
-                break
-            if self.notice is None:
-                if self._insurance and self._save("insurance", wait=False):
-                    self._insurance = False
-                elif now - self._last_save_at >= self.interval:
-                    self._save("periodic", wait=False)
-            last = time.monotonic()
-        if self.writer.last_committed_step != self.step and self.restored_step != self.step:
+        if not self._committed_at_step():  # a save the body asked for at the last step is this one
+            self._save_requested = False
             self._save("final", wait=True)
         self._write_heartbeat()
+
+    def _between_steps(self) -> None:
+        """Before each step: the save the loop's body asked for, the emergency exit on a notice, else an
+        insurance or periodic save that came due. Under several ranks every rank acts on the same flags,
+        agreed in one all-reduce: saves are collective, and a rank that left for its emergency save while
+        the others stepped on would hang them."""
+        requested, self._save_requested = self._save_requested, False
+        notice, insurance = self.notice is not None, self._insurance
+        periodic = time.monotonic() - self._last_save_at >= self.interval
+        busy = self.writer.busy  # a periodic save still writing: the next one waits (coalesced)
+        if self.ranks is not None:
+            if not self.ranks.writer:  # the writer's clock and its writer decide these
+                periodic = busy = False
+            notice, requested, insurance, periodic, busy = self.ranks.agree(notice, requested, insurance, periodic,
+                                                                            busy)
+            if notice and self.notice is None:
+                self.notice, self.notice_at = "preemption notice (heard by another rank)", time.time()
+                log.warning("%s; saving at the end of this step", self.notice)
+        if requested:
+            self._save("final", wait=True)
+        if notice:
+            self._emergency_exit()
+        if busy or self.step in (self.restored_step, self._saved_step, self.start_step):
+            return  # nothing new to save before the first step, or right after a save
+        if insurance:
+            self._save("insurance", wait=False)
+            self._insurance = False
+        elif periodic:
+            self._save("periodic", wait=False)
+
+    def _committed_at_step(self) -> bool:
+        """The state at this step is committed already (saved, or restored from there): rank 0's word."""
+        self.writer.wait()
+        done = self.step in (self.writer.last_committed_step, self.restored_step)
+        return done if self.ranks is None else bool(self.ranks.from_writer(done))
 
     # ------------------------------------------------------------------ warm process
     def _next_segment(self) -> bool:
@@ -528,6 +648,7 @@ class SpotSession:
         if self.notice is not None:
             log.warning("preemption notice between segments (%s): state is committed at step %d; exiting with "
                         "code %d", self.notice, self.step, PREEMPTED_EXIT_CODE)
+            self._record_preempted()
             raise SystemExit(PREEMPTED_EXIT_CODE)
         if answer is None or answer.get("action") != CONTINUE:
             log.info("no next segment for this process (%s); ending",
@@ -574,9 +695,10 @@ class SpotSession:
     def _emergency_exit(self) -> None:
         started = time.monotonic()
         self._write_heartbeat()  # the notice reaches the Airflow side now, not after the save
+        # before the save: once the ranks leave, a launcher may end rank 0 before it gets further
+        self._record_preempted()
         try:
-            self.writer.wait()
-            if self.writer.last_committed_step != self.step and self.restored_step != self.step:
+            if not self._committed_at_step():
                 self._save("emergency", wait=True)
         except Exception as exc:  # noqa: BLE001 - the instance is going either way: still a preemption
             # A save that could not commit (the store refused it, the disk filled) leaves the committed
@@ -594,6 +716,16 @@ class SpotSession:
         )
         raise SystemExit(PREEMPTED_EXIT_CODE)
 
+    def _record_preempted(self) -> None:
+        """Tell the agent this attempt ended for a preemption, for launchers that do not pass exit code 75
+        on (``torchrun`` exits 1 when its workers exit 75; ``bash train.sh`` may exit with its own code)."""
+        if self.outcome_file and self.is_writer:
+            try:
+                with open(self.outcome_file, "w") as f:
+                    f.write(f"preempted {self.attempt_id}\n")
+            except OSError as exc:  # the exit code still says it where nothing wraps the process
+                log.warning("cannot record the preemption in %s: %s", self.outcome_file, exc)
+
     # ------------------------------------------------------------------ heartbeats
     def report(self, **metrics: float) -> None:
         """Record metrics of the current step; they ride along with the next heartbeat."""
@@ -601,6 +733,8 @@ class SpotSession:
             self.metrics[k] = float(v)
 
     def _write_heartbeat(self) -> None:
+        if not self.is_writer:
+            return  # rank 0 speaks for the attempt
         hb = Heartbeat(
             attempt_id=self.attempt_id,
             step=self.step,

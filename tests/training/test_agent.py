@@ -365,3 +365,17 @@ def test_sigterm_forwarded_before_the_command_installs_a_handler_is_preempted(ag
     status = a.status("a1", timeout=1)
     assert status.outcome == "preempted" and status.exit_code == -signal.SIGTERM
     assert "instance was stopping" in status.error_tail
+
+
+def test_a_launcher_exit_after_the_session_ended_for_a_notice_is_a_preemption(agent):
+    """torchrun exits 1 when its ranks exit 75; the session's word in SPOT_OUTCOME_FILE says why. A later
+    attempt's plain failure is not taken for a preemption by that earlier word."""
+    a = agent()
+    write_then_fail = ("import os, sys; open(os.environ['SPOT_OUTCOME_FILE'], 'w').write('preempted a1\\n'); "
+                       "sys.exit(1)")
+    a.submit("a1", py(write_then_fail))
+    status = a.status("a1")
+    assert status.outcome == "preempted" and status.exit_code == 1
+    assert "ended the attempt for a preemption notice" in status.error_tail
+    a.submit("a2", py("import sys; sys.exit(1)"))
+    assert a.status("a2").outcome == "failed"
