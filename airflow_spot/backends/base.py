@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 import hashlib
+import os
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -138,11 +140,30 @@ class LaunchError(RuntimeError):
         self.tried = tried or []
 
 
+#: the deployment that launched an instance: ``reap`` ends only its own deployment's instances, as several
+#: deployments (teams, staging and production) may share one cloud account and run the same DAG files
+TAG_DEPLOYMENT = "airflow-spot:deployment"
+DEPLOYMENT_ENV = "AIRFLOW_SPOT_DEPLOYMENT"
+_DEPLOYMENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/=+@-]{0,127}$")
+
+
+def deployment_id(value: str | None = None) -> str:
+    """This deployment's id (``AIRFLOW_SPOT_DEPLOYMENT``, ``default`` when unset), as its instances carry it."""
+    value = os.environ.get(DEPLOYMENT_ENV) if value is None else value
+    value = (value or "").strip() or "default"
+    if not _DEPLOYMENT_RE.match(value):
+        raise ValueError(f"{DEPLOYMENT_ENV}={value!r} is not a deployment id: use up to 128 letters, digits and "
+                         "._:/=+@- (e.g. ml-prod), the same in every Airflow component of the deployment")
+    return value
+
+
 class Backend(ABC):
     name: ClassVar[str]
     #: where the training process on an instance gets preemption notices: ``file`` (a file the backend
     #: creates), ``imds`` (the EC2 instance metadata service)
     notice_source: ClassVar[str] = "file"
+    #: seconds from a preemption notice to the kill (the session judges its emergency save by it); None: unknown
+    notice_window_seconds: float | None = None
     #: ``reap`` leaves alone instances whose DAG run is still going (cloud instances cost money but a live
     #: run needs them); local instances are all reaped unless asked otherwise
     reaps_by_run_state: ClassVar[bool] = False

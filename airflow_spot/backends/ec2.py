@@ -33,7 +33,9 @@ from airflow_spot.backends.base import (
     InstanceState,
     LaunchError,
     LaunchSpec,
+    TAG_DEPLOYMENT,
     TerminationReason,
+    deployment_id,
     launch_token,
 )
 from airflow_spot.backends.bootstrap import DEFAULT_IMDS_URL, user_data_script
@@ -138,6 +140,9 @@ class Ec2Backend(Backend):
     :param clients: handed down by the Airflow layer; see :class:`~airflow_spot.backends.base.Clients`.
     """
 
+    #: AWS's two-minute spot interruption notice
+    notice_window_seconds = 120.0
+
     name = "ec2"
     notice_source = "imds"
     uses_clients = True
@@ -205,6 +210,8 @@ class Ec2Backend(Backend):
         self.imds_url = imds_url
         self.term_grace_seconds = float(term_grace_seconds)
         self.clients = clients or default_clients()
+        #: stamped on every launch, so ``reap`` tells this deployment's instances from others' in the account
+        self.deployment = deployment_id()
         self._sync: dict[str, Any] = {}
         self._subnet_zone_cache: dict[str, dict[str, str]] = {}
 
@@ -261,7 +268,7 @@ class Ec2Backend(Backend):
             raise LaunchError(f"ec2 backend: the job's root {spec.job_uri!r} is {len(spec.job_uri)} characters; an EC2 "
                               f"tag value holds {_TAG_VALUE_MAX}, and the instance names its job in one: shorten "
                               "checkpoint_uri (e.g. a shorter prefix or DAG id)", capacity=False)
-        tags = {**spec.tags, TAG_MANAGED: "true", TAG_JOB: spec.job_uri,
+        tags = {**spec.tags, TAG_MANAGED: "true", TAG_JOB: spec.job_uri, TAG_DEPLOYMENT: self.deployment,
                 TAG_OFFER: encode_offer(offer), TAG_TOKEN: spec.idempotency_token}
         tag_list = [{"Key": k, "Value": str(v)[:_TAG_VALUE_MAX]} for k, v in tags.items()]
         params: dict[str, Any] = {

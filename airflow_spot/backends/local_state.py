@@ -27,6 +27,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -194,19 +195,35 @@ class InstanceRecord:
         return cls(**d)
 
 
+def _check_private(path: Path) -> None:
+    """Refuse a state directory another user owns or anyone may write: its records name the processes that
+    terminate and reap signal, so whoever can plant one there could have this user's processes killed."""
+    st = path.stat()
+    if st.st_uid != os.geteuid():
+        raise ValueError(f"local backend state directory {str(path)!r} belongs to another user (uid {st.st_uid}): "
+                         "its records name processes to signal; use a directory of your own (pass state_dir= or set "
+                         f"{STATE_DIR_ENV})")
+    if st.st_mode & stat.S_IWOTH:
+        raise ValueError(f"local backend state directory {str(path)!r} may be written by any user: its records name "
+                         f"processes to signal; run `chmod o-w {path}` or use a directory of your own")
+
+
 class LocalState:
     """Paths and locked read-modify-writes under one state directory."""
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root).expanduser().resolve()
         try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
             for sub in ("instances", "tokens", "jobs"):
-                (self.root / sub).mkdir(parents=True, exist_ok=True)
+                (self.root / sub).mkdir(exist_ok=True, mode=0o700)
         except OSError as exc:
             raise ValueError(
                 f"local backend state directory {str(self.root)!r} cannot be created ({exc.strerror}); "
                 f"pass state_dir= or set {STATE_DIR_ENV} to a writable directory"
             ) from exc
+        for path in (self.root, *(self.root / sub for sub in ("instances", "tokens", "jobs"))):
+            _check_private(path)
 
     # ---- paths
     def instance_dir(self, instance_id: str) -> Path:

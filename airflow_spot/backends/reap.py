@@ -4,7 +4,7 @@ Examples::
 
     airflow-spot reap --dry-run                                   # list live local instances
     airflow-spot reap --older-than 3600 --tag airflow-spot:dag=spot_training_demo
-    airflow-spot reap --backend local --backend-options '{"state_dir": "/tmp/spot-state"}'
+    airflow-spot reap --backend local --backend-options '{"state_dir": "~/spot-state"}'
     airflow-spot reap --purge-older-than 86400                    # also forget day-old terminated instances
     airflow-spot reap --backend ec2 --dry-run                     # EC2 instances whose DAG run is over or gone
 
@@ -24,7 +24,16 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from airflow_spot.backends.base import Backend, InstanceInfo, InstanceState, backend_names, get_backend
+from airflow_spot.backends.base import (
+    DEPLOYMENT_ENV,
+    TAG_DEPLOYMENT,
+    Backend,
+    InstanceInfo,
+    InstanceState,
+    backend_names,
+    deployment_id,
+    get_backend,
+)
 from airflow_spot.cli_types import json_object
 
 #: instance tags naming the DAG run that launched an instance (set by the operators)
@@ -92,6 +101,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tag", type=_tag, action="append", default=[], metavar="KEY=VALUE",
                         help="only instances carrying this tag (repeatable; all must match)")
     parser.add_argument("--dry-run", action="store_true", help="list what would be terminated, terminate nothing")
+    parser.add_argument("--deployment", default=None, metavar="ID",
+                        help=f"on a cloud backend, only instances this deployment launched (their {TAG_DEPLOYMENT} "
+                             f"tag; default: ${DEPLOYMENT_ENV}, else 'default')")
+    parser.add_argument("--any-deployment", action="store_true",
+                        help="on a cloud backend, also instances of other deployments of the account and instances "
+                             "launched before deployment tags")
     parser.add_argument("--purge-older-than", type=_duration("--purge-older-than"), default=None, metavar="SECONDS",
                         help="also delete the records and logs of instances terminated this long ago "
                              "(backends that keep local records, e.g. local)")
@@ -160,10 +175,26 @@ def run(args: argparse.Namespace, backend: Backend | None = None, run_states: Ru
             print(f"airflow-spot reap: {problem}", file=sys.stderr)
             return 2
     now = time.time()
-    listed = backend.list_instances(dict(args.tag))
+    # several deployments may share a cloud account (and a DAG file: then their runs' ids are alike too)
+    mine: str | None = None
+    if backend.reaps_by_run_state and not getattr(args, "any_deployment", False):
+        try:
+            mine = deployment_id(getattr(args, "deployment", None))
+        except ValueError as exc:
+            print(f"airflow-spot reap: {exc}", file=sys.stderr)
+            return 2
+
+    def ours(instances: list[InstanceInfo]) -> list[InstanceInfo]:
+        return instances if mine is None else [i for i in instances if i.tags.get(TAG_DEPLOYMENT) == mine]
+
+    every = backend.list_instances(dict(args.tag))
+    listed = ours(every)
+    if len(listed) < len(every):
+        print(f"left alone: {len(every) - len(listed)} instance(s) not tagged {TAG_DEPLOYMENT}={mine} (another "
+              "deployment's, or launched before deployment tags; --any-deployment includes them)")
     found = leftovers(listed, args.older_than, now)
     live_ids = {i.instance_id for i in found}
-    stopped = [i for i in stopped_leftovers(backend, dict(args.tag), args.older_than, now)
+    stopped = [i for i in ours(stopped_leftovers(backend, dict(args.tag), args.older_than, now))
                if i.instance_id not in live_ids]
     stopped_ids = {i.instance_id for i in stopped}
     found += stopped

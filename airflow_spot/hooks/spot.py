@@ -63,6 +63,7 @@ class SpotHook(BaseHook):
     def _s3_hook(self):
         from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
+        self._check_connection()  # S3Hook itself would fall back to the machine's credentials
         return S3Hook(aws_conn_id=self.aws_conn_id)
 
     @cached_property

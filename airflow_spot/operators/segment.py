@@ -63,6 +63,9 @@ TAG_DAG = "airflow-spot:dag"
 TAG_RUN = "airflow-spot:run"
 TAG_JOB = "airflow-spot:job"
 TAG_TASK = "airflow-spot:task"
+#: the job's store, as the ec2 backend tags it too: the dag, run and job tags repeat across deployments that
+#: run one DAG file (a scheduled run's id is its date), the store does not
+TAG_STORE = "airflow-spot:job-uri"
 
 
 #: pause before asking a launch again after a transient error (throttling, a 5xx, a lost reply)
@@ -96,9 +99,10 @@ def default_deferrable() -> bool:
     return value.strip().lower() in ("true", "t", "1", "yes", "y", "on")
 
 
-def job_tags(dag_id: str, run_id: str, job_name: str) -> dict[str, str]:
-    """Tags that find every instance of one job (warm reuse, final cleanup, ``reap``)."""
-    return {TAG_DAG: dag_id, TAG_RUN: run_id, TAG_JOB: job_name}
+def job_tags(dag_id: str, run_id: str, job_name: str, job_uri: str) -> dict[str, str]:
+    """Tags that find every instance of one job (warm reuse, final cleanup), and only its: ``job_uri`` is its
+    store's (``ObjectStore.uri``)."""
+    return {TAG_DAG: dag_id, TAG_RUN: run_id, TAG_JOB: job_name, TAG_STORE: job_uri}
 
 
 def newest_usable_checkpoint(store: ObjectStore) -> Manifest | None:
@@ -173,7 +177,9 @@ class SpotSegmentOperator(BaseOperator):
         this long (its own capacity refusals since it last held an instance); its checkpoints stay.
     :param step_profile: seconds per training step the job was measured at, per GPU model (e.g.
         ``{"T4": 0.42}``, from ``airflow-spot estimate --profile-command``); the UI's ranking of instance
-        types before the job starts scales it by the catalog's relative throughputs (optional).
+        types before the job starts scales it by the catalog's relative throughputs; until a heartbeat has
+        measured a step time it also feeds the deadline rule, and with a ``deadline`` ``SpotTraining``
+        refuses at parse time a deadline the profile says cannot be met (optional).
     :param checkpoint_region: the region of the store ``checkpoint_uri`` names, or ``"auto"``: the ``s3://``
         bucket's own region, asked of S3 at each try (``s3:GetBucketLocation``; a ``file://`` store has no
         region, so nothing is priced). An attempt in another region restores the checkpoint and saves back
@@ -224,7 +230,7 @@ class SpotSegmentOperator(BaseOperator):
         checkpoint_min_interval: float | None = None,
         checkpoint_max_interval: float | None = None,
         keep_checkpoints: int = 3,
-        notice_window_seconds: float = 120.0,
+        notice_window_seconds: float | None = None,
         aws_conn_id: str | None = "aws_default",
         deferrable: bool | None = None,
         warm_process: bool = True,
@@ -276,7 +282,8 @@ class SpotSegmentOperator(BaseOperator):
         self.checkpoint_min_interval = checkpoint_min_interval
         self.checkpoint_max_interval = checkpoint_max_interval
         self.keep_checkpoints = int(keep_checkpoints)
-        self.notice_window_seconds = float(notice_window_seconds)
+        # None: the backend's own window (the local backend kills after its option, EC2 after 120 s)
+        self.notice_window_seconds = None if notice_window_seconds is None else float(notice_window_seconds)
         self.aws_conn_id = aws_conn_id
         self.deferrable = default_deferrable() if deferrable is None else bool(deferrable)
         self.warm_process = bool(warm_process)
@@ -337,7 +344,7 @@ class SpotSegmentOperator(BaseOperator):
         return attempt
 
     def _tags(self, context: Context) -> dict[str, str]:
-        return job_tags(self.dag_id, context["run_id"], self.job_name)
+        return job_tags(self.dag_id, context["run_id"], self.job_name, self.hook.get_store(self.checkpoint_uri).uri)
 
     def _open_store(self):
         try:
@@ -609,15 +616,20 @@ class SpotSegmentOperator(BaseOperator):
             if launch is None:
                 return None  # accounted for (or nothing launched): a new attempt is due
             recorded = {"try_number": launch.try_number}
+        info = self.hook.get_backend().describe([launch.instance_id]).get(launch.instance_id)
+        if info is not None and not self._serves(info, store):
+            self.log.warning("the store's record of attempt %s names instance %s, which does not serve this job's store "
+                             "(its %s tag is %r): not waited for, not ended", launch.attempt_id, launch.instance_id,
+                             TAG_STORE, info.tags.get(TAG_STORE))
+            return None
         status = JobLayout(store).read_status(launch.attempt_id)
         killed_at = JobLayout(store).read_kill(launch.attempt_id)
         if killed_at is not None and (status is None or not status.before_kill(killed_at, launch.end_step)):
             # its task was killed (an execution_timeout, a worker's shutdown: on_kill, then a retry without a
             # clear): the status its instance's termination brings about is the kill's, no preemption to wait for
-            self._end_killed_attempt(store, launch, rows)
+            self._end_killed_attempt(store, launch, rows, info)
             return None
         ended = status is not None
-        info = self.hook.get_backend().describe([launch.instance_id]).get(launch.instance_id)
         if not ended and (info is None or InstanceState(info.state).is_terminal()):
             self.log.info("attempt %s of an earlier try left no status and its instance %s is gone; launching anew",
                           launch.attempt_id, launch.instance_id)
@@ -638,7 +650,16 @@ class SpotSegmentOperator(BaseOperator):
         )
         return launch
 
-    def _end_killed_attempt(self, store: ObjectStore, launch: AttemptLaunch, rows: list) -> None:
+    @staticmethod
+    def _serves(info: InstanceInfo, store: ObjectStore) -> bool:
+        """The instance's own tags say it serves ``store``. An instance id read from the store is waited for or
+        ended only then: whoever may write the store (the instances' role, the training code) must not steer
+        this deployment's terminations to other instances of the account. An instance without the tag (a
+        backend that keeps none) is taken at the record's word."""
+        return TAG_STORE not in info.tags or info.tags[TAG_STORE] == store.uri
+
+    def _end_killed_attempt(self, store: ObjectStore, launch: AttemptLaunch, rows: list,
+                            info: InstanceInfo | None) -> None:
         """An earlier try's attempt whose task was killed: its instance ended again where the kill's
         termination failed (it would train on beside this try's attempt), and its time billed up to the kill
         (``Outcome.ABANDONED``). Best effort: the finish task bills what is left. Not billed while its
@@ -646,7 +667,6 @@ class SpotSegmentOperator(BaseOperator):
         self.log.info("attempt %s of an earlier try was killed; not waiting for it, launching anew", launch.attempt_id)
         try:
             backend = self.hook.get_backend()
-            info = backend.describe([launch.instance_id]).get(launch.instance_id)
             if info is not None and not InstanceState(info.state).is_terminal():
                 self.log.warning("instance %s of killed attempt %s still runs: terminating it", launch.instance_id,
                                  launch.attempt_id)
@@ -747,7 +767,8 @@ class SpotSegmentOperator(BaseOperator):
             min_interval_seconds=self.checkpoint_min_interval,
             max_interval_seconds=self.checkpoint_max_interval,
             keep_checkpoints=self.keep_checkpoints,
-            notice_window_seconds=self.notice_window_seconds,
+            notice_window_seconds=(self.notice_window_seconds if self.notice_window_seconds is not None
+                                   else getattr(self.hook.get_backend(), "notice_window_seconds", None)),
             warm_start_uri=self.warm_start_uri or None,
             total_steps=self.total_steps,
             warm_process=self.warm_process,

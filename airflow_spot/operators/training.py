@@ -106,7 +106,7 @@ class SpotJobSummaryOperator(BaseOperator):
         hook = SpotHook(backend=self.backend, backend_options=self.backend_options,
                         market_options=self.market_options, aws_conn_id=self.aws_conn_id)
         backend = hook.get_backend()
-        tags = job_tags(self.dag_id, context["run_id"], self.job_name)
+        tags = job_tags(self.dag_id, context["run_id"], self.job_name, hook.get_store(self.checkpoint_uri).uri)
         instances = backend.list_instances(tags=tags)
         running = [i.instance_id for i in instances if not InstanceState(i.state).is_terminal()]
         # stopped instances serve nothing (reported terminated) but their volumes bill until terminated

@@ -98,6 +98,13 @@ def _check_number(name: str, value: object) -> None:
         raise ValueError(f"GpuRequest.{name} must be {rule}, e.g. {example}, got {value!r}")
 
 
+def zone_id_prefix(region: str) -> str:
+    """The prefix of the AWS zone ids of ``region`` (``us-east-1`` -> ``use1``, ``ap-northeast-1`` -> ``apne1``)."""
+    parts = region.split("-")
+    words = {"northeast": "ne", "southeast": "se", "northwest": "nw", "southwest": "sw", "gov": "g"}
+    return parts[0] + "".join(words.get(p, p[:1]) for p in parts[1:-1]) + parts[-1]
+
+
 @dataclass(frozen=True)
 class GpuRequest:
     """What a segment needs. Validated on construction so a DAG fails at parse time, not at launch.
@@ -164,8 +171,10 @@ class GpuRequest:
             return True
         if offer.zone in self.zones:
             return True
-        # on-demand offers name their region, not a zone: allowed when the request allows a zone there
-        return offer.zone == offer.region and any(z.startswith(offer.region) for z in self.zones)
+        # on-demand offers name their region, not a zone: allowed when the request allows a zone there, by
+        # its name (us-east-1a) or by its id (use1-az1, as the local catalog names zones)
+        ids = zone_id_prefix(offer.region) + "-az"
+        return offer.zone == offer.region and any(z.startswith(offer.region) or z.startswith(ids) for z in self.zones)
 
     def describe_mismatch(self, offers: list[Offer]) -> str:
         """Why none of ``offers`` matches: the first filter that removed the last candidates, for an error

@@ -56,6 +56,25 @@ def _auth():
     return requires_authenticated()
 
 
+def _readable_dags():
+    """The DAG ids the user may read, as Airflow's own API lists them (``ReadableDagsFilterDep``; the
+    global auth manager, as a plugin's app holds none in its state)."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.core_api.security import get_user
+
+    def readable(user: Any = Depends(get_user)) -> set[str]:
+        return get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
+
+    return readable
+
+
+def _may_read_dag():
+    """The user may read the DAG named in the path (Airflow's ``requires_access_dag``: 403 otherwise)."""
+    from airflow.api_fastapi.core_api.security import requires_access_dag
+
+    return requires_access_dag("GET")
+
+
 def _state(job: JobRef, snap_state: str) -> str:
     """The store knows a job's progress, Airflow whether its run is still going."""
     if snap_state == "finished" or job.run_state in (None, "running", "queued"):
@@ -195,12 +214,13 @@ def _detail(session, dag_id: str, run_id: str) -> dict[str, Any]:
     return detail
 
 
-def _rows(session, limit: int | None = None, offset: int = 0,
-          dag_id: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The list's rows, and what it left out: ``{"limit", "offset", "more", "dag_id"}`` (``more``: older
-    jobs than these exist)."""
+def _rows(session, limit: int | None = None, offset: int = 0, dag_id: str | None = None,
+          readable: set[str] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The list's rows (of the DAGs in ``readable``, when given), and what it left out: ``{"limit", "offset",
+    "more", "dag_id"}`` (``more``: older jobs than these exist)."""
     limit = ui_jobs.LIST_LIMIT if limit is None else limit
-    jobs = find_jobs(session, dag_id=dag_id, limit=limit + 1, offset=offset)  # one more: are there older ones?
+    # one more: are there older ones?
+    jobs = find_jobs(session, dag_id=dag_id, limit=limit + 1, offset=offset, dag_ids=readable)
     more = len(jobs) > limit
     jobs = jobs[:limit]
     rows = job_rows(jobs)
@@ -221,11 +241,14 @@ def create_app() -> FastAPI:
     # no /docs, /redoc or /openapi.json: FastAPI serves those without the app's dependencies
     app = FastAPI(title="Spot Training", dependencies=[Depends(_auth())], docs_url=None, redoc_url=None,
                   openapi_url=None)
+    # what Airflow lets the user read: the list holds those DAGs' jobs, a job's page needs its DAG readable
+    readable_dags = Depends(_readable_dags())
+    may_read = [Depends(_may_read_dag())]
 
     @app.get("/api/jobs")
     def list_jobs(session: SessionDep, response: Response, limit: int | None = _LIMIT, offset: int = _OFFSET,
-                  dag_id: str | None = None) -> list[dict[str, Any]]:
-        rows, shown = _rows(session, limit, offset, dag_id)
+                  dag_id: str | None = None, readable: Any = readable_dags) -> list[dict[str, Any]]:
+        rows, shown = _rows(session, limit, offset, dag_id, readable)
         response.headers["X-Spot-Jobs-Limit"] = str(shown["limit"])
         response.headers["X-Spot-Jobs-Offset"] = str(shown["offset"])
         response.headers["X-Spot-Jobs-More"] = "true" if shown["more"] else "false"
@@ -234,21 +257,21 @@ def create_app() -> FastAPI:
             response.headers["Link"] = f'</spot/api/jobs?{nxt}>; rel="next"'
         return rows
 
-    @app.get("/api/jobs/{dag_id}/{run_id}")
+    @app.get("/api/jobs/{dag_id}/{run_id}", dependencies=may_read)
     def get_job(dag_id: str, run_id: str, session: SessionDep) -> dict[str, Any]:
         return _detail(session, dag_id, run_id)
 
     @app.get("/", response_class=HTMLResponse)
-    def index(session: SessionDep, limit: int | None = _LIMIT, offset: int = _OFFSET,
-              dag_id: str | None = None) -> str:
-        rows, shown = _rows(session, limit, offset, dag_id)
+    def index(session: SessionDep, limit: int | None = _LIMIT, offset: int = _OFFSET, dag_id: str | None = None,
+              readable: Any = readable_dags) -> str:
+        rows, shown = _rows(session, limit, offset, dag_id, readable)
         return page.jobs_page(rows, shown=shown)
 
     @app.get("/jobs", include_in_schema=False)
     def jobs_redirect() -> RedirectResponse:
         return RedirectResponse("/spot/")
 
-    @app.get("/jobs/{dag_id}/{run_id}", response_class=HTMLResponse)
+    @app.get("/jobs/{dag_id}/{run_id}", response_class=HTMLResponse, dependencies=may_read)
     def job_html(dag_id: str, run_id: str, session: SessionDep) -> str:
         try:
             detail = _detail(session, dag_id, run_id)

@@ -79,7 +79,7 @@ def _value(row: Any) -> Any:
 
 
 def find_jobs(session: Session, dag_id: str | None = None, run_id: str | None = None, limit: int = LIST_LIMIT,
-              offset: int = 0) -> list[JobRef]:
+              offset: int = 0, dag_ids: set[str] | None = None) -> list[JobRef]:
     """Jobs known to Airflow, newest first (one per DAG run, the ``limit`` runs with the newest XComs after
     the ``offset`` newest).
 
@@ -94,6 +94,8 @@ def find_jobs(session: Session, dag_id: str | None = None, run_id: str | None = 
     scope = [XComModel.key.in_((LINK_XCOM_KEY, SUMMARY_XCOM_KEY)), cast(XComModel.value, String).like("%job_uri%")]
     if dag_id is not None:
         scope.append(XComModel.dag_id == dag_id)
+    if dag_ids is not None:  # the DAGs the user may read
+        scope.append(XComModel.dag_id.in_(sorted(dag_ids)))
     if run_id is not None:
         scope.append(XComModel.run_id == run_id)
     newest = (

@@ -29,7 +29,7 @@ def launch_job_instances(tmp_path, op, *tokens):
     from airflow_spot.operators.segment import job_tags
 
     backend = get_backend("local", **backend_options(tmp_path))
-    tags = job_tags("d", "r", op.job_name)
+    tags = job_tags("d", "r", op.job_name, f"file://{tmp_path}/job")
     op._tags = lambda context: tags
     return backend, [backend.launch(LaunchSpec(LOCAL_OFFER, f"file://{tmp_path}/job", idempotency_token=token,
                                                tags=tags, idle_timeout_seconds=60)) for token in tokens]
