@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, open_store, store_errors
@@ -431,6 +432,8 @@ class Agent(WarmAgentMixin):
                 out = open(log_path, "ab")  # noqa: SIM115 - closed when the command is started
             except OSError as exc:  # the instance's disk is full (or read-only): no command can run well
                 return None, f"[agent] cannot open the attempt's log {log_path}: {exc}; the instance's disk is full?"
+            # every process of the command carries it, also those a launcher starts in sessions of their own
+            token = env[E.COMMAND_TOKEN] = uuid.uuid4().hex
             with out:
                 self._sigterm_forwarded = self._killed_child = False
                 try:
@@ -448,6 +451,7 @@ class Agent(WarmAgentMixin):
                     message = f"cannot start command {request.command!r}{where}: {exc.strerror or exc}"
                     out.write((message + "\n").encode())
                     return None, message
+                self.child.spot_token = token  # type: ignore[attr-defined]  # read by signal_group
         child = self.child
         assert child is not None
         # A process that may report "segment done" is watched closely: that marker ends the attempt.
@@ -481,7 +485,7 @@ class Agent(WarmAgentMixin):
         # background processes of an attempt that ended must not run into the next one
         if self.stopping:
             left = (term_deadline or time.monotonic() + self.term_grace) - time.monotonic()
-            self._wait_group(child.pid, max(0.0, left))
+            self._wait_group(child.pid, max(0.0, left), getattr(child, "spot_token", None))
         self._end_group(child, "its command ended")
         self.child = None
         tail = read_tail(out_path, start=offset)
@@ -490,24 +494,27 @@ class Agent(WarmAgentMixin):
         return code, tail
 
     @staticmethod
-    def _wait_group(pgid: int, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for process group ``pgid`` to end; whether it did."""
+    def _wait_group(pgid: int, timeout: float, token: str | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for process group ``pgid`` (and the processes marked ``token``) to
+        end; whether they did."""
         deadline = time.monotonic() + timeout
-        while group_alive(pgid):
+        while group_alive(pgid, token):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
         return True
 
     def _end_group(self, proc: subprocess.Popen, why: str) -> None:
-        """End what is left of ``proc``'s process group: SIGTERM, then SIGKILL after a grace."""
-        if not group_alive(proc.pid):
+        """End what is left of ``proc``'s process group (and of its marked processes): SIGTERM, then SIGKILL
+        after a grace."""
+        token = getattr(proc, "spot_token", None)
+        if not group_alive(proc.pid, token):
             return
         log.warning("process group %d: processes left running after %s; ending them", proc.pid, why)
         signal_group(proc, signal.SIGTERM)
-        if not self._wait_group(proc.pid, min(self.term_grace, LEFTOVER_GRACE_SECONDS)):
+        if not self._wait_group(proc.pid, min(self.term_grace, LEFTOVER_GRACE_SECONDS), token):
             signal_group(proc, signal.SIGKILL)
-            self._wait_group(proc.pid, 5.0)
+            self._wait_group(proc.pid, 5.0, token)
 
     # ------------------------------------------------------------------ warm process (see WarmAgentMixin)
     def _latest_committed_step(self) -> int | None:

@@ -25,5 +25,6 @@ TOTAL_STEPS = "SPOT_TOTAL_STEPS"  # length of the whole job: a segment ending th
 # process waits there for the next segment after committing its end checkpoint.
 HANDOFF_DIR = "SPOT_HANDOFF_DIR"
 HANDOFF_WAIT = "SPOT_HANDOFF_WAIT"
+COMMAND_TOKEN = "SPOT_COMMAND_TOKEN"  # the agent's mark on every process of one command (see handoff.py)
 OUTCOME_FILE = "SPOT_OUTCOME_FILE"  # the session writes "preempted" there when a notice ended the attempt
 WARM_PROCESS = "SPOT_WARM_PROCESS"  # "0" in a request's env opts out of the warm process

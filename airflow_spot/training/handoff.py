@@ -52,9 +52,38 @@ POLL_SECONDS = 0.02
 ANSWER_GRACE_SECONDS = 30.0
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether a live (not zombie) process is left in process group ``pgid``: read from ``/proc`` (the
-    instance is Linux), where an orphaned zombie, which nobody may reap yet, does not count."""
+def marked_processes(token: str | None) -> list[int]:
+    """Live processes started with ``SPOT_COMMAND_TOKEN=token`` in their environment (the agent's mark on a
+    command): those a launcher moved out of the command's process group. ``torchrun`` starts each rank in a
+    session of its own, so a signal to the group reaches torchrun alone, and its ranks outlive it."""
+    if not token:
+        return []
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit() and int(e) != os.getpid()]
+    except OSError:
+        return []
+    mark = f"{E.COMMAND_TOKEN}={token}".encode()
+    out = []
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if mark not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue
+        except (OSError, IndexError):  # gone, or another user's
+            continue
+        out.append(int(entry))
+    return out
+
+
+def group_alive(pgid: int, token: str | None = None) -> bool:
+    """Whether a live (not zombie) process is left in process group ``pgid``, or marked with the command's
+    ``token`` (:func:`marked_processes`): read from ``/proc`` (the instance is Linux), where an orphaned
+    zombie, which nobody may reap yet, does not count."""
+    if marked_processes(token):
+        return True
     try:
         entries = [e for e in os.listdir("/proc") if e.isdigit()]
     except OSError:
@@ -78,12 +107,17 @@ def group_alive(pgid: int) -> bool:
 
 def signal_group(proc: subprocess.Popen, sig: int) -> None:
     """Signal the command's whole process group (its own: a wrapper script, the workers it started), the
-    process alone when the group is gone."""
+    process alone when the group is gone, and the processes marked with its token (``proc.spot_token``, see
+    :func:`marked_processes`) wherever they are."""
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
+    for pid in marked_processes(getattr(proc, "spot_token", None)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(pid) != proc.pid:  # the group's members had it: each process gets it once
+                os.kill(pid, sig)
 
 
 def write_json_atomic(path: Path, body: dict[str, Any]) -> None:

@@ -327,13 +327,14 @@ class SpotSession:
             self._restore(objects)
         # Allocate the staging buffers before training starts (fresh pages fault in several times slower
         # than a copy); optimizer state that appears only after the first step is allocated at first save.
-        for name, obj in objects.items():
+        # Only the writer stages: under several ranks the others would hold copies (pinned) never used.
+        for name, obj in objects.items() if self.is_writer else ():
             self.stager.stage(obj.state_dict(), (name,))
         return self.step
 
     def _restore(self, objects: dict[str, Any]) -> None:
         """Restore ``objects`` from the job's newest usable checkpoint (or the warm start's)."""
-        restored = self._restore_latest()
+        restored = self._restore_latest(self.checkpoints, _load_payload)
         if restored is not None:
             manifest, payload = restored
             self._apply(payload, keys=tuple(objects), source=f"the checkpoint at step {manifest.step} "
@@ -341,9 +342,8 @@ class SpotSession:
             self.step = self.restored_step = manifest.step
             log.info("resumed from checkpoint at step %d (%s)", manifest.step, manifest.directory)
         elif self.warm_start_uri:
-            warm = CheckpointStore(open_store(self.warm_start_uri).child(JobLayout.CHECKPOINTS)).restore_latest(
-                _load_foreign_payload
-            )
+            warm = self._restore_latest(CheckpointStore(open_store(self.warm_start_uri).child(JobLayout.CHECKPOINTS)),
+                                        _load_foreign_payload)
             if warm is None:
                 raise FileNotFoundError(f"warm start: no checkpoint under {self.warm_start_uri}")
             self._apply(warm[1], keys=tuple(k for k in objects if k in self.warm_start_keys), rng=False,
@@ -356,16 +356,17 @@ class SpotSession:
                 "checkpoints back (e.g. from a backup), or start the job again from step 0 under a new checkpoint_uri"
             )
 
-    def _restore_latest(self) -> tuple[Any, dict] | None:
-        """The newest usable checkpoint and its payload. Under several ranks rank 0 chooses it (the
-        fall-back past broken checkpoints included) and every rank reads that one."""
+    def _restore_latest(self, checkpoints: CheckpointStore, load) -> tuple[Any, dict] | None:
+        """The newest usable checkpoint of ``checkpoints`` and its payload. Under several ranks rank 0 chooses
+        it (the fall-back past broken checkpoints included) and every rank reads that one: ranks that read
+        "the newest" each would load different states if a save or a prune came in between."""
         if self.ranks is None:
-            return self.checkpoints.restore_latest(_load_payload)
+            return checkpoints.restore_latest(load)
         chosen: tuple[str | None, str | None] = (None, None)  # (directory, error)
         restored = None
         if self.is_writer:
             try:
-                restored = self.checkpoints.restore_latest(_load_payload)
+                restored = checkpoints.restore_latest(load)
                 chosen = (restored[0].directory if restored else None, None)
             except Exception as exc:  # every rank fails with it, rather than waiting for rank 0
                 chosen = (None, f"{type(exc).__name__}: {exc}")
@@ -376,7 +377,7 @@ class SpotSession:
             raise CheckpointError(f"rank 0 could not restore the job's checkpoint: {error}")
         if self.is_writer or directory is None:
             return restored
-        return self.checkpoints.restore(directory, _load_payload)
+        return checkpoints.restore(directory, load)
 
     def _checkpointable(self, objects: dict[str, Any]) -> dict[str, Any]:
         """What to checkpoint for each object handed to ``track()``; warns (once per problem, at start)
@@ -414,7 +415,8 @@ class SpotSession:
         return out
 
     def _apply(self, payload: dict, keys: tuple[str, ...], source: str, rng: bool = True) -> None:
-        saved = payload["objects"]
+        own = self._own_rank_state(payload, source) if rng else None
+        saved = {**payload["objects"], **(own or {}).get("objects", {})}  # this rank's own random generators
         for name in keys:
             if name not in saved:
                 raise KeyError(f"{source} has no state for tracked object {name!r} (it holds {sorted(saved)}): "
@@ -428,28 +430,36 @@ class SpotSession:
                     "change it after track()), or train the changed model as a new job: a new checkpoint_uri, "
                     "with warm_start_uri to start it from this job's weights") from exc
         if rng:
-            restore_rng(self._own_rng(payload, source))
+            restore_rng(own["rng"] if own else payload["rng"])
 
-    def _own_rng(self, payload: dict, source: str) -> dict:
-        """This rank's RNG state in ``payload`` (rank 0's, which ``rng`` holds, for a single process)."""
+    def _own_rank_state(self, payload: dict, source: str) -> dict | None:
+        """This rank's own part of ``payload``: its global RNG state and its tracked random generators
+        (``{"rng", "objects"}``); None for rank 0 and a single process (the payload's own are theirs)."""
         if self.ranks is None or self.ranks.writer:
-            return payload["rng"]
-        per_rank = payload.get("rank_rng") or []
+            return None
+        per_rank = payload.get("rank_state") or []
         if len(per_rank) == self.ranks.world_size:
             return per_rank[self.ranks.rank]
         problem = (f"{source} was saved by {len(per_rank) or 1} rank(s), this attempt runs {self.ranks.world_size}: "
-                   "each rank takes rank 0's random state")
+                   "each rank takes rank 0's random state and random generators")
         if problem not in self._warned:
             self._warned.add(problem)
             log.warning("resume will not be bit-exact: %s", problem)
-        return payload["rng"]
+        return None
 
     def _stage(self) -> tuple[dict | None, float]:
         """The state to save, staged to host memory (None on ranks other than 0, which send rank 0 their
-        RNG state: data parallel ranks hold the same model and optimizer, not the same random streams)."""
+        random state and tracked random generators: data parallel ranks hold the same model and optimizer,
+        not the same random streams)."""
+        from airflow_spot.training.data import GeneratorState
+
         started = time.monotonic()
         rng = capture_rng()
-        per_rank = self.ranks.to_writer(rng) if self.ranks is not None else None
+        per_rank = None
+        if self.ranks is not None:
+            own = {"rng": rng, "objects": {name: obj.state_dict() for name, obj in self.tracked.items()
+                                           if isinstance(obj, GeneratorState)}}
+            per_rank = self.ranks.to_writer(own)
         if not self.is_writer:
             return None, 0.0
         staged = {
@@ -458,7 +468,7 @@ class SpotSession:
             "step": self.step,
         }
         if per_rank is not None:
-            staged["rank_rng"] = per_rank
+            staged["rank_state"] = per_rank
         stall = time.monotonic() - started
         self.save_cost_ewma = stall if self.save_cost_ewma is None else (
             (1 - EWMA_ALPHA) * self.save_cost_ewma + EWMA_ALPHA * stall
@@ -493,7 +503,8 @@ class SpotSession:
     def save(self) -> None:
         """Commit a checkpoint of the current state (blocking). Called in the loop's body, it is taken once
         the current step is done (the checkpoint at step N holds the state after N steps, so a resume never
-        runs a step twice), before the next one starts."""
+        runs a step twice), before the next one starts. Under several ranks, a save asked for in the body by
+        any rank is taken by all; outside the loop every rank must call it (the save is collective)."""
         if not self.tracked:
             raise RuntimeError("call spot.track(model=..., optimizer=...) before spot.save(): nothing is tracked, "
                                "and an empty checkpoint would be what every later attempt restores")
@@ -566,10 +577,12 @@ class SpotSession:
             self._stepping = True
             try:
                 yield self.step
-            except GeneratorExit:  # the body left the loop (break, return) after asking for a save
+            except GeneratorExit:  # the body left the loop (break, return, an exception)
                 self._stepping = False
-                if self._save_requested:
-                    self._save_requested = False
+                requested, self._save_requested = self._save_requested, False
+                if self.ranks is not None:
+                    requested = self._leave_together(requested)
+                if requested:  # asked for in the body: the step is done
                     self.step += 1
                     self._save("final", wait=True)
                 raise
@@ -598,8 +611,11 @@ class SpotSession:
         if self.ranks is not None:
             if not self.ranks.writer:  # the writer's clock and its writer decide these
                 periodic = busy = False
-            notice, requested, insurance, periodic, busy = self.ranks.agree(notice, requested, insurance, periodic,
-                                                                            busy)
+            notice, requested, insurance, periodic, busy, leaving, _ = self.ranks.agree(
+                notice, requested, insurance, periodic, busy, False, True)
+            if leaving:  # waiting for that rank in the next collective would hang this one until the timeout
+                raise RuntimeError("another rank left the training loop (an exception or a break on that rank: its "
+                                   "log says which) while this one went on; ending this rank too")
             if notice and self.notice is None:
                 self.notice, self.notice_at = "preemption notice (heard by another rank)", time.time()
                 log.warning("%s; saving at the end of this step", self.notice)
@@ -614,6 +630,16 @@ class SpotSession:
             self._insurance = False
         elif periodic:
             self._save("periodic", wait=False)
+
+    def _leave_together(self, requested: bool) -> bool:
+        """A rank leaves the loop: it tells the others in the same all-reduce as :meth:`_between_steps` (a
+        rank that goes on ends too, rather than wait for this one). Whether to take the save the body asked
+        for: only when every rank leaves (a save is collective)."""
+        _, requested, _, _, _, _, staying = self.ranks.agree(False, requested, False, False, False, True, False)
+        if staying and requested:
+            log.error("this rank left the training loop while another went on: the save asked for at step %d is "
+                      "not taken (a save needs every rank)", self.step + 1)
+        return requested and not staying
 
     def _committed_at_step(self) -> bool:
         """The state at this step is committed already (saved, or restored from there): rank 0's word."""

@@ -379,3 +379,28 @@ def test_a_launcher_exit_after_the_session_ended_for_a_notice_is_a_preemption(ag
     assert "ended the attempt for a preemption notice" in status.error_tail
     a.submit("a2", py("import sys; sys.exit(1)"))
     assert a.status("a2").outcome == "failed"
+
+
+def test_processes_a_command_started_in_sessions_of_their_own_end_with_it(agent, tmp_path):
+    """torchrun starts each rank in a session of its own: a signal to the command's group misses them. The
+    agent marks every process of the command (SPOT_COMMAND_TOKEN in its environment) and ends those too."""
+    pid_file = tmp_path / "orphan.pid"
+    a = agent()
+    spawn = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+             f"start_new_session=True); open({str(pid_file)!r}, 'w').write(str(p.pid))")
+    a.submit("a1", py(spawn))
+    assert a.status("a1").outcome == "completed"
+    orphan = int(pid_file.read_text())
+
+    def gone() -> bool:
+        try:
+            with open(f"/proc/{orphan}/stat", "rb") as f:
+                return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+        except FileNotFoundError:
+            return True
+
+    try:
+        wait_for(lambda: gone() or None, 20.0, "the command's process in a session of its own to end")
+    finally:
+        if not gone():
+            os.kill(orphan, signal.SIGKILL)
