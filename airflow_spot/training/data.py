@@ -103,6 +103,10 @@ class ResumableLoader:
     :param seed: seeds the order and the per-sample worker RNGs.
     :param drop_last: drop each epoch's last, incomplete batch.
     :param num_workers: DataLoader worker processes (map-style datasets only).
+    :param rank: this process's rank under data parallel training (``torchrun``), with ``num_replicas``:
+        each rank takes its own stride of every epoch's order (map-style datasets; an ``IterableDataset``
+        shards itself), as :class:`~airflow_spot.training.sampler.ResumableSampler` does.
+    :param num_replicas: the number of data parallel ranks.
     :param dataloader_kwargs: passed on to ``DataLoader`` (``collate_fn``, ``pin_memory``, ...), except
         the arguments the loader decides itself (sampler, batch_sampler, generator, ...).
     """
@@ -116,6 +120,8 @@ class ResumableLoader:
         seed: int = 0,
         drop_last: bool = False,
         num_workers: int = 0,
+        rank: int = 0,
+        num_replicas: int = 1,
         **dataloader_kwargs: Any,
     ) -> None:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -143,13 +149,18 @@ class ResumableLoader:
                     "its own copy of the dataset, so no single position can be saved. Use num_workers=0, or a "
                     "map-style dataset (__getitem__/__len__) with any num_workers"
                 )
+            if num_replicas != 1:
+                raise ValueError("ResumableLoader: rank/num_replicas with an IterableDataset: the dataset shards "
+                                 "itself (e.g. by torch.distributed.get_rank()); leave them out")
             self.length = None
         else:
             if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
                 raise TypeError(f"ResumableLoader: {type(dataset).__name__} is neither a map-style dataset "
                                 "(__getitem__ and __len__) nor an IterableDataset")
             self.length = len(dataset)
-            self._order = ResumableSampler(self.length, seed=self.seed, shuffle=True if shuffle is None else shuffle)
+            self._order = ResumableSampler(self.length, seed=self.seed, shuffle=True if shuffle is None else shuffle,
+                                           rank=rank, num_replicas=num_replicas)
+        self.rank, self.num_replicas = rank, num_replicas
         self.epoch = 0
         self.batches = 0  # batches of this epoch handed to training: the position that is saved
         self._iterator: Any = None
@@ -157,7 +168,8 @@ class ResumableLoader:
     # ------------------------------------------------------------------ position
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"epoch": self.epoch, "batches": self.batches, "seed": self.seed,
-                                 "batch_size": self.batch_size, "length": self.length}
+                                 "batch_size": self.batch_size, "length": self.length,
+                                 "num_replicas": self.num_replicas}
         if self.iterable and has_position(self.dataset):
             state["dataset"] = self.dataset.state_dict()
         return state
@@ -173,6 +185,9 @@ class ResumableLoader:
         if "dataset" in state and has_position(self.dataset):
             self.dataset.load_state_dict(state["dataset"])
         self.epoch, self.batches = int(state["epoch"]), int(state["batches"])
+        saved_replicas = int(state.get("num_replicas", 1))
+        if saved_replicas != self.num_replicas:  # the batches the saved ranks took, shared among these
+            self.batches = min(len(self), self.batches * saved_replicas // self.num_replicas)
         self._iterator = None  # the next batch comes from a DataLoader opened at the restored position
 
     def resume_warnings(self) -> list[str]:
@@ -188,7 +203,7 @@ class ResumableLoader:
         """Batches per epoch (map-style datasets)."""
         if self.length is None:
             raise TypeError("ResumableLoader over an IterableDataset has no length")
-        full, rest = divmod(self.length, self.batch_size)
+        full, rest = divmod(self._order.per_rank, self.batch_size)
         return full + (1 if rest and not self.drop_last else 0)
 
     def __iter__(self) -> ResumableLoader:
@@ -232,7 +247,9 @@ class ResumableLoader:
         out = []
         for b in range(self.batches, len(self)):
             positions = range(b * self.batch_size, min((b + 1) * self.batch_size, len(order)))
-            out.append([(order[p], mix_seed(self.seed, self.epoch, p)) for p in positions])
+            # seeded by the item's place in the whole epoch (the same on any rank that draws it)
+            out.append([(order[p], mix_seed(self.seed, self.epoch, p * self.num_replicas + self.rank))
+                        for p in positions])
         return out
 
 

@@ -154,3 +154,37 @@ def test_the_sampler_resumed_on_fewer_ranks_goes_on_after_the_items_taken():
 def test_the_sampler_refuses_a_rank_outside_the_replicas():
     with pytest.raises(ValueError, match="rank < num_replicas"):
         ResumableSampler(10, rank=2, num_replicas=2)
+
+
+class _Items(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 20
+
+    def __getitem__(self, i: int):
+        return torch.tensor([i])
+
+
+def test_the_loader_shares_each_epoch_among_ranks_and_resumes_each_from_rank_0s_position():
+    from airflow_spot.training.data import ResumableLoader
+
+    loaders = [ResumableLoader(_Items(), 3, seed=1, rank=r, num_replicas=2) for r in range(2)]
+    assert [len(x) for x in loaders] == [4, 4]  # 10 items a rank: 3 full batches and 1
+    first = [[next(x).flatten().tolist() for _ in range(2)] for x in loaders]
+    items = [i for batches in first for batch in batches for i in batch]
+    assert len(items) == len(set(items)) == 12  # no item on two ranks
+    state = loaders[0].state_dict()
+    fresh = [ResumableLoader(_Items(), 3, seed=1, rank=r, num_replicas=2) for r in range(2)]
+    for x in fresh:
+        x.load_state_dict(state)
+    assert [next(x).tolist() for x in fresh] == [next(x).tolist() for x in loaders]
+
+
+def test_the_loader_refuses_ranks_over_an_iterable_dataset():
+    from airflow_spot.training.data import ResumableLoader
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(5))
+
+    with pytest.raises(ValueError, match="shards itself"):
+        ResumableLoader(Stream(), 2, rank=1, num_replicas=2)
