@@ -246,6 +246,28 @@ def test_reap_ends_the_instances_its_own_deployment_tagged(endpoint, capsys, mon
     assert _state(endpoint, untagged) in ("shutting-down", "terminated")
 
 
+def test_reap_ends_an_instance_launched_before_deployment_tags_when_this_database_knows_its_run_over(endpoint,
+                                                                                                    capsys):
+    """An instance from before the deployment tag is this deployment's when its run is finished here; when
+    its run is merely missing here (another deployment's), it is left alone."""
+    import argparse
+
+    from airflow_spot.backends import reap as base
+    from airflow_spot.hooks.spot import SpotHook
+
+    moto_ec2.reset(endpoint)
+    old_ours = _other_deployments_instance(endpoint, "s3://ours/job", run_id="finished_here")
+    theirs = _other_deployments_instance(endpoint, "s3://theirs/job", run_id="not_here")
+    parser = argparse.ArgumentParser()
+    base.add_arguments(parser)
+    args = parser.parse_args(["--backend", "ec2", "--backend-options", json.dumps(BACKEND_OPTIONS)])
+    backend = SpotHook(backend="ec2", backend_options=BACKEND_OPTIONS).get_backend()
+    states = {(DAG_ID, "finished_here"): "success"}
+    assert base.run(args, backend=backend, run_states=lambda keys: {k: states.get(k) for k in keys}) == 0
+    assert _state(endpoint, old_ours) in ("shutting-down", "terminated")
+    assert _state(endpoint, theirs) == "running", capsys.readouterr().out
+
+
 # --------------------------------------------------------------------------------------------------------------
 # 4. a checkpoint payload is unpickled with weights_only=False: the manifest check authenticates nothing
 

@@ -140,6 +140,9 @@ class LaunchError(RuntimeError):
         self.tried = tried or []
 
 
+#: the job's store (``ObjectStore.uri``), on every instance a backend launches: the job's dag, run and job tags
+#: repeat across deployments that run one DAG file (a scheduled run's id is its date), its store does not
+TAG_JOB_URI = "airflow-spot:job-uri"
 #: the deployment that launched an instance: ``reap`` ends only its own deployment's instances, as several
 #: deployments (teams, staging and production) may share one cloud account and run the same DAG files
 TAG_DEPLOYMENT = "airflow-spot:deployment"

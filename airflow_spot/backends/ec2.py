@@ -34,6 +34,7 @@ from airflow_spot.backends.base import (
     LaunchError,
     LaunchSpec,
     TAG_DEPLOYMENT,
+    TAG_JOB_URI,
     TerminationReason,
     deployment_id,
     launch_token,
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 
 #: every instance we start carries this tag; ``reap`` and ``list_instances`` filter on it
 TAG_MANAGED = "airflow-spot:managed"
-TAG_JOB = "airflow-spot:job-uri"
+TAG_JOB = TAG_JOB_URI
 TAG_OFFER = "airflow-spot:offer"
 #: the launch's idempotency token, so a repeated launch finds its instance even where ClientToken is not
 #: honoured (moto ignores it) or the first call's reply was lost

@@ -37,6 +37,7 @@ from airflow_spot.backends.base import (
     InstanceInfo,
     InstanceState,
     LaunchError,
+    TAG_JOB_URI,
     LaunchSpec,
     TerminationReason,
 )
@@ -233,7 +234,7 @@ class LocalBackend(Backend):
             state=InstanceState.PENDING if self.boot_seconds > 0 else InstanceState.RUNNING,
             offer=spec.offer,
             job_uri=spec.job_uri,
-            tags=dict(spec.tags),
+            tags={**spec.tags, TAG_JOB_URI: spec.job_uri},
             launched_at=now,
         )
         record = InstanceRecord(
@@ -270,7 +271,9 @@ class LocalBackend(Backend):
         out = []
         for instance_id in self.state.instance_ids():
             record = self.state.read(instance_id)
-            if record is None or any(record.info.tags.get(k) != v for k, v in wanted.items()):
+            # a record from before the store's tag has its job_uri all the same
+            have = {TAG_JOB_URI: record.info.job_uri, **record.info.tags} if record is not None else {}
+            if record is None or any(have.get(k) != v for k, v in wanted.items()):
                 continue
             out.append(self._refresh(record).info)
         return sorted(out, key=lambda i: (i.launched_at or 0.0, i.instance_id))

@@ -129,9 +129,10 @@ def stopped_leftovers(backend: Backend, tags: dict[str, str], older_than: float,
     return [i for i in stopped(tags) if now - (i.launched_at or now) >= older_than]
 
 
-def of_finished_runs(instances: list[InstanceInfo], run_states: RunStates) -> list[InstanceInfo]:
-    """The instances whose DAG run is finished or no longer exists; instances without run tags are not ours
-    to judge and are left alone."""
+def of_finished_runs(instances: list[InstanceInfo], run_states: RunStates,
+                     unknown_is_over: bool = True) -> list[InstanceInfo]:
+    """The instances whose DAG run is finished or (``unknown_is_over``) no longer exists; instances without
+    run tags are not ours to judge and are left alone."""
     keys = sorted({(i.tags[TAG_DAG], i.tags[TAG_RUN]) for i in instances if TAG_DAG in i.tags and TAG_RUN in i.tags})
     states = run_states(keys) if keys else {}
     out = []
@@ -140,7 +141,7 @@ def of_finished_runs(instances: list[InstanceInfo], run_states: RunStates) -> li
         if None in key:
             continue
         state = states.get(key)
-        if state is None or str(state) in FINISHED_RUN_STATES:
+        if (state is None and unknown_is_over) or str(state) in FINISHED_RUN_STATES:
             out.append(info)
     return out
 
@@ -184,10 +185,17 @@ def run(args: argparse.Namespace, backend: Backend | None = None, run_states: Ru
             print(f"airflow-spot reap: {exc}", file=sys.stderr)
             return 2
 
-    def ours(instances: list[InstanceInfo]) -> list[InstanceInfo]:
-        return instances if mine is None else [i for i in instances if i.tags.get(TAG_DEPLOYMENT) == mine]
-
     every = backend.list_instances(dict(args.tag))
+    # launched before deployment tags: this deployment's only when this database knows their run as finished
+    # (another deployment's run is merely missing here)
+    untagged = [i for i in every if TAG_DEPLOYMENT not in i.tags]
+    known_over = {i.instance_id for i in of_finished_runs(untagged, run_states, unknown_is_over=False)} \
+        if mine is not None and run_states is not None and untagged else set()
+
+    def ours(instances: list[InstanceInfo]) -> list[InstanceInfo]:
+        return instances if mine is None else [i for i in instances if i.tags.get(TAG_DEPLOYMENT) == mine
+                                               or i.instance_id in known_over]
+
     listed = ours(every)
     if len(listed) < len(every):
         print(f"left alone: {len(every) - len(listed)} instance(s) not tagged {TAG_DEPLOYMENT}={mine} (another "

@@ -31,6 +31,7 @@ from airflow_spot.backends.base import (
     InstanceInfo,
     InstanceState,
     LaunchError,
+    TAG_JOB_URI,
     LaunchSpec,
     backend_class,
     launch_token,
@@ -51,7 +52,7 @@ from airflow_spot.policy.transfer import TransferCost, saves_per_hour, transfer_
 from airflow_spot.storage.checkpoint import DIGEST_ENV, NoUsableCheckpointError, digest_setting
 from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.manifest import Manifest
-from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError, store_errors
+from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError, store_errors, store_uri
 from airflow_spot.storage.protocol import JobLayout, Outcome, SchemaError, SegmentRequest, safe_id
 from airflow_spot.triggers.completion import summarize
 from airflow_spot.triggers.segment import DEFAULT_STALL_TIMEOUT, EVENT_KEYS, SegmentTrigger
@@ -63,9 +64,7 @@ TAG_DAG = "airflow-spot:dag"
 TAG_RUN = "airflow-spot:run"
 TAG_JOB = "airflow-spot:job"
 TAG_TASK = "airflow-spot:task"
-#: the job's store, as the ec2 backend tags it too: the dag, run and job tags repeat across deployments that
-#: run one DAG file (a scheduled run's id is its date), the store does not
-TAG_STORE = "airflow-spot:job-uri"
+TAG_STORE = TAG_JOB_URI  # the job's store: what tells one deployment's job from another's
 
 
 #: pause before asking a launch again after a transient error (throttling, a 5xx, a lost reply)
@@ -344,7 +343,7 @@ class SpotSegmentOperator(BaseOperator):
         return attempt
 
     def _tags(self, context: Context) -> dict[str, str]:
-        return job_tags(self.dag_id, context["run_id"], self.job_name, self.hook.get_store(self.checkpoint_uri).uri)
+        return job_tags(self.dag_id, context["run_id"], self.job_name, store_uri(self.checkpoint_uri))
 
     def _open_store(self):
         try:

@@ -49,7 +49,7 @@ from airflow_spot.operators.validation import (
     validate_task_id,
 )
 from airflow_spot.policy.offers import GpuRequest
-from airflow_spot.storage.object_store import StoreConfigError
+from airflow_spot.storage.object_store import StoreConfigError, store_uri
 from airflow_spot.storage.protocol import JobLayout
 
 if TYPE_CHECKING:
@@ -106,7 +106,8 @@ class SpotJobSummaryOperator(BaseOperator):
         hook = SpotHook(backend=self.backend, backend_options=self.backend_options,
                         market_options=self.market_options, aws_conn_id=self.aws_conn_id)
         backend = hook.get_backend()
-        tags = job_tags(self.dag_id, context["run_id"], self.job_name, hook.get_store(self.checkpoint_uri).uri)
+        # the store's name, not the store: opening it may fail, and the instances' end comes first
+        tags = job_tags(self.dag_id, context["run_id"], self.job_name, store_uri(self.checkpoint_uri))
         instances = backend.list_instances(tags=tags)
         running = [i.instance_id for i in instances if not InstanceState(i.state).is_terminal()]
         # stopped instances serve nothing (reported terminated) but their volumes bill until terminated

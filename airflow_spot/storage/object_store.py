@@ -641,6 +641,21 @@ def open_store(uri: str, **options) -> ObjectStore:
     return LocalStore(os.path.abspath(parsed.path if parsed.scheme == "file" else uri))
 
 
+def store_uri(uri: str) -> str:
+    """The ``uri`` a store opened at ``uri`` names itself (:func:`open_store`'s ``.uri``), without opening it:
+    no client, no credentials."""
+    if not uri or not isinstance(uri, str):
+        raise StoreConfigError(f"checkpoint URI must be a non-empty string, got {uri!r}")
+    problem = uri_problem(uri)
+    if problem:
+        raise StoreConfigError(problem)
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        prefix = parsed.path.strip("/")
+        return f"s3://{parsed.netloc}/{prefix}" if prefix else f"s3://{parsed.netloc}"
+    return "file://" + os.path.abspath(parsed.path if parsed.scheme == "file" else uri)
+
+
 def open_existing_store(uri: str, endpoint_url: str | None = None, what: str = "a store") -> ObjectStore:
     """:func:`open_store` for a command that reads what is there: a local path that does not exist is an
     error naming ``what`` was expected (read as empty, a mistyped path would look like an empty store; S3
@@ -655,5 +670,5 @@ def open_existing_store(uri: str, endpoint_url: str | None = None, what: str = "
 
 __all__ = [
     "LocalStore", "ObjectNotFound", "ObjectStore", "S3Store", "StoreConfigError", "open_existing_store", "open_store",
-    "store_error_hint", "store_errors", "uri_problem",
+    "store_error_hint", "store_errors", "store_uri", "uri_problem",
 ]

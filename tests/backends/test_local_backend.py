@@ -26,7 +26,7 @@ def test_launch_is_idempotent_on_the_token(backend, job_uri):
     assert len(backend.list_instances()) == 2  # the repeated token started no second agent
     record = backend.record(first.instance_id)
     assert group_members(record.pgid) == [record.agent.pid]
-    assert first.state is InstanceState.RUNNING and first.tags == {"airflow-spot:dag": "d"}
+    assert first.state is InstanceState.RUNNING and first.tags == {"airflow-spot:dag": "d", "airflow-spot:job-uri": job_uri}
     assert first.offer.instance_type == "g5.xlarge" and first.job_uri == job_uri
 
 

@@ -152,3 +152,10 @@ def test_a_bucket_tells_its_region_and_a_local_store_has_none(s3_endpoint, tmp_p
     # us-east-1 buckets answer no location constraint at all
     assert open_store("s3://ckpt/job", endpoint_url=s3_endpoint).region() == "us-east-1"
     assert open_store(f"file://{tmp_path}/job").region() is None
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/a/b/", "s3://bucket", "file:///tmp/x/../y", "relative/dir", "/abs/z"])
+def test_store_uri_names_the_store_as_open_store_does_without_a_client(uri):
+    from airflow_spot.storage.object_store import store_uri
+
+    assert store_uri(uri) == open_store(uri).uri
