@@ -150,19 +150,7 @@ REGION = "us-east-1"
 EC2_OPTIONS = {"regions": [REGION], "image_id": "ami-12345678"}
 
 
-@pytest.fixture(scope="module")
-def endpoint():
-    from airflow_spot.testing import moto_ec2
-
-    with moto_ec2.moto_ec2() as url:
-        yield url
-
-
-def _ec2(endpoint: str):
-    import boto3
-
-    return boto3.client("ec2", endpoint_url=endpoint, region_name=REGION, aws_access_key_id="testing",
-                        aws_secret_access_key="testing")
+from test_security_review import _ec2, endpoint  # noqa: E402, F401 - moto's EC2 server and a client of it
 
 
 def _ec2_state(endpoint: str, instance_id: str) -> str:

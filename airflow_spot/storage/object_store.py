@@ -628,8 +628,8 @@ def uri_problem(uri: str) -> str | None:
     return None
 
 
-def open_store(uri: str, **options) -> ObjectStore:
-    """Open the store for ``uri``: ``s3://bucket/prefix``, ``file:///abs/path`` or a plain path."""
+def _place(uri: str) -> tuple[str | None, str]:
+    """``(bucket, prefix)`` of an ``s3://`` URI, ``(None, absolute path)`` of a local one; checked."""
     if not uri or not isinstance(uri, str):
         raise StoreConfigError(f"checkpoint URI must be a non-empty string, got {uri!r}")
     problem = uri_problem(uri)
@@ -637,23 +637,24 @@ def open_store(uri: str, **options) -> ObjectStore:
         raise StoreConfigError(problem)
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
-        return S3Store(parsed.netloc, parsed.path, **options)
-    return LocalStore(os.path.abspath(parsed.path if parsed.scheme == "file" else uri))
+        return parsed.netloc, parsed.path
+    return None, os.path.abspath(parsed.path if parsed.scheme == "file" else uri)
+
+
+def open_store(uri: str, **options) -> ObjectStore:
+    """Open the store for ``uri``: ``s3://bucket/prefix``, ``file:///abs/path`` or a plain path."""
+    bucket, path = _place(uri)
+    return S3Store(bucket, path, **options) if bucket is not None else LocalStore(path)
 
 
 def store_uri(uri: str) -> str:
     """The ``uri`` a store opened at ``uri`` names itself (:func:`open_store`'s ``.uri``), without opening it:
     no client, no credentials."""
-    if not uri or not isinstance(uri, str):
-        raise StoreConfigError(f"checkpoint URI must be a non-empty string, got {uri!r}")
-    problem = uri_problem(uri)
-    if problem:
-        raise StoreConfigError(problem)
-    parsed = urlparse(uri)
-    if parsed.scheme == "s3":
-        prefix = parsed.path.strip("/")
-        return f"s3://{parsed.netloc}/{prefix}" if prefix else f"s3://{parsed.netloc}"
-    return "file://" + os.path.abspath(parsed.path if parsed.scheme == "file" else uri)
+    bucket, path = _place(uri)
+    if bucket is None:
+        return "file://" + path
+    prefix = path.strip("/")
+    return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
 
 
 def open_existing_store(uri: str, endpoint_url: str | None = None, what: str = "a store") -> ObjectStore:
