@@ -30,8 +30,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_spot.backends.base import (
     InstanceInfo,
     InstanceState,
-    LaunchError,
     TAG_JOB_URI,
+    LaunchError,
     LaunchSpec,
     backend_class,
     launch_token,

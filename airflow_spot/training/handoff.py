@@ -52,71 +52,72 @@ POLL_SECONDS = 0.02
 ANSWER_GRACE_SECONDS = 30.0
 
 
-def marked_processes(token: str | None) -> list[int]:
-    """Live processes started with ``SPOT_COMMAND_TOKEN=token`` in their environment (the agent's mark on a
-    command): those a launcher moved out of the command's process group. ``torchrun`` starts each rank in a
-    session of its own, so a signal to the group reaches torchrun alone, and its ranks outlive it."""
-    if not token:
-        return []
+def _live_processes() -> list[tuple[int, int]] | None:
+    """``(pid, process group)`` of every live (not zombie) process, read from ``/proc`` (the instance is
+    Linux), where an orphaned zombie, which nobody may reap yet, does not count; None without ``/proc``."""
     try:
-        entries = [e for e in os.listdir("/proc") if e.isdigit() and int(e) != os.getpid()]
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
     except OSError:
-        return []
-    mark = f"{E.COMMAND_TOKEN}={token}".encode()
+        return None
     out = []
     for entry in entries:
         try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if mark not in f.read().split(b"\0"):
-                    continue
             with open(f"/proc/{entry}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue
-        except (OSError, IndexError):  # gone, or another user's
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):  # gone meanwhile
             continue
-        out.append(int(entry))
+        if len(fields) > 2 and fields[0] != b"Z":
+            out.append((int(entry), int(fields[2])))
+    return out
+
+
+def marked_processes(token: str | None, live: list[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
+    """``(pid, process group)`` of the live processes started with ``SPOT_COMMAND_TOKEN=token`` in their
+    environment (the agent's mark on a command): those a launcher moved out of the command's process group
+    too. ``torchrun`` starts each rank in a session of its own, so a signal to the group reaches torchrun
+    alone, and its ranks outlive it. ``live``: a scan of :func:`_live_processes` already made."""
+    if not token:
+        return []
+    live = _live_processes() if live is None else live
+    mark = f"{E.COMMAND_TOKEN}={token}".encode()
+    out = []
+    for pid, pgid in live or ():
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
+                    out.append((pid, pgid))
+        except OSError:  # gone, or another user's
+            continue
     return out
 
 
 def group_alive(pgid: int, token: str | None = None) -> bool:
     """Whether a live (not zombie) process is left in process group ``pgid``, or marked with the command's
-    ``token`` (:func:`marked_processes`): read from ``/proc`` (the instance is Linux), where an orphaned
-    zombie, which nobody may reap yet, does not count."""
-    if marked_processes(token):
-        return True
-    try:
-        entries = [e for e in os.listdir("/proc") if e.isdigit()]
-    except OSError:
-        entries = None
-    if entries is None:  # no /proc: any member, zombies included
+    ``token`` (:func:`marked_processes`); one scan of ``/proc``."""
+    live = _live_processes()
+    if live is None:  # no /proc: any member of the group, zombies included
         try:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):
             return False
         return True
-    for entry in entries:
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
-            return True
-    return False
+    return any(g == pgid for _, g in live) or bool(marked_processes(token, live))
 
 
 def signal_group(proc: subprocess.Popen, sig: int) -> None:
     """Signal the command's whole process group (its own: a wrapper script, the workers it started), the
     process alone when the group is gone, and the processes marked with its token (``proc.spot_token``, see
-    :func:`marked_processes`) wherever they are."""
+    :func:`marked_processes`) outside the group."""
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
-    for pid in marked_processes(getattr(proc, "spot_token", None)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if os.getpgid(pid) != proc.pid:  # the group's members had it: each process gets it once
+    for pid, pgid in marked_processes(getattr(proc, "spot_token", None)):
+        if pgid != proc.pid:  # the group's members had it: each process gets it once
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
 
 
