@@ -27,30 +27,24 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_spot.backends.base import (
-    InstanceInfo,
-    InstanceState,
-    TAG_JOB_URI,
-    LaunchError,
-    LaunchSpec,
-    backend_class,
-    launch_token,
-)
+from airflow_spot.backends.base import InstanceInfo, LaunchError, backend_class
 from airflow_spot.backends.ec2_errors import configuration_problem
 from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.links.attempt import SpotAttemptLink, SpotJobLink
 from airflow_spot.operators import accounting, planning
 from airflow_spot.operators.attempt_record import AttemptLaunch, read_job, write_job
+from airflow_spot.operators.instance_tags import TAG_DAG, TAG_JOB, TAG_RUN, TAG_STORE, TAG_TASK, job_tags
 from airflow_spot.operators.restart_budget import RestartBudget, read_fresh_start_beats, restart_budget
 from airflow_spot.operators.retry import segment_retry_policy
+from airflow_spot.operators.segment_errors import NoCapacityNow, SegmentCodeFailure, SegmentPreempted
+from airflow_spot.operators.segment_instances import SegmentInstances
+from airflow_spot.operators.segment_reattach import SegmentReattach
 from airflow_spot.operators.validation import (
     validate_gpus, validate_option_names, validate_places, validate_step_profile,
 )
-from airflow_spot.policy.ledger import LedgerRow
-from airflow_spot.policy.offers import GpuRequest, Market
+from airflow_spot.policy.offers import GpuRequest
 from airflow_spot.policy.transfer import TransferCost, saves_per_hour, transfer_cost
 from airflow_spot.storage.checkpoint import DIGEST_ENV, NoUsableCheckpointError, digest_setting
-from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.manifest import Manifest
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError, store_errors, store_uri
 from airflow_spot.storage.protocol import JobLayout, Outcome, SchemaError, SegmentRequest, safe_id
@@ -60,27 +54,11 @@ from airflow_spot.triggers.segment import DEFAULT_STALL_TIMEOUT, EVENT_KEYS, Seg
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-TAG_DAG = "airflow-spot:dag"
-TAG_RUN = "airflow-spot:run"
-TAG_JOB = "airflow-spot:job"
-TAG_TASK = "airflow-spot:task"
-TAG_STORE = TAG_JOB_URI  # the job's store: what tells one deployment's job from another's
-
-
-#: pause before asking a launch again after a transient error (throttling, a 5xx, a lost reply)
-TRANSIENT_RETRY_SECONDS = 2.0
-
-
-class SegmentPreempted(AirflowException):
-    """The attempt was preempted (or its instance lost); Airflow retries the segment on a fresh instance."""
-
-
-class NoCapacityNow(SegmentPreempted):
-    """Every offer of the plan refused for capacity: the segment waits (a timer, not a try) and decides again."""
-
-
-class SegmentCodeFailure(AirflowException):
-    """The user's command failed; Airflow retries it while the user-code budget lasts."""
+__all__ = [  # the names DAGs, the finish task and the tests import from here
+    "NoCapacityNow", "SegmentCodeFailure", "SegmentPreempted", "SpotSegmentOperator", "TAG_DAG", "TAG_JOB",
+    "TAG_RUN", "TAG_STORE", "TAG_TASK", "default_deferrable", "job_tags", "newest_usable_checkpoint",
+    "newest_usable_step",
+]
 
 
 def default_deferrable() -> bool:
@@ -98,10 +76,6 @@ def default_deferrable() -> bool:
     return value.strip().lower() in ("true", "t", "1", "yes", "y", "on")
 
 
-def job_tags(dag_id: str, run_id: str, job_name: str, job_uri: str) -> dict[str, str]:
-    """Tags that find every instance of one job (warm reuse, final cleanup), and only its: ``job_uri`` is its
-    store's (``ObjectStore.uri``)."""
-    return {TAG_DAG: dag_id, TAG_RUN: run_id, TAG_JOB: job_name, TAG_STORE: job_uri}
 
 
 def newest_usable_checkpoint(store: ObjectStore) -> Manifest | None:
@@ -123,7 +97,7 @@ def newest_usable_step(store: ObjectStore) -> int | None:
 DEFAULT_RESTART_SECONDS = 600.0
 
 
-class SpotSegmentOperator(BaseOperator):
+class SpotSegmentOperator(SegmentInstances, SegmentReattach, BaseOperator):
     """Train steps ``[start_step, end_step)`` of a job on the cheapest suitable instance.
 
     Usually built by :func:`airflow_spot.operators.training.SpotTraining`, which also validates the
@@ -560,134 +534,6 @@ class SpotSegmentOperator(BaseOperator):
         event = asyncio.run(_first_event(trigger))
         return self.execute_complete(context, event)
 
-    # ------------------------------------------------------------------ reattach after a worker crash
-    #: task_state_store key of the attempt this task instance launched last
-    ATTEMPT_STATE_KEY = "airflow_spot_attempt"
-
-    def _remember_attempt(self, context: Context, launch: AttemptLaunch) -> None:
-        """Record the launched attempt in Airflow's task state store (kept across tries of this task).
-
-        Written after the segment request, so a recorded attempt is one its instance was asked to run.
-        """
-        state = context.get("task_state_store")
-        if state is None:  # Airflow without a task state store: the next try finds it in the store
-            return
-        state.set(self.ATTEMPT_STATE_KEY, {"attempt_id": launch.attempt_id, "instance_id": launch.instance_id,
-                                           "try_number": launch.try_number})
-
-    def _reattach(self, context: Context, store: ObjectStore, rows: list | None = None) -> AttemptLaunch | None:
-        """The attempt a crashed worker left running (or ended unaccounted), to wait for instead of launching.
-
-        A worker killed between launch and defer (or while waiting in the worker) leaves an instance that
-        runs the attempt on; the scheduler fails that try, and the next try would launch a second instance
-        training the same job into the same store. Two mechanisms keep it to one:
-
-        * the backend's launch is idempotent by a token from dag/run/task/try: a re-run of the *same* try
-          (a redelivered Celery message) gets the same instance back, even when the crash came before
-          anything was recorded here;
-        * this record, in Airflow's task state store, covers a *new* try (whose token differs): while the
-          recorded attempt has no ledger row (nobody accounted for it) and its instance still runs or it
-          left a status, this try waits for that attempt, and the trigger classifies it as usual;
-        * without a record (the worker died between the request and the record, the record's write
-          failed, or Airflow keeps no task state) the store's own launch and request records name the
-          earlier try's unaccounted attempt (:meth:`_unrecorded_attempt`), and the same rule applies.
-        """
-        state = context.get("task_state_store")
-        recorded = state.get(self.ATTEMPT_STATE_KEY) if state is not None else None
-        rows = accounting.read_rows(store) if rows is None else rows  # the caller's read; a row billed here joins it
-        accounted = {r.attempt_id for r in rows}
-        launch = None
-        if isinstance(recorded, dict) and recorded.get("attempt_id"):
-            launch = AttemptLaunch.read(store, recorded["attempt_id"])
-            if launch is None or launch.instance_id != recorded.get("instance_id"):
-                return None  # the store was replaced or the job root reused: nothing of ours to reattach to
-            since = self._budget_start(context, store)
-            if since is not None and launch.requested_at < since:
-                # from before the task was cleared: its trigger's on_kill ends and bills it, and the agent's
-                # "preempted" is the kill's; waiting for it would spend a preemption (as _unrecorded_attempt)
-                launch = None
-        if launch is None or launch.attempt_id in accounted:
-            # Nothing recorded, or an older try's attempt that was accounted for: a later try may have asked
-            # its instance and died before its record (the worker went, the record's write failed, or
-            # Airflow keeps no task state). The store still knows that attempt.
-            launch = self._unrecorded_attempt(context, store, accounted,
-                                              after=launch.try_number if launch is not None else 0)
-            if launch is None:
-                return None  # accounted for (or nothing launched): a new attempt is due
-            recorded = {"try_number": launch.try_number}
-        info = self.hook.get_backend().describe([launch.instance_id]).get(launch.instance_id)
-        if info is not None and not self._serves(info, store):
-            self.log.warning("the store's record of attempt %s names instance %s, which does not serve this job's store "
-                             "(its %s tag is %r): not waited for, not ended", launch.attempt_id, launch.instance_id,
-                             TAG_STORE, info.tags.get(TAG_STORE))
-            return None
-        status = JobLayout(store).read_status(launch.attempt_id)
-        killed_at = JobLayout(store).read_kill(launch.attempt_id)
-        if killed_at is not None and (status is None or not status.before_kill(killed_at, launch.end_step)):
-            # its task was killed (an execution_timeout, a worker's shutdown: on_kill, then a retry without a
-            # clear): the status its instance's termination brings about is the kill's, no preemption to wait for
-            self._end_killed_attempt(store, launch, rows, info)
-            return None
-        ended = status is not None
-        if not ended and (info is None or InstanceState(info.state).is_terminal()):
-            self.log.info("attempt %s of an earlier try left no status and its instance %s is gone; launching anew",
-                          launch.attempt_id, launch.instance_id)
-            self._bill_abandoned(store, launch, rows)  # to its last heartbeat: why its instance went is not known
-            return None
-        ti = context["ti"]
-        ti_id = getattr(ti, "id", None)
-        if ti_id is None:
-            return None
-        # execute_complete (maybe on another worker) finds the attempt of this try through this key
-        store.put_bytes(f"control/tries/{safe_id(ti_id)}.json",
-                        json.dumps({"attempt_id": launch.attempt_id, "try_number": ti.try_number,
-                                    "reattached": True}).encode())
-        self.log.warning(
-            "try %d reattaches to attempt %s on instance %s, launched by try %s whose worker went away; "
-            "no second instance is launched", ti.try_number, launch.attempt_id, launch.instance_id,
-            recorded.get("try_number"),
-        )
-        return launch
-
-    @staticmethod
-    def _serves(info: InstanceInfo, store: ObjectStore) -> bool:
-        """The instance's own tags say it serves ``store``. An instance id read from the store is waited for or
-        ended only then: whoever may write the store (the instances' role, the training code) must not steer
-        this deployment's terminations to other instances of the account. An instance without the tag (a
-        backend that keeps none) is taken at the record's word."""
-        return TAG_STORE not in info.tags or info.tags[TAG_STORE] == store.uri
-
-    def _end_killed_attempt(self, store: ObjectStore, launch: AttemptLaunch, rows: list,
-                            info: InstanceInfo | None) -> None:
-        """An earlier try's attempt whose task was killed: its instance ended again where the kill's
-        termination failed (it would train on beside this try's attempt), and its time billed up to the kill
-        (``Outcome.ABANDONED``). Best effort: the finish task bills what is left. Not billed while its
-        instance may still run it: unaccounted, that instance stays out of the warm ones (``_busy``)."""
-        self.log.info("attempt %s of an earlier try was killed; not waiting for it, launching anew", launch.attempt_id)
-        try:
-            backend = self.hook.get_backend()
-            if info is not None and not InstanceState(info.state).is_terminal():
-                self.log.warning("instance %s of killed attempt %s still runs: terminating it", launch.instance_id,
-                                 launch.attempt_id)
-                backend.terminate([launch.instance_id])
-                accounting.wait_for_statuses(store, [launch.attempt_id])  # its emergency save, in the shutdown
-        except Exception as exc:  # noqa: BLE001 - the finish task and reap end it then
-            self.log.warning("instance %s of killed attempt %s not checked (%s: %s); billed later",
-                             launch.instance_id, launch.attempt_id, type(exc).__name__, exc)
-            return
-        self._bill_abandoned(store, launch, rows)
-
-    def _bill_abandoned(self, store: ObjectStore, launch: AttemptLaunch, rows: list) -> None:
-        """An earlier try's attempt nobody waits for, billed as ``abandoned`` (``account_abandoned``) and added
-        to ``rows``, the caller's read of the ledger. Best effort: the finish task bills it otherwise."""
-        try:
-            row = accounting.account_abandoned(store, launch, now=time.time(),
-                                               market=accounting.billing_market(self.hook))
-            if row is not None:
-                rows.append(LedgerRow.from_dict(row))
-        except Exception as exc:  # noqa: BLE001 - the finish task bills it then
-            self.log.warning("attempt %s not billed here (%s: %s)", launch.attempt_id, type(exc).__name__, exc)
-
     def _checkpoint_transfer(self, store: ObjectStore, newest: Manifest | None,
                              step_seconds: float | None) -> tuple[str | None, TransferCost]:
         """The store's region and what an instance outside it pays: a new one its restore, any one its saves
@@ -773,106 +619,6 @@ class SpotSegmentOperator(BaseOperator):
             warm_process=self.warm_process,
         )
 
-    def _unrecorded_attempt(self, context: Context, store: ObjectStore, accounted: set[str],
-                            after: int = 0) -> AttemptLaunch | None:
-        """This segment's newest attempt of an earlier try (than this one, later than try ``after``) that was
-        asked of its instance (a request written) and that nobody accounted for (no ledger row): what a lost
-        task state record pointed to. Reads at most one launch record per earlier try (their ids are
-        ``<task_id>.try<n>``); attempts from before this run's budget started (a deleted run whose id and job
-        root came back, a cleared task's earlier tries) are not this try's to wait for."""
-        ti = context.get("ti")
-        if ti is None or ti.try_number <= after + 1:
-            return None
-        since = self._budget_start(context, store)
-        layout = JobLayout(store)
-        for n in range(ti.try_number - 1, after, -1):
-            attempt_id = safe_id(self.task_id, f"try{n}")
-            if attempt_id in accounted:
-                continue
-            try:
-                launch = AttemptLaunch.read(store, attempt_id)
-            except (SchemaError, TypeError, ValueError):  # a torn record names no instance to wait for
-                continue
-            if (launch is None or launch.segment_index != self.segment_index
-                    or (since is not None and launch.requested_at < since)):
-                continue
-            if store.exists(layout.request_key(launch.instance_id, launch.attempt_id)):
-                return launch
-        return None
-
-    def _warm_instances(self, context: Context, store: ObjectStore | None = None,
-                        rows: list | None = None) -> list[InstanceInfo]:
-        """The job's instances that are running, have no preemption notice and are not busy: an instance
-        asked to run an attempt that has no status and no ledger row yet still runs it (its try's record
-        was lost), and a request given to it now would queue behind that one (``_busy``)."""
-        alive = [
-            i for i in self.hook.get_backend().list_instances(tags=self._tags(context))
-            if not InstanceState(i.state).is_terminal() and i.notice_at is None
-        ]
-        if store is None or not alive:
-            return alive
-        rows = accounting.read_rows(store) if rows is None else rows  # the caller's read of the ledger, if any
-        try:  # an agent that has exited (idle timeout) serves no request, though its instance still shuts down
-            exited = set(JobLayout(store).agent_exits(i.instance_id for i in alive))
-        except (SchemaError, *store_errors()) as exc:
-            self.log.warning("agents' exits not read (%s); the instances count as warm", exc)
-            exited = set()
-        if exited:
-            self.log.info("instances %s are shutting down (their agent exited): not reused", sorted(exited))
-            alive = [i for i in alive if i.instance_id not in exited]
-            if not alive:
-                return alive
-        busy = self._busy(store, [i.instance_id for i in alive], rows)
-        killed = self._killed(store, sorted(busy), rows) if busy else set()
-        if busy - killed:
-            self.log.warning("instances %s still run an attempt nobody has accounted for: not reused, not "
-                             "terminated here (the finish task or their idle timeout ends them)", sorted(busy - killed))
-        if killed:  # the kill's termination failed: its attempt would train on beside this segment's
-            self.log.warning("instances %s still run an attempt whose task was killed: terminating them again",
-                             sorted(killed))
-            try:
-                self.hook.get_backend().terminate(sorted(killed))
-            except Exception as exc:  # noqa: BLE001 - never reused either way; reap and the finish task retry
-                self.log.warning("could not terminate %s (%s)", sorted(killed), exc)
-        # an instance whose attempt was preempted or lost is on its way out (its termination may have failed)
-        taken = {r.instance_id for r in rows if r.outcome in (Outcome.PREEMPTED.value, Outcome.LOST.value)}
-        taken = {i.instance_id for i in alive} & taken - busy
-        if taken:
-            self.log.warning("instances %s lost an attempt and still run: terminating them again", sorted(taken))
-            try:
-                self.hook.get_backend().terminate(sorted(taken))
-            except Exception as exc:  # noqa: BLE001 - never reused either way; reap and the finish task retry
-                self.log.warning("could not terminate %s (%s)", sorted(taken), exc)
-        return [i for i in alive if i.instance_id not in busy | taken]
-
-    @staticmethod
-    def _busy(store: ObjectStore, instance_ids: list[str], rows=None) -> set[str]:
-        layout = JobLayout(store)
-        accounted = {r.attempt_id for r in (accounting.read_rows(store) if rows is None else rows)}
-        busy = set()
-        for instance_id in instance_ids:
-            prefix = layout.request_prefix(instance_id)
-            # attempt ids from the request keys' names: only unaccounted ones cost a read (of their status)
-            names = [k[len(prefix):-len(".json")] for k in store.list(prefix) if k.endswith(".json")]
-            if any(a not in accounted and layout.read_status(a) is None for a in names if "/" not in a):
-                busy.add(instance_id)
-        return busy
-
-    @staticmethod
-    def _killed(store: ObjectStore, instance_ids: list[str], rows) -> set[str]:
-        """Of busy instances, those whose every unaccounted attempt without a status had its task killed
-        (``JobLayout.write_kill``): nobody waits for them, and their instance should be gone."""
-        layout = JobLayout(store)
-        accounted = {r.attempt_id for r in rows}
-        killed = set()
-        for instance_id in instance_ids:
-            prefix = layout.request_prefix(instance_id)
-            names = [k[len(prefix):-len(".json")] for k in store.list(prefix) if k.endswith(".json")]
-            running = [a for a in names if "/" not in a and a not in accounted and layout.read_status(a) is None]
-            if running and all(layout.read_kill(a) is not None for a in running):
-                killed.add(instance_id)
-        return killed
-
     @staticmethod
     def _the_kills(store: ObjectStore, attempt_id: str, event: dict, killed_at: float) -> bool:
         """Whether the attempt's status is its recorded kill's doing: as its agent says (``kill_seen``),
@@ -884,28 +630,6 @@ class SpotSegmentOperator(BaseOperator):
         if status is not None:
             return not status.before_kill(killed_at)
         return float(event.get("ended_at") or time.time()) >= killed_at
-
-    def _bill_probe(self, store: ObjectStore, offer, info: InstanceInfo, ended_at: float) -> None:
-        """A probe that launched bills its minimum (as the simulator charges it): the job's cost holds it."""
-        try:  # a malformed launch time or price must not fail the segment: only the bill would be missing
-            started = float(info.launched_at if info.launched_at is not None else ended_at)
-            LedgerStore(store).write_probe(LedgerRow(
-                attempt_id=safe_id(self.task_id, "probe", info.instance_id), instance_id=info.instance_id,
-                instance_type=offer.instance_type, zone=offer.zone, market=offer.market,
-                price_per_hour=offer.price_per_hour, on_demand_price_per_hour=offer.on_demand_price_per_hour,
-                started_at=started, ended_at=max(started, ended_at), steps_done=0, outcome="probe",
-                region=offer.region, segment_index=self.segment_index, gpu_count=offer.gpu_count))
-        except Exception as exc:  # noqa: BLE001 - the probe's answer still counts; only its bill is missing
-            self.log.warning("probe %s of %s not billed in the job's cost (%s: %s)", info.instance_id, offer.pool,
-                             type(exc).__name__, exc)
-
-    def _probe_spec(self, context: Context, store, offer, now: float, try_number: int = 0) -> LaunchSpec:
-        token = launch_token(self.dag_id, context["run_id"], self.task_id, "probe", offer.pool, int(now), try_number)
-        return LaunchSpec(
-            offer=offer, job_uri=store.uri, idempotency_token=token,
-            tags={**self._tags(context), TAG_TASK: self.task_id}, idle_timeout_seconds=60.0,
-            env=self.hook.instance_env(self.checkpoint_uri), max_price_per_hour=self.gpus.max_price_per_hour,
-        )
 
     @staticmethod
     def _throughput_of(store, attempt_id: str) -> float | None:
@@ -925,137 +649,6 @@ class SpotSegmentOperator(BaseOperator):
             return restart_budget((), {}, declared=self.restart_overhead_seconds, default=DEFAULT_RESTART_SECONDS)
         return restart_budget(rows, read_fresh_start_beats(store, rows), declared=None, default=DEFAULT_RESTART_SECONDS,
                               prior=lambda: prior_for(store, exclude_job=job_name(store.uri)))
-
-    def _availability(self, store) -> planning.AvailabilityRecorder:
-        """The job's and the deployment's availability logs (``storage/availability.py``)."""
-        from airflow_spot.storage.availability import deployment_availability_uri
-
-        uri = deployment_availability_uri(store.uri, self.availability_uri)
-        try:
-            deployment = self.hook.get_store(uri)
-        except StoreConfigError as exc:
-            self.log.warning("no deployment availability log at %s (%s); deciding from this job alone", uri, exc)
-            deployment = None
-        return planning.AvailabilityRecorder(store, deployment, safe_id(self.dag_id, self.job_name), self.log)
-
-    def _get_instance(
-        self, context: Context, store, plan: planning.Plan, alive: list[InstanceInfo],
-        recorder: planning.AvailabilityRecorder | None = None, replan=None, rows: list[LedgerRow] = (),
-    ) -> tuple[InstanceInfo, bool]:
-        warm = planning.pick_warm(alive, plan)
-        # make before break: leaving on-demand for spot, the warm on-demand instance stays until a spot pool
-        # accepts; if every one refuses, the job stays on it (as the replay of `ours` does) instead of paying
-        # a new instance's restart
-        keep = next((i for i in alive if not i.offer.is_spot), None) if (
-            warm is None and plan.market is Market.SPOT and replan is not None) else None
-        extra = [i.instance_id for i in alive if (warm is None or i.instance_id != warm.instance_id) and i is not keep]
-        if extra:  # warm instances we will not use only cost money
-            self._let_go(store, extra, rows, "no longer a good offer")
-        if warm is not None:
-            if warm.offer.is_spot and plan.move_to:
-                # make before break: the warm instance goes only once a cheaper pool has accepted
-                moved, errors, _ = self._launch_first(context, store, plan.move_to, recorder, optional=True)
-                if moved is not None:
-                    self.log.info("moved from %s to the cheaper %s (%s)", warm.offer.pool, moved.offer.pool, plan.reason)
-                    self._let_go(store, [warm.instance_id], rows, f"moved to {moved.offer.pool}")
-                    return moved, False
-                self.log.info("cheaper pools refused (%s); keeping the warm instance in %s", "; ".join(errors),
-                              warm.offer.pool)
-            return warm, True  # priced now by pick_warm
-        launched, errors, unusable = self._launch_first(context, store, plan.ranked, recorder)
-        if launched is not None:
-            self._let_go(store, [keep.instance_id] if keep else [], rows, f"left for spot in {launched.offer.pool}")
-            return launched, False
-        if replan is not None and plan.market is Market.SPOT and errors:
-            # every spot offer refused: decide again with those refusals (on-demand, or wait = retry later)
-            again = replan()
-            self.log.info("every spot offer refused; plan with the refusals: %s", again.reason)
-            if again.market is Market.ON_DEMAND:
-                return self._get_instance(context, store, again, [keep] if keep else [], recorder=recorder,
-                                          rows=rows)
-        if unusable:  # no pool refused for capacity: waiting would not help, the configuration must change
-            self._let_go(store, [keep.instance_id] if keep else [], rows, "no offer can be launched")
-            raise AirflowFailException("no offer of the plan can be launched with this account or configuration: "
-                                       + "; ".join(errors))
-        self._let_go(store, [keep.instance_id] if keep else [], rows, "no capacity now: the job waits")
-        # No capacity anywhere right now: execute waits and decides again (not an Airflow try)
-        raise NoCapacityNow("no offer could be launched now; tried: " + "; ".join(errors or ["no offers"]))
-
-    def _let_go(self, store, instance_ids: list[str], rows, why: str) -> None:
-        """Terminate warm instances the job will not use, and bill their idle time since their last attempt."""
-        if not instance_ids:
-            return
-        self.log.info("terminating warm instances %s: %s", instance_ids, why)
-        self.hook.get_backend().terminate(instance_ids)
-        accounting.bill_idle(store, instance_ids, list(rows), time.time(), accounting.billing_market(self.hook))
-
-    def _launch_first(
-        self, context: Context, store, offers, recorder: planning.AvailabilityRecorder | None,
-        optional: bool = False,
-    ) -> tuple[InstanceInfo | None, list[str], bool]:
-        """Launch the first of ``offers`` that has capacity; the capacity refusals, recorded as pool events.
-        ``optional`` (a move, with a warm instance to fall back on): an offer that cannot be launched for
-        another reason than capacity (a region's configuration) is skipped with a warning instead of
-        failing the task. An offer this account cannot launch (a quota, no subnet in its zone) is skipped,
-        not learnt as a refusal; the third value says every offer tried was such a one."""
-        backend = self.hook.get_backend()
-        ti = context["ti"]
-        errors = []
-        unusable = 0
-        for offer in offers:
-            # hashed: EC2's ClientToken holds 64 characters, dag/run/task ids can be far longer; the market
-            # too: a try that falls back to on-demand in a pool whose spot launch it tried asks anew
-            token = launch_token(self.dag_id, context["run_id"], self.task_id, f"try{ti.try_number}", offer.pool,
-                                 Market(offer.market).value)
-            spec = LaunchSpec(
-                offer=offer,
-                job_uri=store.uri,
-                idempotency_token=token,
-                tags={**self._tags(context), TAG_TASK: self.task_id},
-                idle_timeout_seconds=self.idle_timeout_seconds,
-                env=self.hook.instance_env(self.checkpoint_uri),
-                max_price_per_hour=self.gpus.max_price_per_hour,
-            )
-            try:
-                try:
-                    launched = backend.launch(spec)
-                except LaunchError as first:
-                    if not getattr(first, "transient", False):
-                        raise
-                    # once more with the same token, which EC2 answers with the instance a call whose reply
-                    # was lost did launch (a describe may not show it yet), or launches it now
-                    self.log.warning("%s (%s): %s; asking once more", offer.pool, offer.market, first)
-                    time.sleep(TRANSIENT_RETRY_SECONDS)
-                    launched = backend.launch(spec)
-            except LaunchError as exc:
-                if getattr(exc, "transient", False):
-                    # throttled, a 5xx, a network error: nothing to fix and no capacity learnt; the next
-                    # offer, and when none launches, the capacity wait decides again (not an Airflow try)
-                    self.log.warning("%s (%s) could not be launched now: %s; trying the next offer", offer.pool,
-                                     offer.market, exc)
-                    errors.append(f"{offer.pool} {offer.market}: {exc}")
-                    continue
-                if getattr(exc, "unusable", False):  # the next offer may launch; no pool is full
-                    self.log.warning("cannot launch %s (%s): %s; trying the next offer", offer.pool, offer.market, exc)
-                    errors.append(f"{offer.pool} {offer.market}: {exc}")
-                    unusable += 1
-                    continue
-                if not exc.capacity and not optional:
-                    raise AirflowFailException(f"cannot launch {offer.instance_type} in {offer.zone}: {exc}") from exc
-                if not exc.capacity:
-                    self.log.warning("cannot move to %s (%s): %s; fix it to let the job use that pool", offer.pool,
-                                     offer.market, exc)
-                    errors.append(f"{offer.pool} {offer.market}: {exc}")
-                    continue
-                self.log.warning("no capacity for %s (%s): %s; trying the next offer", offer.pool, offer.market, exc)
-                errors.append(f"{offer.pool} {offer.market}: {exc}")
-                if recorder is not None and offer.is_spot:  # a capacity refusal is an observation
-                    recorder.record(offer.pool, "refused", time.time())
-                continue
-            if recorder is not None and offer.is_spot:
-                recorder.record(offer.pool, "launched", time.time())
-            return launched, errors, False
-        return None, errors, bool(errors) and unusable == len(errors)
 
     def _step_profile(self, store, measured: bool) -> dict[str, Any]:
         """The step time per GPU model the deadline rule takes before the job has measured its own: the
