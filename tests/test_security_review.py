@@ -283,8 +283,8 @@ class _Payload:
 
 
 def test_warm_start_from_a_foreign_store_does_not_run_code_from_its_payload(tmp_path):
-    """Mechanism: ``training/session.py::_load_payload`` is ``torch.load(path, weights_only=False)``, i.e.
-    a full unpickle. The manifest check before it (``CheckpointStore.fetch_verified``) compares the payload
+    """Mechanism: the session loaded every payload (now ``training/payload.py``) with
+    ``torch.load(path, weights_only=False)``, i.e. a full unpickle. The manifest check before it (``CheckpointStore.fetch_verified``) compares the payload
     with a sha256 the manifest names, and the manifest's own checksum is a plain sha256 of its JSON: both
     are computed by whoever writes the store, so anyone who can write a checkpoint directory (or, with
     ``warm_start_uri``, *another* job's or team's store, or a downloaded checkpoint) writes a payload and a
