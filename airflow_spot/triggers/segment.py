@@ -133,7 +133,15 @@ def classify(
         loader keeps the heartbeat going); None: never judged. Stretched to 20 of its steps and 3 saves.
     """
     if obs.status is not None:
-        outcome = Outcome(obs.status.outcome)
+        try:
+            outcome = Outcome(obs.status.outcome)
+        except ValueError:
+            # written by an agent of a newer release: the attempt has ended, but how is unknown here. A clear
+            # failure, not a crash (the trigger would fail the same way on every try) nor a retry as lost
+            return Outcome.FAILED, (
+                f"agent reported outcome {obs.status.outcome!r} (exit code {obs.status.exit_code}), which this "
+                "airflow-spot does not know: the agent is newer; upgrade airflow-spot on the workers and the "
+                "triggerer")
         return outcome, f"agent reported {outcome.value} (exit code {obs.status.exit_code})"
     if obs.store_error is not None:
         # A store read error is not silence: a status may be there unseen, so neither a terminal instance
@@ -260,6 +268,9 @@ class SegmentTrigger(BaseTrigger):
         #: last status/heartbeat read and since when reads fail (kept across polls of one run only)
         self._last_read: tuple[AttemptStatus | None, Heartbeat | None] = (None, None)
         self._store_failing_since: float | None = None
+        #: a read (or store/backend open) past its bound whose thread still runs, and since when (monotonic),
+        #: by kind: such a thread cannot be stopped, so no other read of that kind starts until it returns
+        self._hung: dict[str, tuple[asyncio.Future, float]] = {}
         #: when the instance was first absent from a describe that answered (None: known, or not yet asked)
         self._unknown_since: float | None = None
         self._notice_logged = False
@@ -313,8 +324,32 @@ class SegmentTrigger(BaseTrigger):
                 market_options=self.market_options or {})
         return hook
 
-    def _read_store(self, layout: JobLayout) -> tuple[AttemptStatus | None, Heartbeat | None]:
-        return layout.read_status(self.attempt_id), layout.read_heartbeat(self.attempt_id)
+    def _read_timeout(self) -> float:
+        """Seconds one store read may take before it counts as failed: a quarter of the heartbeat window, so
+        a hung read (an NFS mount that stopped answering, an endpoint that black-holes packets: botocore waits
+        60 s per try) is a store error, judged by the window, instead of holding the wait past every bound."""
+        return self.heartbeat_timeout / 4
+
+    async def _bounded(self, kind: str, fn, *args):
+        """``fn(*args)`` in a thread, bounded by :meth:`_read_timeout`; over it, ``TimeoutError``.
+
+        The thread of a read over its bound cannot be stopped and is not waited for. Until it returns, the next
+        call of the same kind fails at once: each hung read would otherwise pin one more thread of the default
+        executor, which every trigger's reads, ``_release`` and ``on_kill`` share."""
+        hung = self._hung.get(kind)
+        if hung is not None:
+            if not hung[0].done():
+                raise TimeoutError(f"a {kind} read has not returned for {time.monotonic() - hung[1]:.0f}s")
+            del self._hung[kind]
+        task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        # retrieved here, so one that fails after it was given up on (or on a cancelled wait) logs nothing
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        timeout = self._read_timeout()
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), timeout)
+        except asyncio.TimeoutError:
+            self._hung[kind] = (task, time.monotonic() - timeout)
+            raise TimeoutError(f"a {kind} read took over {timeout:.1f}s (a hung store?)") from None
 
     async def _observe(self, layout: JobLayout, subscription: Subscription) -> Observation:
         # Instance first, store second: a status written just before the instance died is then seen.
@@ -332,16 +367,31 @@ class SegmentTrigger(BaseTrigger):
                                  "(a loss needs the cloud to say so, or heartbeats silent past %.0fs)",
                                  self.attempt_id, self.instance_id, self.heartbeat_timeout)
         store_error, failing_for = None, 0.0
+        status, heartbeat = self._last_read
+        # Any read failure is transient until the window says otherwise. The status on its own first: one that
+        # reads is final whatever the heartbeat read does (the heartbeat then only informs the event).
         try:
-            status, heartbeat = await asyncio.to_thread(self._read_store, layout)
-            self._last_read, self._store_failing_since = (status, heartbeat), None
-        except Exception as exc:  # noqa: BLE001 - any read failure is transient until the window says otherwise
+            status = await self._bounded("store", layout.read_status, self.attempt_id)
+        except Exception as exc:  # noqa: BLE001 - a status may be there unseen: the round is a store error
+            store_error = f"status: {type(exc).__name__}: {exc}"
+        else:
+            try:
+                heartbeat = await self._bounded("store", layout.read_heartbeat, self.attempt_id)
+            except Exception as exc:  # noqa: BLE001 - the last heartbeat read stands
+                if status is None:  # unknown, not absent: silence cannot be judged this round
+                    store_error = f"heartbeat: {type(exc).__name__}: {exc}"
+                else:
+                    self.log.info("attempt %s: its heartbeat is unreadable (%s: %s); its status decides",
+                                  self.attempt_id, type(exc).__name__, exc)
+            self._last_read = (status, heartbeat)
+        if store_error is None:
+            self._store_failing_since = None
+        else:
             now = time.time()
             self._store_failing_since = self._store_failing_since or now
-            status, heartbeat = self._last_read
-            store_error, failing_for = f"{type(exc).__name__}: {exc}", now - self._store_failing_since
-            self.log.warning("attempt %s: cannot read its status/heartbeat (%s) for %.0fs; still waiting",
-                             self.attempt_id, store_error, failing_for)
+            failing_for = now - self._store_failing_since
+            self.log.warning("attempt %s: cannot read its %s for %.0fs; still waiting", self.attempt_id,
+                             store_error, failing_for)
         self._log_notice(heartbeat)
         now = time.time()
         if heartbeat is not None:
@@ -391,7 +441,7 @@ class SegmentTrigger(BaseTrigger):
                         seen = pending.result()
                         break
                     try:
-                        status = await asyncio.to_thread(layout.read_status, self.attempt_id)
+                        status = await self._bounded("store", layout.read_status, self.attempt_id)
                     except Exception:  # noqa: BLE001 - the round's own read handles (and times) store errors
                         status = None
                     if status is not None:
@@ -414,11 +464,15 @@ class SegmentTrigger(BaseTrigger):
         while time.monotonic() < deadline:
             await asyncio.sleep(min(self.NOTICE_READ_SECONDS, max(0.0, deadline - time.monotonic())))
             try:
-                status, heartbeat = await asyncio.to_thread(self._read_store, layout)
+                status = await self._bounded("store", layout.read_status, self.attempt_id)
             except Exception:  # noqa: BLE001 - the regular observation handles (and times) store errors
                 break
             if status is not None:
-                self._last_read = (status, heartbeat)
+                try:  # for the event's last step only: the status decides
+                    heartbeat = await self._bounded("store", layout.read_heartbeat, self.attempt_id)
+                except Exception:  # noqa: BLE001 - the last one read stands
+                    heartbeat = None
+                self._last_read = (status, heartbeat or obs.heartbeat)
                 return dataclasses.replace(obs, now=time.time(), status=status, heartbeat=heartbeat or obs.heartbeat)
         return obs
 
@@ -441,11 +495,46 @@ class SegmentTrigger(BaseTrigger):
         # rounds of the shared poller may come a little faster than poll_interval (see Subscription.next)
         return max(2, math.ceil(remaining / max(0.9 * self.poll_interval, 0.05)) + 2)
 
+    async def _open(self, hook):
+        """The job's store and the backend: (store, backend, None), or what opened and why the rest did not.
+
+        Building them may read an Airflow connection (off the event loop): in the triggerer through the
+        supervisor and the API server, where a blip or a slow secrets backend raises. Like a store read, a
+        failure is retried (with a growing, jittered delay: a triggerer restart retries all its triggers at
+        once) until it has lasted past the heartbeat window; an error escaping ``run()`` would fail the try."""
+        store = backend = None
+        started = time.monotonic()
+        delay = min(self.poll_interval, self._read_timeout())
+        while True:
+            try:
+                if store is None:
+                    store = await self._bounded("open", hook.get_store, self.job_uri)
+                if backend is None:
+                    backend = await self._bounded("open", hook.get_backend)
+                return store, backend, None
+            except Exception as exc:  # noqa: BLE001 - transient until the window says otherwise
+                error = f"{type(exc).__name__}: {exc}"
+                failing_for = time.monotonic() - started
+                what = "store" if store is None else "backend"
+                if failing_for + delay > self.heartbeat_timeout:
+                    return store, backend, (
+                        f"could not open the job's {what} for {failing_for:.0f}s (window "
+                        f"{self.heartbeat_timeout:.0f}s): {error}")
+                self.log.warning("attempt %s: cannot open the job's %s (%s); retrying in %.1fs", self.attempt_id,
+                                 what, error, delay)
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(2 * delay, self._read_timeout())
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self._hook()
-        # Building the store and backend may read an Airflow connection: keep that off the event loop.
-        store = await asyncio.to_thread(hook.get_store, self.job_uri)
-        backend = await asyncio.to_thread(hook.get_backend)
+        store, backend, error = await self._open(hook)
+        if error is not None:
+            # as for a store that stays unreadable: lost, its instance released where the backend opened
+            self.log.warning("attempt %s: %s", self.attempt_id, error)
+            event = self._event(Outcome.LOST, error, None)
+            event["terminated"] = False if backend is None else await self._release(backend)
+            yield TriggerEvent(event)
+            return
         layout = JobLayout(store)
         global _RUNNING
         _RUNNING += 1
@@ -542,7 +631,7 @@ class SegmentTrigger(BaseTrigger):
         from airflow_spot.storage.job_view import JobView, progress_line
 
         try:  # the job's objects read for an earlier line and unchanged since are not read again
-            snap = await asyncio.to_thread(JobView(CachedReads(store, PROGRESS_READS)).snapshot, time.time())
+            snap = await self._bounded("progress", JobView(CachedReads(store, PROGRESS_READS)).snapshot, time.time())
         except Exception as exc:  # noqa: BLE001 - progress is informational; the store is read again next time
             self.log.debug("attempt %s: no progress line this time: %s", self.attempt_id, exc)
             return
