@@ -35,6 +35,9 @@ UP_KINDS = frozenset({"launched", "probe-up", "running"})
 #: the pool had no capacity at ``at`` (a refusal) or lost it (a preemption)
 DOWN_KINDS = frozenset({"refused", "preempted", "probe-down"})
 EVENT_KINDS = UP_KINDS | DOWN_KINDS
+#: what the deployment's availability log holds of a job (launches, refusals, probes, preemptions): never
+#: ``running``, which a job knows only of its own instances (its ledger rows, ``ledger_events``)
+LOGGED_KINDS = EVENT_KINDS - {"running"}
 #: an outage is measured only when a down-event came at most this long before the pool was seen back
 #: (shorter than the 900 s probe interval on purpose: see ``DecisionParams.watch_seconds``)
 WATCH_SECONDS = 300.0

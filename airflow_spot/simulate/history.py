@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from airflow_spot.policy.observations import PoolEvent
+from airflow_spot.policy.observations import LOGGED_KINDS, PoolEvent
 from airflow_spot.policy.offers import Offer
 from airflow_spot.simulate.controllers import controllers
 from airflow_spot.simulate.engine import HOUR, JobSpec, SimPool, simulate
@@ -41,4 +41,6 @@ def deployment_history(
     shift = (offset_ticks - start) * gap
     simulate(spec, pools, on_demand, earlier, offset_ticks=start, max_hours=shift / HOUR)
     # the replay runs to the end of the tick it stops in: what came after the new job's start is its future
-    return [replace(e, at=e.at - shift, job=PREVIOUS_JOB) for e in earlier.events if e.at <= shift]
+    # and of it only what the deployment's log holds (never its ``running`` rows)
+    return [replace(e, at=e.at - shift, job=PREVIOUS_JOB) for e in earlier.events
+            if e.at <= shift and e.kind in LOGGED_KINDS]

@@ -35,9 +35,13 @@ from airflow_spot.policy.checkpoint_interval import (
 from airflow_spot.policy.deadline import WAIT, DeadlineState
 from airflow_spot.policy import decision as policy_decision
 from airflow_spot.policy.decision import AttemptDecision, DecisionParams, observed_deadline_params
-from airflow_spot.policy.observations import PROBE_RETRIES, JobObservation, PoolEvent
+from airflow_spot.policy.observations import LOGGED_KINDS, PROBE_RETRIES, JobObservation, PoolEvent
 from airflow_spot.policy.offers import Market
 from airflow_spot.simulate.engine import HOUR, View
+
+
+#: events compaction never drops (:meth:`ObservedController._record`)
+KEPT_KINDS = frozenset({"launched", "preempted"})
 
 
 class OtherJobs:
@@ -54,7 +58,8 @@ class OtherJobs:
         yield from self.history
         for name, controller in self.others:
             for e in controller.events:
-                yield replace(e, job=name)
+                if e.kind in LOGGED_KINDS:  # what the deployment's log holds of another job
+                    yield replace(e, job=name)
 
 
 def session_interval(view: View, prior_mtbf_hours: float, emergency_save: bool) -> float:
@@ -110,9 +115,13 @@ class ObservedController:
 
     def _record(self, event: PoolEvent) -> None:
         """Append an event; of a run of same-direction events of one pool only the first and the newest are
-        kept (all that ``pool_views`` reads from a run), so long waits do not slow every decision down."""
+        kept (all that ``pool_views`` reads from a run), so long waits do not slow every decision down. A
+        ``launched`` or ``preempted`` event is never dropped: the job's own preemption rate and regional
+        losses (``own_pool_losses``) count instances from their launch to their loss, as the operators count
+        them from every ledger row."""
         last = self._last.get(event.pool)
-        if last is not None and last[1] and self.events[last[0]].up == event.up:
+        if (last is not None and last[1] and self.events[last[0]].up == event.up
+                and event.kind not in KEPT_KINDS and self.events[last[0]].kind not in KEPT_KINDS):
             self.events[last[0]] = event  # replace the run's newest
             return
         run_continues = last is not None and self.events[last[0]].up == event.up

@@ -166,9 +166,31 @@ def policy_names() -> list[str]:
 
 def run_one(spec, pools, on_demand, name: str, offset_ticks: int = 0, jobs: int = 1,
             history_hours: float = 0.0) -> SimResult:
-    """One replay of ``name``; with ``jobs`` > 1 the last job's result of :func:`run_jobs` (at equal times
-    the jobs decide in order, so it is the one that has seen the most)."""
-    return run_jobs(spec, pools, on_demand, name, offset_ticks, jobs, history_hours)[-1]
+    """One replay of ``name``; with ``jobs`` > 1 what a job of that deployment costs on average
+    (:func:`per_job_mean` of :func:`run_jobs`). Not one job of them: jobs that decide at the same instants
+    do so in order, and the last reads the probes the first paid for without paying any."""
+    return per_job_mean(run_jobs(spec, pools, on_demand, name, offset_ticks, jobs, history_hours))
+
+
+def per_job_mean(results: list[SimResult]) -> SimResult:
+    """The jobs' mean cost, hours and preemptions; completed and deadline met only when every job's was;
+    the latest completion. One result is returned as it is (with its ledger rows)."""
+    if len(results) == 1:
+        return results[0]
+    done = [r.completion_hours for r in results]
+    met = [r.deadline_met for r in results]
+    return SimResult(
+        policy=results[0].policy,
+        cost=statistics.mean(r.cost for r in results),
+        on_demand_cost=statistics.mean(r.on_demand_cost for r in results),
+        completed=all(r.completed for r in results),
+        completion_hours=None if None in done else max(done),
+        deadline_met=None if None in met else all(met),
+        preemptions=statistics.mean(r.preemptions for r in results),
+        lost_gpu_hours=statistics.mean(r.lost_gpu_hours for r in results),
+        spot_hours=statistics.mean(r.spot_hours for r in results),
+        on_demand_hours=statistics.mean(r.on_demand_hours for r in results),
+    )
 
 
 def run_jobs(spec, pools, on_demand, name: str, offset_ticks: int = 0, jobs: int = 1,
