@@ -91,14 +91,21 @@ class AttemptView:
         return d
 
 
+def _not_a_number(value: Any) -> bool:
+    return value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)))
+
+
 def _malformed_launch(data: dict[str, Any]) -> str | None:
     """What makes a launch record unusable for the view (None: usable): the fields it computes with."""
-    if not isinstance(data.get("offer", {}), dict):
+    offer = data.get("offer", {})
+    if not isinstance(offer, dict):
         return "its offer is not an object"
     for name in ("billed_from", "requested_at", "resume_step", "end_step", "segment_index"):
-        value = data.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            return f"{name} is not a number: {value!r}"
+        if _not_a_number(data.get(name)):
+            return f"{name} is not a number: {data[name]!r}"
+    for name in ("price_per_hour", "on_demand_price_per_hour"):  # what its cost and credit are priced at
+        if _not_a_number(offer.get(name)):
+            return f"offer.{name} is not a number: {offer[name]!r}"
     return None
 
 
@@ -506,6 +513,8 @@ class JobView:
         checkpoints = self.checkpoints(statuses)
         ledger = self.readable_ledger_rows() if skip_unreadable else self.ledger_rows()
         attempts = self.attempts(now, checkpoints, ledger)
+        if summary and not summary_stands(summary, attempts):
+            summary = None  # a cleared run trains on: the old summary is no final account of it
         probes, idle_bills = self.probe_rows(), self.idle_rows()
         totals = self.totals(now, ledger, probes, idle_bills)
         record = self.job_record() or {}
@@ -518,11 +527,10 @@ class JobView:
         # the running attempt's cost so far belongs in "cost so far", at its price so far (AttemptView.price_per_hour),
         # and so does an ended one whose ledger row has not landed yet (priced to its end, as the row will be)
         billed_ids = {r.attempt_id for r in ledger}
-        live_cost = sum(a.cost or 0.0 for a in attempts if a.attempt_id not in billed_ids)
-        live_on_demand = sum(
-            (a.steps_done or 0) * (a.step_seconds or 0.0) / 3600.0 * (a.on_demand_price_per_hour or 0.0)
-            for a in running
-        )
+        unbilled = [a for a in attempts if a.attempt_id not in billed_ids]
+        live_cost = sum(a.cost or 0.0 for a in unbilled)
+        # and its on-demand credit, as its row will credit it: the figures do not jump when the row lands
+        live_on_demand = sum(_live_credit(a, attempts, committed) for a in unbilled)
         cost = totals["cost"] + live_cost
         on_demand = totals["on_demand_cost"] + live_on_demand
         # a finished job's headline is the finish task's final account, as the list shows it
@@ -599,11 +607,64 @@ class JobView:
         return estimate_mtbf(prior, seen, seconds)
 
 
-def money_figures(cost: float, on_demand: float) -> dict[str, float]:
-    """Cost, on-demand cost, savings and their fraction, rounded as the UI shows them."""
+def _live_credit(a: AttemptView, attempts: list[AttemptView], committed: int | None) -> float:
+    """The on-demand dollars of an attempt without a ledger row, credited as its row will be
+    (``policy.ledger.credited_seconds``): a completed one its whole bill, another its kept steps. A running one
+    is credited as if it completes, its time so far: an on-demand attempt then never shows a loss against
+    on-demand. One that restarted its segment after a preemption gets its steps only, as its row will."""
+    if a.billed_seconds is None or not a.on_demand_price_per_hour:
+        return 0.0
+    restarted = a.started_at is not None and any(
+        b.is_preemption and b.segment_index == a.segment_index and b.ended_at is not None
+        and b.ended_at <= a.started_at for b in attempts)
+    whole = a.outcome in (Outcome.COMPLETED.value, "running") and not restarted
+    seconds = a.billed_seconds if whole else _useful_seconds(a, committed)
+    return seconds / 3600.0 * a.on_demand_price_per_hour
+
+
+def _useful_seconds(a: AttemptView, committed: int | None) -> float:
+    """``LedgerRow.useful_seconds`` of an attempt whose row has not landed: its kept steps' time. A running
+    one keeps its steps so far; an ended one the job's newest checkpoint past its resume (what its row will
+    say), at most the steps it took."""
+    taken = a.steps_done or 0
+    kept = taken
+    if a.outcome != "running":
+        past = max(0, committed - a.resume_step) if committed is not None and a.resume_step is not None else 0
+        kept = min(taken, past) if a.steps_done is not None else past
+    if a.step_seconds:
+        return min(a.billed_seconds, kept * a.step_seconds)
+    if a.outcome == Outcome.COMPLETED.value:
+        return a.billed_seconds
+    return a.billed_seconds * kept / taken if taken else 0.0
+
+
+def summary_stands(summary: dict[str, Any], attempts: list[AttemptView]) -> bool:
+    """Whether the finish task's summary is still the job's final account: no attempt was launched after it
+    was written (a failed run its user cleared trains on, and nothing removes the old summary)."""
+    written = summary.get("written_at")
+    if written is not None and not _not_a_number(written):
+        return not any(a.started_at is not None and a.started_at > written for a in attempts)
+    # an earlier release's summary, undated: written after its rows ended, so an attempt after it is none of
+    # them and started after their last end. It must also have left more than its launch record (a
+    # heartbeat, an end): one launched just before the finish task, which ended its instance, left nothing
+    rows = summary.get("rows")
+    if not isinstance(rows, list):  # nor rows: it stands while nothing trains
+        return not any(a.outcome == "running" and a.last_beat_at is not None for a in attempts)
+    rows = [r for r in rows if isinstance(r, dict)]
+    held = {r.get("attempt_id") for r in rows}
+    last = max((r["ended_at"] for r in rows if r.get("ended_at") is not None and not _not_a_number(r["ended_at"])),
+               default=None)
+    return not any(
+        a.attempt_id not in held and (a.last_beat_at is not None or a.ended_at is not None)
+        and (last is None or (a.started_at is not None and a.started_at > last)) for a in attempts)
+
+
+def money_figures(cost: float, on_demand: float) -> dict[str, float | None]:
+    """Cost, on-demand cost, savings and their fraction, rounded as the UI shows them. The fraction is None
+    with no on-demand cost to compare with (nothing kept yet): a loss is no 0 %."""
     cost, on_demand = round(cost, 6), round(on_demand, 6)
     return {"cost": cost, "on_demand_cost": on_demand, "savings": round(on_demand - cost, 6),
-            "savings_fraction": round((on_demand - cost) / on_demand, 4) if on_demand > 0 else 0.0}
+            "savings_fraction": round((on_demand - cost) / on_demand, 4) if on_demand > 0 else None}
 
 
 #: what a job summary must hold for its headline (one of an older version may lack some)
@@ -627,7 +688,8 @@ def final_figures(summary: dict[str, Any]) -> dict[str, Any] | None:
     # difference of the rounded cost and on-demand cost can be off in the last digit
     for k in ("savings", "savings_fraction"):
         v = summary.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        if (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                and money[k] is not None):  # the summary's 0.0 of no on-demand cost is no fraction either
             money[k] = float(v)
     return {
         "state": finished_state(summary),

@@ -30,7 +30,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
 
@@ -71,9 +71,28 @@ class SchemaError(ValueError):
     """A protocol object this code cannot read (newer schema or malformed)."""
 
 
+_NUMBER = (int, float)
+#: field name -> the type its value must have
+_Kinds = dict[str, type | tuple[type, ...]]
+
+
+def _wrong_type(record: Any, name: str, kind: type | tuple[type, ...], nullable: bool) -> str | None:
+    """What is wrong with ``record.name`` (None: an instance of ``kind``, or None where ``nullable``)."""
+    value = getattr(record, name)
+    if (value is None and nullable) or (isinstance(value, kind) and not isinstance(value, bool)):
+        return None
+    what = "an integer" if kind is int else "a number" if kind == _NUMBER else "a string"
+    return f"{type(record).__name__}.{name} must be {what}{' or null' if nullable else ''}, got {value!r}"
+
+
 @dataclass
 class _Record:
     schema: int = field(default=SCHEMA_VERSION, kw_only=True)
+    #: the fields a reader computes with, by the type each must hold: decoded with another (a null step, a
+    #: time that is a string) the object is refused (``SchemaError`` naming the field), as a torn one is,
+    #: instead of failing whoever reads it later. Checked on read only: a writer's own record is not.
+    _REQUIRED: ClassVar[_Kinds] = {}
+    _OPTIONAL: ClassVar[_Kinds] = {}
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -89,9 +108,14 @@ class _Record:
             raise SchemaError(f"{cls.__name__}: unsupported schema {found!r}")
         known = {f.name for f in fields(cls)}
         try:
-            return cls(**{k: v for k, v in data.items() if k in known})
+            record = cls(**{k: v for k, v in data.items() if k in known})
         except (TypeError, ValueError) as exc:  # a field missing, or one a record checks (LivePrice's price)
             raise SchemaError(f"{cls.__name__}: malformed ({exc})") from exc
+        wrong = [w for nullable, kinds in ((False, cls._REQUIRED), (True, cls._OPTIONAL))
+                 for name, kind in kinds.items() if (w := _wrong_type(record, name, kind, nullable))]
+        if wrong:
+            raise SchemaError(f"{cls.__name__}: malformed ({'; '.join(wrong)})")
+        return record
 
 
 @dataclass
@@ -143,6 +167,12 @@ class Heartbeat(_Record):
     first_step_at: float | None = None
     first_step: int | None = None
 
+    _REQUIRED: ClassVar[_Kinds] = {"attempt_id": str, "step": int, "time": _NUMBER}
+    _OPTIONAL: ClassVar[_Kinds] = {
+        "step_time_ewma": _NUMBER, "last_committed_step": int, "save_cost_seconds": _NUMBER,
+        "interval_seconds": _NUMBER, "notice_at": _NUMBER, "first_step_at": _NUMBER,
+        "first_step": int}
+
 
 @dataclass
 class AttemptStatus(_Record):
@@ -160,6 +190,10 @@ class AttemptStatus(_Record):
     #: was there when the agent wrote this status, so the status is the kill's doing; None: not known (an
     #: agent of an older version, or the store did not answer), then the clocks decide (:meth:`before_kill`)
     kill_seen: bool | None = None
+
+    _REQUIRED: ClassVar[_Kinds] = {
+        "attempt_id": str, "outcome": str, "started_at": _NUMBER, "ended_at": _NUMBER}
+    _OPTIONAL: ClassVar[_Kinds] = {"exit_code": int, "last_committed_step": int}
 
     @property
     def outcome_enum(self) -> Outcome:

@@ -195,7 +195,7 @@ def not_started_detail(session, dag_id: str, run_id: str) -> dict[str, Any] | No
     return {
         "dag_id": dag_id, "run_id": run_id, "run_state": state, "job_uri": None, "state": "not started",
         "total_steps": total, "committed_step": None, "current_step": 0, "progress": 0.0, "cost": 0.0,
-        "on_demand_cost": 0.0, "savings": 0.0, "savings_fraction": 0.0, "preemptions": 0, "steps_lost": 0,
+        "on_demand_cost": 0.0, "savings": 0.0, "savings_fraction": None, "preemptions": 0, "steps_lost": 0,
         "attempts": [], "checkpoints": [], "broken_checkpoints": [], "unreadable": [], "series": [],
         "estimate": None, "summary": None, "store_note": None,
         "gpus": spec["gpus"], "backend": spec.get("backend"), "offers": [],

@@ -252,6 +252,22 @@ def ranking_html(ranking: dict[str, Any] | None) -> str:
     )
 
 
+#: the states in which a job is on its way (its remaining time and cost are an estimate, not a stop)
+ON_ITS_WAY = ("running", "waiting", "not started")
+
+
+def _remaining_cards(state: Any, est: dict[str, Any]) -> list[tuple[str, str]]:
+    """The remaining time and cost: done / $0 once finished, the estimate while the job is on its way, and
+    "stopped" / – otherwise (a failed run trains no more until someone clears it: an ETA would mislead)."""
+    if state == "finished":
+        return [("remaining time", "done"), ("remaining cost", "$0")]
+    if state not in ON_ITS_WAY:
+        return [("remaining time", "stopped"), ("remaining cost", "–")]
+    spread = f" ± {_duration(est['spread_seconds'])}" if est.get("spread_seconds") else ""
+    return [("remaining time", _duration(est.get("remaining_seconds")) + spread),
+            ("remaining cost", _money(est.get("remaining_cost")))]
+
+
 def job_page(dag_id: str, run_id: str, snap: dict[str, Any], offers: list[dict[str, Any]] | None,
              offers_error: str | None = None, ranking: dict[str, Any] | None = None) -> str:
     """One job: cards, progress, estimate, chart, attempts timeline, checkpoints, offers (and, before the
@@ -271,13 +287,11 @@ def job_page(dag_id: str, run_id: str, snap: dict[str, Any], offers: list[dict[s
             f" <span class=muted id=idle>of which warm instances idle after their last attempt "
             f"{_money(snap['idle_dollars'])}</span>" if snap.get("idle_dollars") else "")),
         ("on-demand cost of the same work", _money(snap.get("on_demand_cost"))),
-        ("savings", f"{_money(snap.get('savings'))} ({_pct(snap.get('savings_fraction') or 0)})"),
+        # no fraction (None) without on-demand cost to compare with: a dash, not 0 %
+        ("savings", f"{_money(snap.get('savings'))} ({_pct(snap.get('savings_fraction'))})"),
         ("preemptions", _e(snap.get("preemptions", 0))),
         ("steps lost", _e(snap.get("steps_lost", 0))),
-        ("remaining time", (_duration(est.get("remaining_seconds")) + (
-            f" ± {_duration(est['spread_seconds'])}" if est.get("spread_seconds") else ""))
-         if snap.get("state") != "finished" else "done"),
-        ("remaining cost", _money(est.get("remaining_cost")) if snap.get("state") != "finished" else "$0"),
+        *_remaining_cards(snap.get("state"), est),
     ]
     card_html = "".join(
         f'<div class=card id="card-{escape(label.split()[0])}">'
@@ -335,7 +349,8 @@ def job_page(dag_id: str, run_id: str, snap: dict[str, Any], offers: list[dict[s
         "pays for the same work: a completed attempt's whole time (an on-demand run boots, restores and saves "
         "too), only the kept steps of any other attempt and of one that restarted its segment after a "
         "preemption. Time a preemption threw away, and the restart it "
-        "cost, earn no savings; a running attempt counts its steps so far.</p>"
+        "cost, earn no savings; a running attempt counts its time so far, as it will once completed (only its "
+        "steps so far when it restarted its segment after a preemption).</p>"
     )
     warnings = ""
     if snap.get("store_note"):
