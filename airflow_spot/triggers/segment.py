@@ -717,15 +717,44 @@ class SegmentTrigger(BaseTrigger):
                           else hb.notice_at if hb else None),
         }
 
+    def _still_deferred(self) -> bool:
+        """Whether Airflow still has this trigger's task deferred. Airflow 3.3 calls ``on_kill`` for every trigger
+        a triggerer stops running while it runs, a trigger moved to another triggerer (its heartbeat came late)
+        included, not only for a user's mark or clear; a moved trigger's task is still deferred, a killed one's
+        is not. Unknown (no task instance, the API unreachable): not deferred, so a kill still ends its
+        instance, what ``on_kill`` is for."""
+        ti = self.task_instance
+        if ti is None:
+            return False
+        try:
+            from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+            map_index = getattr(ti, "map_index", -1)
+            states = RuntimeTaskInstance.get_task_states(
+                dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id],
+                map_index=map_index if map_index is not None and map_index >= 0 else None)
+        except Exception as exc:  # noqa: BLE001 - treated as a kill: the documented reason for on_kill
+            self.log.warning("attempt %s: the task's state could not be read (%s: %s); ending it as killed",
+                             self.attempt_id, type(exc).__name__, exc)
+            return False
+        of_run = (states or {}).get(ti.run_id) or {}
+        key = ti.task_id if map_index is None or map_index < 0 else f"{ti.task_id}_{map_index}"
+        return str(of_run.get(key) or "").lower() == "deferred"
+
     async def on_kill(self) -> None:
         """The user killed the deferred task (mark failed/success, clear, run marked failed): release its
         instance and bill the attempt up to now. The triggerer may cancel this coroutine again while it runs (it repeats the cancellation
         each time it syncs), so the termination is shielded: once asked, it completes in its thread."""
-        self.log.info("attempt %s was killed: terminating its instance %s", self.attempt_id, self.instance_id)
         hook = self._hook()
         killed_at = time.time()
 
         def release_and_bill() -> None:
+            if self._still_deferred():
+                self.log.warning("attempt %s: this triggerer was told to stop watching it, but its task is still "
+                                 "deferred (the trigger moved to another triggerer): instance %s is left running",
+                                 self.attempt_id, self.instance_id)
+                return
+            self.log.info("attempt %s was killed: terminating its instance %s", self.attempt_id, self.instance_id)
             try:  # before the termination: a status it brings about is the kill's, for whoever bills it later
                 JobLayout(hook.get_store(self.job_uri)).write_kill(self.attempt_id, killed_at)
             except Exception as exc:  # noqa: BLE001 - the instance must go all the same

@@ -260,3 +260,32 @@ def test_a_hung_step_is_lost_after_the_stall_timeout_and_its_instance_let_go(job
     assert time.monotonic() - began < 20
     assert event["terminated"] is True
     assert InstanceState(backend.describe([info.instance_id])[info.instance_id].state).is_terminal()
+
+
+class _TaskInstance:
+    dag_id, task_id, run_id, map_index = "dag", "train.seg000", "manual__1", -1
+
+
+@pytest.mark.parametrize("state, terminated", [("deferred", False), ("failed", True), (None, True)])
+def test_on_kill_leaves_a_trigger_moved_to_another_triggerer_running(job, monkeypatch, state, terminated):
+    """Airflow 3.3 calls ``on_kill`` for a trigger a triggerer stops running because it was reassigned (its
+    heartbeat came late), not only for a user's kill: the task, still deferred, is watched elsewhere, and
+    its instance must go on. A task that is no longer deferred (marked failed) or gone was killed."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    asked = []
+
+    def states(**kwargs):
+        asked.append(kwargs)
+        return {} if state is None else {"manual__1": {"train.seg000": state}}
+
+    monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(states))
+    backend, start = job
+    info, trigger = start([sys.executable, SCRIPT, "--step-seconds", "0.5"], end_step=1000)
+    trigger.task_instance = _TaskInstance()
+    asyncio.run(trigger.on_kill())
+    after = backend.describe([info.instance_id])[info.instance_id]
+    assert (InstanceState(after.state) is InstanceState.TERMINATED) is terminated
+    assert asked == [{"dag_id": "dag", "task_ids": ["train.seg000"], "run_ids": ["manual__1"], "map_index": None}]
+    if not terminated:
+        backend.terminate([info.instance_id])
