@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 #: rounds a subscriber waits for one that includes its id before giving up (a bound, never reached in
 #: practice: an id subscribed before a round starts is in that round)
 MAX_ROUNDS_PER_NEXT = 3
+#: a describe that has not answered in this long counts as failed for the round (botocore's own read
+#: timeout is 60 s a try): one hung call would otherwise hold every subscriber's wait with it
+DESCRIBE_TIMEOUT_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ class SharedPoller:
         self._round = 0
         self._next_round: asyncio.Future[PollRound] = asyncio.get_running_loop().create_future()
         self._task: asyncio.Task | None = None
+        #: a describe past its bound that has not returned (a thread cannot be stopped), and when it began
+        self._hung: tuple[asyncio.Future, float] | None = None
 
     # ------------------------------------------------------------------ subscribers
     @property
@@ -132,7 +137,7 @@ class SharedPoller:
         self.describe_calls += 1
         started = time.monotonic()
         try:
-            described = await self.backend.adescribe(sorted(ids))
+            described = await self._describe(sorted(ids))
             error = None
         except Exception as exc:  # noqa: BLE001 - any failure is "unknown this round" for every subscriber
             described, error = {}, f"{type(exc).__name__}: {exc}"
@@ -141,6 +146,26 @@ class SharedPoller:
         self.round_seconds.append(time.monotonic() - started)
         done, self._next_round = self._next_round, asyncio.get_running_loop().create_future()
         done.set_result(PollRound(self._round, ids, described, error, time.time()))
+
+    async def _describe(self, ids: list[str]) -> dict[str, InstanceInfo]:
+        """One ``adescribe``, bounded by :data:`DESCRIBE_TIMEOUT_SECONDS`. While a describe past its bound still
+        runs (in a thread that cannot be stopped), rounds fail at once rather than start another beside it."""
+        if self._hung is not None:
+            if not self._hung[0].done():
+                raise TimeoutError(f"the describe of round {self._round - 1} or earlier has not returned for "
+                                   f"{time.monotonic() - self._hung[1]:.0f}s")
+            self._hung = None
+        call = asyncio.ensure_future(self.backend.adescribe(ids))
+        call.add_done_callback(lambda f: f.cancelled() or f.exception())  # its late failure is nobody's
+        started = time.monotonic()
+        try:
+            return await asyncio.wait_for(asyncio.shield(call), DESCRIBE_TIMEOUT_SECONDS)
+        except asyncio.TimeoutError:
+            self._hung = (call, started)
+            raise TimeoutError(f"the describe took over {DESCRIBE_TIMEOUT_SECONDS:.0f}s") from None
+        except asyncio.CancelledError:  # the poller stops (its last subscriber left): so does its call
+            call.cancel()
+            raise
 
     async def next_for(self, instance_id: str, after_round: int) -> InstanceSeen:
         """The first round after ``after_round`` that asked about ``instance_id``."""

@@ -4,6 +4,7 @@ subscribers as "unknown this round", never as a lost instance."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -40,6 +41,19 @@ class FailingLocalBackend(LocalBackend):
     def describe(self, instance_ids):
         if type(self).failing:
             raise ConnectionError("endpoint unreachable")
+        return super().describe(instance_ids)
+
+
+class HangingLocalBackend(LocalBackend):
+    """The local backend whose describe hangs while ``release`` is not set (an endpoint that black-holes)."""
+
+    name = "hanging-local"
+    release = threading.Event()
+    calls = 0
+
+    def describe(self, instance_ids):
+        type(self).calls += 1
+        type(self).release.wait(30)
         return super().describe(instance_ids)
 
 
@@ -202,3 +216,36 @@ def test_triggers_of_one_backend_and_connection_share_one_hook(tmp_path):
     assert trigger("i-2", str(tmp_path / "a"))._hook() is same
     assert same.get_backend() is trigger("i-3", str(tmp_path / "a"))._hook().get_backend()
     assert trigger("i-4", str(tmp_path / "b"))._hook() is not same
+
+
+def test_a_hung_describe_fails_its_round_and_starts_no_second_one(instances, monkeypatch):
+    """A describe that does not answer (a black-holed endpoint) held every subscriber's wait with it: the
+    round now fails after ``DESCRIBE_TIMEOUT_SECONDS`` (unknown this round, as any failed describe), and
+    while the hung call's thread still runs no other describe starts beside it."""
+    from airflow_spot.triggers import poller
+
+    monkeypatch.setattr(poller, "DESCRIBE_TIMEOUT_SECONDS", 0.2)
+    options, launch = instances
+    (iid,) = launch(1)
+    backend = HangingLocalBackend(**options)
+    HangingLocalBackend.release.clear()
+    HangingLocalBackend.calls = 0
+
+    async def scenario():
+        async with subscribe(backend, iid, interval=0.05) as sub:
+            first = await sub.next()
+            assert first.error and "took over" in first.error and not first.known
+            second = await sub.next()
+            assert second.error and "has not returned" in second.error
+            assert HangingLocalBackend.calls == 1
+            HangingLocalBackend.release.set()
+            for _ in range(20):  # bounded: the released call returns, then rounds describe again
+                seen = await sub.next()
+                if seen.error is None:
+                    break
+            assert seen.known and seen.instance.state is InstanceState.RUNNING
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 30))
+    finally:
+        HangingLocalBackend.release.set()
