@@ -252,10 +252,18 @@ def credited_seconds(row: LedgerRow, rows: list[LedgerRow]) -> float:
     """``row.on_demand_seconds``, except that a completed attempt which restarted its segment after a
     preemption is credited only its kept steps: its boot, restore and billing minimum are the preemption's
     cost (an on-demand run would have gone on), not savings. ``rows``: the job's rows."""
-    if row.outcome == "completed" and any(
-            r.is_preemption and r.segment_index == row.segment_index and r.ended_at <= row.started_at for r in rows):
+    if row.outcome == "completed" and restarted_segment(row.segment_index, row.started_at, rows):
         return row.useful_seconds
     return row.on_demand_seconds
+
+
+def restarted_segment(segment_index: int, started_at: float | None, attempts) -> bool:
+    """Whether an attempt of segment ``segment_index`` that started at ``started_at`` came after a preemption
+    of that segment. ``attempts``: ledger rows, or anything with ``is_preemption``, ``segment_index`` and
+    ``ended_at`` (the page's attempts without a row yet)."""
+    return started_at is not None and any(
+        r.is_preemption and r.segment_index == segment_index and r.ended_at is not None and r.ended_at <= started_at
+        for r in attempts)
 
 
 def _on_demand_cost(row: LedgerRow, rows: list[LedgerRow]) -> float:

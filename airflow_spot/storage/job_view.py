@@ -20,7 +20,7 @@ from airflow_spot.policy.checkpoint_interval import estimate_mtbf
 from airflow_spot.policy.estimate import (
     WARMUP_STEPS, AttemptPace, estimate_remaining, measure_overheads, robust_step_seconds,
 )
-from airflow_spot.policy.ledger import AWS_MINIMUM_BILLED_SECONDS, LedgerRow, summarize
+from airflow_spot.policy.ledger import AWS_MINIMUM_BILLED_SECONDS, LedgerRow, restarted_segment, summarize
 from airflow_spot.storage.ledger_store import LEDGER_PREFIX, LedgerStore
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
 from airflow_spot.storage.overhead_history import job_name, prior_for
@@ -614,10 +614,8 @@ def _live_credit(a: AttemptView, attempts: list[AttemptView], committed: int | N
     on-demand. One that restarted its segment after a preemption gets its steps only, as its row will."""
     if a.billed_seconds is None or not a.on_demand_price_per_hour:
         return 0.0
-    restarted = a.started_at is not None and any(
-        b.is_preemption and b.segment_index == a.segment_index and b.ended_at is not None
-        and b.ended_at <= a.started_at for b in attempts)
-    whole = a.outcome in (Outcome.COMPLETED.value, "running") and not restarted
+    whole = (a.outcome in (Outcome.COMPLETED.value, "running")
+             and not restarted_segment(a.segment_index, a.started_at, attempts))
     seconds = a.billed_seconds if whole else _useful_seconds(a, committed)
     return seconds / 3600.0 * a.on_demand_price_per_hour
 

@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from airflow_spot.backends.base import Backend, InstanceInfo
+from airflow_spot.triggers.bounded import BoundedCalls
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,7 @@ class SharedPoller:
         self._round = 0
         self._next_round: asyncio.Future[PollRound] = asyncio.get_running_loop().create_future()
         self._task: asyncio.Task | None = None
-        #: a describe past its bound that has not returned (a thread cannot be stopped), and when it began
-        self._hung: tuple[asyncio.Future, float] | None = None
+        self._calls = BoundedCalls()
 
     # ------------------------------------------------------------------ subscribers
     @property
@@ -148,24 +148,9 @@ class SharedPoller:
         done.set_result(PollRound(self._round, ids, described, error, time.time()))
 
     async def _describe(self, ids: list[str]) -> dict[str, InstanceInfo]:
-        """One ``adescribe``, bounded by :data:`DESCRIBE_TIMEOUT_SECONDS`. While a describe past its bound still
-        runs (in a thread that cannot be stopped), rounds fail at once rather than start another beside it."""
-        if self._hung is not None:
-            if not self._hung[0].done():
-                raise TimeoutError(f"the describe of round {self._round - 1} or earlier has not returned for "
-                                   f"{time.monotonic() - self._hung[1]:.0f}s")
-            self._hung = None
-        call = asyncio.ensure_future(self.backend.adescribe(ids))
-        call.add_done_callback(lambda f: f.cancelled() or f.exception())  # its late failure is nobody's
-        started = time.monotonic()
-        try:
-            return await asyncio.wait_for(asyncio.shield(call), DESCRIBE_TIMEOUT_SECONDS)
-        except asyncio.TimeoutError:
-            self._hung = (call, started)
-            raise TimeoutError(f"the describe took over {DESCRIBE_TIMEOUT_SECONDS:.0f}s") from None
-        except asyncio.CancelledError:  # the poller stops (its last subscriber left): so does its call
-            call.cancel()
-            raise
+        """One ``adescribe``, bounded by :data:`DESCRIBE_TIMEOUT_SECONDS`; while one past it still runs, rounds
+        fail at once rather than start another beside it (:mod:`.bounded`)."""
+        return await self._calls.call("describe", lambda: self.backend.adescribe(ids), DESCRIBE_TIMEOUT_SECONDS)
 
     async def next_for(self, instance_id: str, after_round: int) -> InstanceSeen:
         """The first round after ``after_round`` that asked about ``instance_id``."""

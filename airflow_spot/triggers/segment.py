@@ -34,6 +34,7 @@ from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 from airflow_spot.backends.base import InstanceInfo, InstanceState, TerminationReason
 from airflow_spot.storage.protocol import AttemptStatus, Heartbeat, JobLayout, LivePrice, Outcome
 from airflow_spot.storage.read_cache import CachedReads, ReadCache
+from airflow_spot.triggers.bounded import BoundedCalls
 from airflow_spot.triggers.poller import Subscription, subscribe
 
 #: SpotHooks shared by the triggers of this process (see SegmentTrigger._hook):
@@ -268,9 +269,8 @@ class SegmentTrigger(BaseTrigger):
         #: last status/heartbeat read and since when reads fail (kept across polls of one run only)
         self._last_read: tuple[AttemptStatus | None, Heartbeat | None] = (None, None)
         self._store_failing_since: float | None = None
-        #: a read (or store/backend open) past its bound whose thread still runs, and since when (monotonic),
-        #: by kind: such a thread cannot be stopped, so no other read of that kind starts until it returns
-        self._hung: dict[str, tuple[asyncio.Future, float]] = {}
+        #: store reads (and the store's and backend's opening) with a time limit
+        self._calls = BoundedCalls()
         #: when the instance was first absent from a describe that answered (None: known, or not yet asked)
         self._unknown_since: float | None = None
         self._notice_logged = False
@@ -331,25 +331,9 @@ class SegmentTrigger(BaseTrigger):
         return self.heartbeat_timeout / 4
 
     async def _bounded(self, kind: str, fn, *args):
-        """``fn(*args)`` in a thread, bounded by :meth:`_read_timeout`; over it, ``TimeoutError``.
-
-        The thread of a read over its bound cannot be stopped and is not waited for. Until it returns, the next
-        call of the same kind fails at once: each hung read would otherwise pin one more thread of the default
-        executor, which every trigger's reads, ``_release`` and ``on_kill`` share."""
-        hung = self._hung.get(kind)
-        if hung is not None:
-            if not hung[0].done():
-                raise TimeoutError(f"a {kind} read has not returned for {time.monotonic() - hung[1]:.0f}s")
-            del self._hung[kind]
-        task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
-        # retrieved here, so one that fails after it was given up on (or on a cancelled wait) logs nothing
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        timeout = self._read_timeout()
-        try:
-            return await asyncio.wait_for(asyncio.shield(task), timeout)
-        except asyncio.TimeoutError:
-            self._hung[kind] = (task, time.monotonic() - timeout)
-            raise TimeoutError(f"a {kind} read took over {timeout:.1f}s (a hung store?)") from None
+        """``fn(*args)`` in a thread, bounded by :meth:`_read_timeout` (:mod:`.bounded`: a hung read pins at most
+        one thread of the default executor, which every trigger's reads, ``_release`` and ``on_kill`` share)."""
+        return await self._calls.call(kind, lambda: asyncio.to_thread(fn, *args), self._read_timeout())
 
     async def _observe(self, layout: JobLayout, subscription: Subscription) -> Observation:
         # Instance first, store second: a status written just before the instance died is then seen.
