@@ -16,43 +16,38 @@ checkpoint reached ``end_step`` is accounted for here (:mod:`airflow_spot.trigge
 task ends from the triggerer with a ``TaskSuccessEvent`` carrying the XComs ``execute_complete`` would
 push: no worker round trip at a segment boundary. Anything else (and any error while accounting) goes
 back to the worker as before.
+
+The trigger is split by concern: :mod:`airflow_spot.triggers.verdict` decides what an observation means,
+:mod:`airflow_spot.triggers.observing` makes the observations (store reads, the shared poller's rounds) and
+:mod:`airflow_spot.triggers.attempt_end` releases and bills the attempt's instance; this module holds the
+trigger itself, its wait loop, events, progress lines and live price. The class stays here: its classpath
+is stored with every deferred task.
 """
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import math
 import random
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
-from airflow_spot.backends.base import InstanceInfo, InstanceState, TerminationReason
+from airflow_spot.backends.base import InstanceState, TerminationReason
 from airflow_spot.storage.protocol import AttemptStatus, Heartbeat, JobLayout, LivePrice, Outcome
 from airflow_spot.storage.read_cache import CachedReads, ReadCache
+# ACCOUNTING_THREADS, Observation and classify were defined here: still importable from this module
+from airflow_spot.triggers.attempt_end import ACCOUNTING_THREADS, AttemptEndMixin  # noqa: F401 - re-exported
 from airflow_spot.triggers.bounded import BoundedCalls
+from airflow_spot.triggers.observing import ObservingMixin
 from airflow_spot.triggers.poller import Subscription, subscribe
+from airflow_spot.triggers.verdict import Observation, classify
 
 #: SpotHooks shared by the triggers of this process (see SegmentTrigger._hook):
 #: (backend, backend options, connection id, market options) -> hook
 _HOOKS: dict[tuple[str, str, str | None, str], Any] = {}
-
-#: threads that account for completed attempts in the triggerer (see SegmentTrigger._complete_here)
-ACCOUNTING_THREADS = 4
-_ACCOUNTING_POOL = None
-
-
-def _accounting_pool():
-    global _ACCOUNTING_POOL
-    if _ACCOUNTING_POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _ACCOUNTING_POOL = ThreadPoolExecutor(ACCOUNTING_THREADS, thread_name_prefix="airflow-spot-accounting")
-    return _ACCOUNTING_POOL
 
 #: How often a waiting trigger prices its running attempt so far from the market's price history (the job
 #: page's and the progress line's live cost); spot prices move a few times a day at most, and each read is
@@ -92,117 +87,7 @@ _RUNNING = 0
 EVENT_KEYS = ("status", "attempt_id", "instance_id", "message")
 
 
-@dataclass
-class Observation:
-    """What one poll saw. ``now`` is wall-clock seconds (heartbeats carry wall-clock times too)."""
-
-    now: float
-    status: AttemptStatus | None
-    heartbeat: Heartbeat | None
-    instance: InstanceInfo | None
-    instance_known: bool
-    #: the describe of this round failed (throttled, network): the instance is unknown, not gone
-    instance_error: str | None = None
-    #: reading the status/heartbeat failed this round: they are unknown, not absent (``status`` and
-    #: ``heartbeat`` then hold the last ones read), and the store has failed for ``store_failing_for`` s
-    store_error: str | None = None
-    store_failing_for: float = 0.0
-    #: seconds the instance has been absent from every describe that answered, since the first such
-    #: round of this wait (0 while the backend knows it; a failed describe neither starts nor ends it)
-    instance_unknown_for: float = 0.0
-    #: when this trigger first read the heartbeat as it is now, and its step, by the triggerer's clock
-    #: (None: not tracked). Silence and stalls are judged by them, not by the instance's clock in ``hb.time``
-    beat_seen_at: float | None = None
-    step_seen_at: float | None = None
-
-
-def classify(
-    obs: Observation,
-    *,
-    requested_at: float,
-    startup_timeout: float,
-    heartbeat_timeout: float,
-    max_attempt_seconds: float,
-    stall_timeout: float | None = None,
-) -> tuple[Outcome, str] | None:
-    """Decide whether the attempt has ended and how; ``None`` means "keep waiting".
-
-    The status object wins over everything else: an agent that wrote ``preempted`` after its emergency
-    save and was then killed by the market is a clean preemption, not a lost instance.
-
-    :param stall_timeout: seconds a heartbeating attempt may stay at one step (a hung collective or data
-        loader keeps the heartbeat going); None: never judged. Stretched to 20 of its steps and 3 saves.
-    """
-    if obs.status is not None:
-        try:
-            outcome = Outcome(obs.status.outcome)
-        except ValueError:
-            # written by an agent of a newer release: the attempt has ended, but how is unknown here. A clear
-            # failure, not a crash (the trigger would fail the same way on every try) nor a retry as lost
-            return Outcome.FAILED, (
-                f"agent reported outcome {obs.status.outcome!r} (exit code {obs.status.exit_code}), which this "
-                "airflow-spot does not know: the agent is newer; upgrade airflow-spot on the workers and the "
-                "triggerer")
-        return outcome, f"agent reported {outcome.value} (exit code {obs.status.exit_code})"
-    if obs.store_error is not None:
-        # A store read error is not silence: a status may be there unseen, so neither a terminal instance
-        # nor an old heartbeat decides, until the store has stayed unreadable past the heartbeat window.
-        if obs.store_failing_for > heartbeat_timeout:
-            return Outcome.LOST, (
-                f"the job's store was unreadable for {obs.store_failing_for:.0f}s (window {heartbeat_timeout:.0f}s): "
-                f"{obs.store_error}"
-            )
-        if obs.now - requested_at > max_attempt_seconds:
-            return Outcome.LOST, f"attempt ran longer than max_attempt_seconds={max_attempt_seconds:.0f}"
-        return None
-    inst = obs.instance
-    hb = obs.heartbeat
-    # the heartbeat's age by this trigger's clock where it has watched it change (an instance whose clock is
-    # ahead would look alive forever, one behind would look silent), else by the heartbeat's own time
-    beat_at = None if hb is None else (hb.time if obs.beat_seen_at is None else obs.beat_seen_at)
-    if obs.instance_error is not None:
-        pass  # a failed describe says nothing about the instance: only the timeouts below can decide
-    elif not obs.instance_known or inst is None:
-        # Absent from a describe that answered is not the cloud saying the instance is gone: EC2's describe
-        # lags RunInstances for a while (eventual consistency) and one answer may miss an id. The absence
-        # decides only once it has lasted past the heartbeat window with no heartbeat inside that window
-        # either (a fresh heartbeat means the agent runs: the silence rules below decide, as always).
-        silent = hb is None or obs.now - max(beat_at, requested_at) > heartbeat_timeout
-        if silent and obs.instance_unknown_for > heartbeat_timeout:
-            return Outcome.LOST, (
-                f"instance unknown to the backend for {obs.instance_unknown_for:.0f}s (window "
-                f"{heartbeat_timeout:.0f}s) and no heartbeat in that window; the attempt has no status"
-            )
-    elif InstanceState(inst.state).is_terminal():
-        if TerminationReason(inst.reason) is TerminationReason.PREEMPTED:
-            return Outcome.PREEMPTED, "instance was reclaimed by the market before the agent wrote a status"
-        reason = TerminationReason(inst.reason).value or "unknown"
-        return Outcome.LOST, f"instance terminated (reason: {reason}) without a status for this attempt"
-    if hb is None:
-        if obs.now - requested_at > startup_timeout:
-            return Outcome.LOST, (
-                f"no heartbeat within {startup_timeout:.0f}s of the request (agent or command never started)"
-            )
-    elif obs.now - max(beat_at, requested_at) > heartbeat_timeout:
-        return Outcome.LOST, (
-            f"no heartbeat for {obs.now - beat_at:.0f}s (timeout {heartbeat_timeout:.0f}s) at step {hb.step}"
-        )
-    elif (stall_timeout is not None and obs.step_seen_at is not None and hb.notice_at is None
-          and hb.first_step_at is not None):  # start-up (restore, data preparation) is not judged
-        window = max(stall_timeout, 20 * (hb.step_time_ewma or 0.0) + 3 * (hb.save_cost_seconds or 0.0))
-        if obs.now - obs.step_seen_at > window:
-            return Outcome.LOST, (
-                f"the process heartbeats but has stayed at step {hb.step} for {obs.now - obs.step_seen_at:.0f}s "
-                f"(stall_timeout {window:.0f}s): a hung collective, data loader or step; the instance is let go "
-                "and the next try resumes from the last checkpoint (a step that really takes this long needs a "
-                "larger segment_options['stall_timeout'], or None)"
-            )
-    if obs.now - requested_at > max_attempt_seconds:
-        return Outcome.LOST, f"attempt ran longer than max_attempt_seconds={max_attempt_seconds:.0f}"
-    return None
-
-
-class SegmentTrigger(BaseTrigger):
+class SegmentTrigger(ObservingMixin, AttemptEndMixin, BaseTrigger):
     """Poll one attempt until it ends; bounded by ``max_attempt_seconds`` and the timeouts.
 
     :param job_uri: the job's root in the store.
@@ -324,190 +209,15 @@ class SegmentTrigger(BaseTrigger):
                 market_options=self.market_options or {})
         return hook
 
-    def _read_timeout(self) -> float:
-        """Seconds one store read may take before it counts as failed: a quarter of the heartbeat window, so
-        a hung read (an NFS mount that stopped answering, an endpoint that black-holes packets: botocore waits
-        60 s per try) is a store error, judged by the window, instead of holding the wait past every bound."""
-        return self.heartbeat_timeout / 4
-
-    async def _bounded(self, kind: str, fn, *args):
-        """``fn(*args)`` in a thread, bounded by :meth:`_read_timeout` (:mod:`.bounded`: a hung read pins at most
-        one thread of the default executor, which every trigger's reads, ``_release`` and ``on_kill`` share)."""
-        return await self._calls.call(kind, lambda: asyncio.to_thread(fn, *args), self._read_timeout())
-
-    async def _observe(self, layout: JobLayout, subscription: Subscription) -> Observation:
-        # Instance first, store second: a status written just before the instance died is then seen.
-        # The instance comes from the shared per-scope poller: one batched describe for all triggers.
-        seen = await self._next_round(layout, subscription)
-        if seen.error is None:  # a failed describe neither starts nor ends an absence
-            if seen.known:
-                if self._unknown_since is not None:
-                    self.log.info("attempt %s: instance %s is known to the backend again", self.attempt_id,
-                                  self.instance_id)
-                self._unknown_since = None
-            elif self._unknown_since is None:
-                self._unknown_since = seen.at
-                self.log.warning("attempt %s: instance %s is absent from the backend's describe; still waiting "
-                                 "(a loss needs the cloud to say so, or heartbeats silent past %.0fs)",
-                                 self.attempt_id, self.instance_id, self.heartbeat_timeout)
-        store_error, failing_for = None, 0.0
-        status, heartbeat = self._last_read
-        # Any read failure is transient until the window says otherwise. The status on its own first: one that
-        # reads is final whatever the heartbeat read does (the heartbeat then only informs the event).
-        try:
-            status = await self._bounded("store", layout.read_status, self.attempt_id)
-        except Exception as exc:  # noqa: BLE001 - a status may be there unseen: the round is a store error
-            store_error = f"status: {type(exc).__name__}: {exc}"
-        else:
-            try:
-                heartbeat = await self._bounded("store", layout.read_heartbeat, self.attempt_id)
-            except Exception as exc:  # noqa: BLE001 - the last heartbeat read stands
-                if status is None:  # unknown, not absent: silence cannot be judged this round
-                    store_error = f"heartbeat: {type(exc).__name__}: {exc}"
-                else:
-                    self.log.info("attempt %s: its heartbeat is unreadable (%s: %s); its status decides",
-                                  self.attempt_id, type(exc).__name__, exc)
-            self._last_read = (status, heartbeat)
-        if store_error is None:
-            self._store_failing_since = None
-        else:
-            now = time.time()
-            self._store_failing_since = self._store_failing_since or now
-            failing_for = now - self._store_failing_since
-            self.log.warning("attempt %s: cannot read its %s for %.0fs; still waiting", self.attempt_id,
-                             store_error, failing_for)
-        self._log_notice(heartbeat)
-        now = time.time()
-        if heartbeat is not None:
-            if self._beat_seen is None:
-                # first sight (a new wait, a triggerer restart): as old as its own time says, within half the
-                # window, so a restart neither makes a dead agent's beat fresh nor a slow clock's beat stale
-                age = min(max(0.0, now - heartbeat.time), self.heartbeat_timeout / 2)
-                self._beat_seen = (heartbeat.time, now - age)
-            elif self._beat_seen[0] != heartbeat.time:
-                self._beat_seen = (heartbeat.time, now)
-            if self._step_seen is None or self._step_seen[0] != heartbeat.step:
-                self._step_seen = (heartbeat.step, now)
-        return Observation(
-            now=now,
-            status=status,
-            heartbeat=heartbeat,
-            instance=seen.instance,
-            instance_known=seen.known,
-            instance_error=seen.error,
-            store_error=store_error,
-            store_failing_for=failing_for,
-            instance_unknown_for=0.0 if self._unknown_since is None else now - self._unknown_since,
-            beat_seen_at=None if self._beat_seen is None else self._beat_seen[1],
-            step_seen_at=None if self._step_seen is None else self._step_seen[1],
-        )
-
     def _interim_read_seconds(self) -> float | None:
         """Seconds between status reads while waiting for the next describe round (None: none)."""
         tick = max(INTERIM_READ_MIN_SECONDS, _RUNNING / INTERIM_READS_PER_SECOND)
         return tick if tick < 0.9 * self.poll_interval else None
 
-    async def _next_round(self, layout: JobLayout, subscription: Subscription):
-        """The poller's next round for this instance; or, as soon as the attempt's status object appears
-        between rounds (read every :meth:`_interim_read_seconds`), the instance as the last round saw it:
-        the agent's own status decides the outcome, so the describe can wait. The first round always
-        comes from the poller."""
-        tick = self._interim_read_seconds()
-        last = self._last_seen
-        if tick is None or last is None:
-            seen = await subscription.next()
-        else:
-            pending = asyncio.ensure_future(subscription.next())
-            try:
-                while True:
-                    done, _ = await asyncio.wait({pending}, timeout=tick)
-                    if done:
-                        seen = pending.result()
-                        break
-                    try:
-                        status = await self._bounded("store", layout.read_status, self.attempt_id)
-                    except Exception:  # noqa: BLE001 - the round's own read handles (and times) store errors
-                        status = None
-                    if status is not None:
-                        seen = last
-                        break
-            finally:
-                if not pending.done():
-                    pending.cancel()  # the poller's round is shielded: other subscribers still get it
-        self._last_seen = seen
-        return seen
-
-    #: under a preemption notice the status comes within seconds: read it this often, not once per poll
-    NOTICE_READ_SECONDS = 0.25
-
-    async def _await_status_after_notice(self, layout: JobLayout, obs: Observation) -> Observation:
-        """The instance is under a preemption notice and its emergency save is under way: read the status
-        every :attr:`NOTICE_READ_SECONDS` for up to one poll interval instead of waiting for the next round
-        (the retry starts that much sooner). Store reads only: the describe stays with the shared poller."""
-        deadline = time.monotonic() + self.poll_interval
-        while time.monotonic() < deadline:
-            await asyncio.sleep(min(self.NOTICE_READ_SECONDS, max(0.0, deadline - time.monotonic())))
-            try:
-                status = await self._bounded("store", layout.read_status, self.attempt_id)
-            except Exception:  # noqa: BLE001 - the regular observation handles (and times) store errors
-                break
-            if status is not None:
-                try:  # for the event's last step only: the status decides
-                    heartbeat = await self._bounded("store", layout.read_heartbeat, self.attempt_id)
-                except Exception:  # noqa: BLE001 - the last one read stands
-                    heartbeat = None
-                self._last_read = (status, heartbeat or obs.heartbeat)
-                return dataclasses.replace(obs, now=time.time(), status=status, heartbeat=heartbeat or obs.heartbeat)
-        return obs
-
-    def _log_notice(self, hb: Heartbeat | None) -> None:
-        """Say once in the task's log that the instance got its preemption notice (the training process
-        reports it in its heartbeat: on EC2 only the instance can read ``spot/instance-action``)."""
-        if hb is None or hb.notice_at is None or self._notice_logged:
-            return
-        self._notice_logged = True
-        saved = hb.last_committed_step is not None and hb.last_committed_step >= hb.step
-        self.log.warning(
-            "attempt %s: instance %s got a preemption notice at %s (%s), %.1fs ago; %s", self.attempt_id,
-            self.instance_id, time.strftime("%H:%M:%S", time.gmtime(hb.notice_at)) + " UTC", hb.notice or "notice",
-            time.time() - hb.notice_at,
-            f"emergency checkpoint committed at step {hb.step}" if saved else
-            f"emergency checkpoint of step {hb.step} being saved (last committed {hb.last_committed_step})")
-
     def _max_polls(self) -> int:
         remaining = self.requested_at + self.max_attempt_seconds - time.time()
         # rounds of the shared poller may come a little faster than poll_interval (see Subscription.next)
         return max(2, math.ceil(remaining / max(0.9 * self.poll_interval, 0.05)) + 2)
-
-    async def _open(self, hook):
-        """The job's store and the backend: (store, backend, None), or what opened and why the rest did not.
-
-        Building them may read an Airflow connection (off the event loop): in the triggerer through the
-        supervisor and the API server, where a blip or a slow secrets backend raises. Like a store read, a
-        failure is retried (with a growing, jittered delay: a triggerer restart retries all its triggers at
-        once) until it has lasted past the heartbeat window; an error escaping ``run()`` would fail the try."""
-        store = backend = None
-        started = time.monotonic()
-        delay = min(self.poll_interval, self._read_timeout())
-        while True:
-            try:
-                if store is None:
-                    store = await self._bounded("open", hook.get_store, self.job_uri)
-                if backend is None:
-                    backend = await self._bounded("open", hook.get_backend)
-                return store, backend, None
-            except Exception as exc:  # noqa: BLE001 - transient until the window says otherwise
-                error = f"{type(exc).__name__}: {exc}"
-                failing_for = time.monotonic() - started
-                what = "store" if store is None else "backend"
-                if failing_for + delay > self.heartbeat_timeout:
-                    return store, backend, (
-                        f"could not open the job's {what} for {failing_for:.0f}s (window "
-                        f"{self.heartbeat_timeout:.0f}s): {error}")
-                self.log.warning("attempt %s: cannot open the job's %s (%s); retrying in %.1fs", self.attempt_id,
-                                 what, error, delay)
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-            delay = min(2 * delay, self._read_timeout())
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self._hook()
@@ -552,51 +262,6 @@ class SegmentTrigger(BaseTrigger):
             await self._log_progress(store)
             self._refresh_live_price(store)
         return None, obs
-
-    async def _release(self, backend) -> bool:
-        """Terminate a preempted or lost attempt's instance here, with the client the poller already holds.
-
-        The worker would do it in ``execute_complete``, but there it first builds a hook and an EC2 client
-        (a connection read and botocore's service model: over a second), and the retry waits for that;
-        here the instance stops billing at once and the event says so. A failure only logs: the worker,
-        seeing ``terminated: False``, terminates again (terminating is idempotent)."""
-        try:
-            await asyncio.shield(asyncio.to_thread(backend.terminate, [self.instance_id]))
-        except Exception as exc:  # noqa: BLE001 - the worker terminates it instead
-            self.log.warning("attempt %s: could not terminate instance %s here (%s); the worker will",
-                             self.attempt_id, self.instance_id, exc)
-            return False
-        return True
-
-    async def _complete_here(self, store, event: dict[str, Any]) -> dict[str, Any] | None:
-        """Account for a completed attempt here; None sends the event to the worker instead."""
-        if not self.end_from_trigger or self.end_step is None or event["status"] != Outcome.COMPLETED.value:
-            return None
-        from airflow_spot.triggers.completion import complete_attempt
-
-        hook = self._hook()
-
-        def account() -> dict[str, Any] | None:
-            from airflow_spot.operators.accounting import billing_market
-
-            # a trigger serialised before it carried market_options cannot rebuild the job's market: the
-            # launch price then (the defaults could be another market's, e.g. API prices for a catalog job)
-            market = billing_market(hook) if self.market_options is not None else None
-            return complete_attempt(store, self.attempt_id, event, segment_index=self.segment_index,
-                                    end_step=self.end_step, now=time.time(), market=market)
-
-        try:
-            # its own few threads: a price-history read that EC2 throttles (retried, seconds) must not hold
-            # the default pool that every trigger's store reads share
-            summary = await asyncio.get_running_loop().run_in_executor(_accounting_pool(), account)
-        except Exception as exc:  # noqa: BLE001 - the worker's execute_complete does it again
-            self.log.warning("attempt %s: accounting in the triggerer failed (%s); resuming on a worker",
-                             self.attempt_id, exc)
-            return None
-        if summary is not None:
-            self.log.info("attempt %s ended: completed (%s); ending the task from the trigger; %s",
-                          self.attempt_id, event["message"], summary)
-        return summary
 
     def _progress_every(self) -> float:
         """Seconds between progress lines in the task log: ten polls, kept within [5 s, 60 s]."""
@@ -700,65 +365,3 @@ class SegmentTrigger(BaseTrigger):
             "notice_at": (inst.notice_at if inst and inst.notice_at is not None
                           else hb.notice_at if hb else None),
         }
-
-    def _still_deferred(self) -> bool:
-        """Whether Airflow still has this trigger's task deferred. Airflow 3.3 calls ``on_kill`` for every trigger
-        a triggerer stops running while it runs, a trigger moved to another triggerer (its heartbeat came late)
-        included, not only for a user's mark or clear; a moved trigger's task is still deferred, a killed one's
-        is not. Unknown (no task instance, the API unreachable): not deferred, so a kill still ends its
-        instance, what ``on_kill`` is for."""
-        ti = self.task_instance
-        if ti is None:
-            return False
-        try:
-            from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
-            map_index = getattr(ti, "map_index", -1)
-            states = RuntimeTaskInstance.get_task_states(
-                dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id],
-                map_index=map_index if map_index is not None and map_index >= 0 else None)
-        except Exception as exc:  # noqa: BLE001 - treated as a kill: the documented reason for on_kill
-            self.log.warning("attempt %s: the task's state could not be read (%s: %s); ending it as killed",
-                             self.attempt_id, type(exc).__name__, exc)
-            return False
-        of_run = (states or {}).get(ti.run_id) or {}
-        key = ti.task_id if map_index is None or map_index < 0 else f"{ti.task_id}_{map_index}"
-        return str(of_run.get(key) or "").lower() == "deferred"
-
-    async def on_kill(self) -> None:
-        """The user killed the deferred task (mark failed/success, clear, run marked failed): release its
-        instance and bill the attempt up to now. The triggerer may cancel this coroutine again while it runs (it repeats the cancellation
-        each time it syncs), so the termination is shielded: once asked, it completes in its thread."""
-        hook = self._hook()
-        killed_at = time.time()
-
-        def release_and_bill() -> None:
-            if self._still_deferred():
-                self.log.warning("attempt %s: this triggerer was told to stop watching it, but its task is still "
-                                 "deferred (the trigger moved to another triggerer): instance %s is left running",
-                                 self.attempt_id, self.instance_id)
-                return
-            self.log.info("attempt %s was killed: terminating its instance %s", self.attempt_id, self.instance_id)
-            try:  # before the termination: a status it brings about is the kill's, for whoever bills it later
-                JobLayout(hook.get_store(self.job_uri)).write_kill(self.attempt_id, killed_at)
-            except Exception as exc:  # noqa: BLE001 - the instance must go all the same
-                self.log.warning("kill of attempt %s not recorded (%s: %s)", self.attempt_id, type(exc).__name__, exc)
-            hook.get_backend().terminate([self.instance_id])
-            self.log.info("terminated instance %s of killed attempt %s", self.instance_id, self.attempt_id)
-            try:  # no execute_complete follows a kill: its time is billed here (Outcome.ABANDONED)
-                from airflow_spot.operators import accounting
-                from airflow_spot.operators.attempt_record import AttemptLaunch
-
-                store = hook.get_store(self.job_uri)
-                launch = AttemptLaunch.read(store, self.attempt_id)
-                if launch is not None:
-                    # the emergency save lands in the shutdown (EC2's termination returns at once): its status
-                    # says what the attempt kept
-                    accounting.wait_for_statuses(store, [self.attempt_id])
-                    market = accounting.billing_market(hook) if self.market_options is not None else None
-                    accounting.account_abandoned(store, launch, now=time.time(), killed_at=killed_at, market=market)
-            except Exception as exc:  # noqa: BLE001 - the finish task bills it then
-                self.log.warning("killed attempt %s not billed here (%s: %s)", self.attempt_id,
-                                 type(exc).__name__, exc)
-
-        await asyncio.shield(asyncio.to_thread(release_and_bill))

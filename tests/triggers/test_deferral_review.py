@@ -149,8 +149,8 @@ def attempt(tmp_path):
 
 # ================================================================================================ DEFECTS
 def test_a_readable_final_status_is_not_discarded_because_the_heartbeat_read_fails(attempt):
-    """DEFECT. ``SegmentTrigger._read_store`` (triggers/segment.py:316-317) reads the status and the
-    heartbeat as one unit, and ``_observe`` (segment.py:335-345) treats an exception from either as "both
+    """DEFECT (fixed). The trigger's store read took the status and the heartbeat as one unit, and
+    ``_observe`` (now in triggers/observing.py) treated an exception from either as "both
     unknown": the status it just read is thrown away and the last ones read (none) are used. While the
     heartbeat object cannot be read (a GET refused or failing on that key, a heartbeat object this reader
     rejects) the agent's final
