@@ -175,7 +175,7 @@ class SpotJobSummaryOperator(BaseOperator):
                 self.log.warning(
                     "this run trained nothing: the store %s already held the job's checkpoints, and the figures "
                     "below are the earlier runs' (put {{ run_id }} in checkpoint_uri for one job per run)", store.uri)
-        # dated: a run cleared after it trains on, and the page then reads the store again (job_view.summary_stands)
+        # dated: a run cleared after it trains on, and the page then reads the store again (job_figures.summary_stands)
         summary["written_at"] = time.time()
         try:
             store.check_writable()

@@ -5,22 +5,29 @@ question ("how many preemptions since the budget started?", "what has the job co
 stand?") has one answer. It never writes. Keys come from :class:`~airflow_spot.storage.protocol.JobLayout`;
 the billing maths from :mod:`airflow_spot.policy.ledger`; the online estimate from
 :mod:`airflow_spot.policy.estimate`. No Airflow import: the UI plugin and the instance side can both use it.
+
+This module holds the reads of the store; what is computed from the records once read lives beside it: one
+attempt and its pace in :mod:`airflow_spot.storage.attempt_view`, the money figures, a finished job's
+headline and the log line in :mod:`airflow_spot.storage.job_figures`. Their names are imported here too, so
+``from airflow_spot.storage.job_view import ...`` finds them as before.
 """
 from __future__ import annotations
 
 import json
 import logging
-import math
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
-from airflow_spot.policy.checkpoint_interval import estimate_mtbf
-from airflow_spot.policy.estimate import (
-    WARMUP_STEPS, AttemptPace, estimate_remaining, measure_overheads, robust_step_seconds,
+from airflow_spot.policy.estimate import estimate_remaining, measure_overheads, robust_step_seconds
+from airflow_spot.policy.ledger import AWS_MINIMUM_BILLED_SECONDS, LedgerRow, summarize
+from airflow_spot.storage.attempt_view import (  # noqa: F401 - _not_a_number: re-exported
+    AttemptView, _checkpoint_marks, _malformed_launch, _mtbf, _not_a_number, _pace, _paces, _steady_window,
 )
-from airflow_spot.policy.ledger import AWS_MINIMUM_BILLED_SECONDS, LedgerRow, restarted_segment, summarize
+from airflow_spot.storage.job_figures import (  # noqa: F401 - those not used here: re-exported
+    FINAL_FIELDS, _clock, _dollars, _live_credit, _useful_seconds, final_figures, finished_state, money_figures,
+    progress_line, summary_stands,
+)
 from airflow_spot.storage.ledger_store import LEDGER_PREFIX, LedgerStore
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore
 from airflow_spot.storage.overhead_history import job_name, prior_for
@@ -29,84 +36,6 @@ from airflow_spot.storage.protocol import (
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class AttemptView:
-    """One attempt as the timeline shows it: its launch, its final status or live heartbeat, its ledger row."""
-
-    attempt_id: str
-    segment_index: int | None
-    instance_id: str | None
-    instance_type: str | None
-    zone: str | None
-    market: str | None
-    price_per_hour: float | None
-    on_demand_price_per_hour: float | None
-    started_at: float | None
-    ended_at: float | None
-    outcome: str  # completed | preempted | failed | lost | running
-    resume_step: int | None
-    end_step: int | None
-    current_step: int | None
-    steps_done: int | None
-    steps_lost: int | None
-    cost: float | None
-    step_seconds: float | None
-    new_instance: bool | None
-    #: when the preemption notice reached the training process (ledger row, or a running attempt's heartbeat:
-    #: a preemption under way; None: no notice seen)
-    notice_at: float | None = None
-    #: the attempt's last heartbeat (time, save cost EWMA): what its end cost after its last step
-    last_beat_at: float | None = None
-    save_seconds: float | None = None
-    #: when the attempt finished its first training step (its heartbeat; None before it or not recorded)
-    first_step_at: float | None = None
-    #: mean seconds per step from that first step to its last heartbeat (None: too few steps since)
-    pace_seconds: float | None = None
-    #: the steps that mean is over (its first step to its last heartbeat)
-    pace_steps: int = 0
-    #: seconds per step past the warm-up: from the attempt's oldest committed checkpoint past its warm-up
-    #: to its last heartbeat (None: no such checkpoint kept, or too few steps since)
-    steady_seconds: float | None = None
-    #: the steps that pace is over
-    steady_steps: int = 0
-    #: its first step to that checkpoint, beyond the steady pace: what its warm-up cost (None: not measured)
-    warmup_seconds: float | None = None
-    #: the heartbeat's step
-    beat_step: int | None = None
-    #: how long the attempt's newest committed checkpoint took to write (what a save on a notice costs)
-    write_seconds: float | None = None
-    #: the seconds billed: its ledger row's (whole seconds, with the minimum on a new instance), or for a
-    #: running attempt the seconds since it was billed from (what its cost so far is priced over)
-    billed_seconds: float | None = None
-
-    @property
-    def is_preemption(self) -> bool:
-        return self.outcome in (Outcome.PREEMPTED.value, Outcome.LOST.value)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["preemption"] = self.is_preemption
-        return d
-
-
-def _not_a_number(value: Any) -> bool:
-    return value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)))
-
-
-def _malformed_launch(data: dict[str, Any]) -> str | None:
-    """What makes a launch record unusable for the view (None: usable): the fields it computes with."""
-    offer = data.get("offer", {})
-    if not isinstance(offer, dict):
-        return "its offer is not an object"
-    for name in ("billed_from", "requested_at", "resume_step", "end_step", "segment_index"):
-        if _not_a_number(data.get(name)):
-            return f"{name} is not a number: {data[name]!r}"
-    for name in ("price_per_hour", "on_demand_price_per_hour"):  # what its cost and credit are priced at
-        if _not_a_number(offer.get(name)):
-            return f"offer.{name} is not a number: {offer[name]!r}"
-    return None
 
 
 class JobView:
@@ -428,40 +357,6 @@ class JobView:
         return points
 
     # ------------------------------------------------------------------ everything, for the UI
-    @staticmethod
-    def _paces(attempts: list, now: float) -> list[AttemptPace]:
-        """The attempts as the estimator reads them (failed ones left out: user code, not the pool)."""
-        paces, previous_end = [], None
-        for a in attempts:
-            if a.outcome != Outcome.FAILED.value:
-                paces.append(AttemptPace(
-                    steps=a.steps_done or 0, step_seconds=a.step_seconds,
-                    seconds=max(0.0, (a.ended_at or now) - (a.started_at or now)),
-                    preempted=a.is_preemption, finished=a.outcome != "running",
-                    new_instance=a.new_instance is not False,
-                    notice_seconds=(max(0.0, a.notice_at - a.started_at)
-                                    if a.notice_at is not None and a.started_at is not None else None),
-                    steps_lost=a.steps_lost or 0,
-                    gap_before=(a.started_at - previous_end
-                                if previous_end is not None and a.started_at is not None else None),
-                    # last step to end: the final save (its cost EWMA), then last heartbeat to the end
-                    pace_seconds=a.pace_seconds,
-                    pace_steps=a.pace_steps,
-                    steady_seconds=a.steady_seconds,
-                    steady_steps=a.steady_steps,
-                    warmup_seconds=a.warmup_seconds,
-                    save_seconds=a.write_seconds,
-                    exit_seconds=(max(0.0, a.ended_at - a.last_beat_at)
-                                  if a.is_preemption and a.ended_at is not None and a.last_beat_at is not None
-                                  else None),
-                    startup_seconds=(a.first_step_at - a.started_at
-                                     if a.first_step_at is not None and a.started_at is not None else None),
-                    end_seconds=(max(0.0, a.ended_at - a.last_beat_at) + (a.save_seconds or 0.0)
-                                 if a.outcome == Outcome.COMPLETED.value and a.ended_at is not None
-                                 and a.last_beat_at is not None else None),
-                ))
-            previous_end = a.ended_at if a.ended_at is not None else previous_end
-        return paces
 
     def measured_step_profile(self) -> dict[str, float]:
         """Seconds per step per GPU model this job's attempts measured (the median of their ledger rows'
@@ -478,7 +373,7 @@ class JobView:
     def measured_overheads(self, now: float) -> dict[str, float]:
         """The overheads this job measured itself (what it can teach the deployment's later jobs,
         :mod:`airflow_spot.storage.overhead_history`); empty before it has trained."""
-        paces = self._paces(self.attempts(now, self.checkpoints()), now)
+        paces = _paces(self.attempts(now, self.checkpoints()), now)
         step = robust_step_seconds(paces)
         return measure_overheads(paces, step).measured_fields() if step else {}
 
@@ -542,14 +437,14 @@ class JobView:
         segment_ends = sorted({r.end_step for r in requests})
         estimate = None
         if total_steps and with_estimate:
-            paces = self._paces(attempts, now)
+            paces = _paces(attempts, now)
             ended = [a.ended_at for a in attempts if a.ended_at is not None]
             idle = max(0.0, now - max(ended)) if ended and not running else 0.0
             # the progress read is the running attempt's heartbeat's: it trained on since that beat
             beat_age = (max(0.0, now - running[-1].last_beat_at)
                         if running and running[-1].last_beat_at is not None and running[-1].notice_at is None
                         and running[-1].beat_step is not None and running[-1].beat_step >= current else 0.0)
-            mtbf = self._mtbf(requests, attempts, now, mtbf_seconds)
+            mtbf = _mtbf(requests, attempts, now, mtbf_seconds)
             offer_price = running[-1].price_per_hour if running else (attempts[-1].price_per_hour if attempts else None)
             segments_left = sum(1 for end in segment_ends if end > current) - (1 if running else 0)
             if segment_ends and segment_ends[-1] < total_steps:  # segments not requested yet
@@ -588,186 +483,3 @@ class JobView:
             "backend": record.get("backend"),
         }
 
-    @staticmethod
-    def _mtbf(requests: list[SegmentRequest], attempts: list[AttemptView], now: float,
-              prior: float | None = None) -> float | None:
-        """MTBF of the current pool: a prior (given, else the operator's in the newest request) blended with
-        the preemptions this job has seen over its time on instances; None when the job runs on demand."""
-        if attempts and attempts[-1].market == "on-demand":
-            return None
-        if prior is None:
-            prior = next((r.mtbf_seconds for r in reversed(requests) if r.mtbf_seconds), None)
-        # a running attempt told to go is a preemption seen too
-        seen = sum(a.is_preemption or (a.outcome == "running" and a.notice_at is not None) for a in attempts)
-        # time exposed to the pool: launch to the notice (the notice window after it is not), or to the end
-        seconds = sum(max(0.0, (a.notice_at or a.ended_at or now) - a.started_at)
-                      for a in attempts if a.started_at is not None)
-        if prior is None:
-            return seconds / seen if seen else None
-        return estimate_mtbf(prior, seen, seconds)
-
-
-def _live_credit(a: AttemptView, attempts: list[AttemptView], committed: int | None) -> float:
-    """The on-demand dollars of an attempt without a ledger row, credited as its row will be
-    (``policy.ledger.credited_seconds``): a completed one its whole bill, another its kept steps. A running one
-    is credited as if it completes, its time so far: an on-demand attempt then never shows a loss against
-    on-demand. One that restarted its segment after a preemption gets its steps only, as its row will."""
-    if a.billed_seconds is None or not a.on_demand_price_per_hour:
-        return 0.0
-    whole = (a.outcome in (Outcome.COMPLETED.value, "running")
-             and not restarted_segment(a.segment_index, a.started_at, attempts))
-    seconds = a.billed_seconds if whole else _useful_seconds(a, committed)
-    return seconds / 3600.0 * a.on_demand_price_per_hour
-
-
-def _useful_seconds(a: AttemptView, committed: int | None) -> float:
-    """``LedgerRow.useful_seconds`` of an attempt whose row has not landed: its kept steps' time. A running
-    one keeps its steps so far; an ended one the job's newest checkpoint past its resume (what its row will
-    say), at most the steps it took."""
-    taken = a.steps_done or 0
-    kept = taken
-    if a.outcome != "running":
-        past = max(0, committed - a.resume_step) if committed is not None and a.resume_step is not None else 0
-        kept = min(taken, past) if a.steps_done is not None else past
-    if a.step_seconds:
-        return min(a.billed_seconds, kept * a.step_seconds)
-    if a.outcome == Outcome.COMPLETED.value:
-        return a.billed_seconds
-    return a.billed_seconds * kept / taken if taken else 0.0
-
-
-def summary_stands(summary: dict[str, Any], attempts: list[AttemptView]) -> bool:
-    """Whether the finish task's summary is still the job's final account: no attempt was launched after it
-    was written (a failed run its user cleared trains on, and nothing removes the old summary)."""
-    written = summary.get("written_at")
-    if written is not None and not _not_a_number(written):
-        return not any(a.started_at is not None and a.started_at > written for a in attempts)
-    # an earlier release's summary, undated: written after its rows ended, so an attempt after it is none of
-    # them and started after their last end. It must also have left more than its launch record (a
-    # heartbeat, an end): one launched just before the finish task, which ended its instance, left nothing
-    rows = summary.get("rows")
-    if not isinstance(rows, list):  # nor rows: it stands while nothing trains
-        return not any(a.outcome == "running" and a.last_beat_at is not None for a in attempts)
-    rows = [r for r in rows if isinstance(r, dict)]
-    held = {r.get("attempt_id") for r in rows}
-    last = max((r["ended_at"] for r in rows if r.get("ended_at") is not None and not _not_a_number(r["ended_at"])),
-               default=None)
-    return not any(
-        a.attempt_id not in held and (a.last_beat_at is not None or a.ended_at is not None)
-        and (last is None or (a.started_at is not None and a.started_at > last)) for a in attempts)
-
-
-def money_figures(cost: float, on_demand: float) -> dict[str, float | None]:
-    """Cost, on-demand cost, savings and their fraction, rounded as the UI shows them. The fraction is None
-    with no on-demand cost to compare with (nothing kept yet): a loss is no 0 %."""
-    cost, on_demand = round(cost, 6), round(on_demand, 6)
-    return {"cost": cost, "on_demand_cost": on_demand, "savings": round(on_demand - cost, 6),
-            "savings_fraction": round((on_demand - cost) / on_demand, 4) if on_demand > 0 else None}
-
-
-#: what a job summary must hold for its headline (one of an older version may lack some)
-FINAL_FIELDS = ("total_steps", "latest_step", "cost", "on_demand_cost", "preemptions")
-
-
-def final_figures(summary: dict[str, Any]) -> dict[str, Any] | None:
-    """A finished job's headline from the finish task's summary: the figures its log printed (the ledger's
-    totals; progress at the newest *usable* checkpoint). None when the summary lacks one or holds one of
-    the wrong type (the caller then reads the job from its store)."""
-    if not all(k in summary for k in FINAL_FIELDS):
-        return None
-    total, step, preemptions = summary["total_steps"], summary["latest_step"], summary["preemptions"]
-    numbers = (summary["cost"], summary["on_demand_cost"])
-    if (any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in numbers)
-            or any(v is not None and (isinstance(v, bool) or not isinstance(v, int)) for v in (total, step))
-            or isinstance(preemptions, bool) or not isinstance(preemptions, int)):
-        return None
-    money = money_figures(float(numbers[0]), float(numbers[1]))
-    # the summary's own savings (computed before rounding, as the finish task's log printed them): the
-    # difference of the rounded cost and on-demand cost can be off in the last digit
-    for k in ("savings", "savings_fraction"):
-        v = summary.get(k)
-        if (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                and money[k] is not None):  # the summary's 0.0 of no on-demand cost is no fraction either
-            money[k] = float(v)
-    return {
-        "state": finished_state(summary),
-        "current_step": step,
-        "total_steps": total,
-        "progress": round(min(1.0, step / total), 4) if total and step is not None else None,
-        **money,
-        "preemptions": preemptions,
-    }
-
-
-def finished_state(summary: dict[str, Any]) -> str:
-    """A job with a summary: ``finished``, or ``incomplete`` when the finish task found its newest
-    checkpoint short of the last step (the run failed; the UI then shows Airflow's state)."""
-    return "finished" if summary.get("completed", True) else "incomplete"
-
-
-def _checkpoint_marks(checkpoints: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
-    """Per writer (an attempt), its committed checkpoints as ``(step, time the step was reached)``: the
-    manifest's commit time less its save time (the write runs behind the training), oldest first."""
-    out: dict[str, list[tuple[int, float]]] = {}
-    for c in checkpoints:
-        if c.get("writer") and c.get("time"):
-            out.setdefault(c["writer"], []).append((c["step"], c["time"] - (c.get("save_seconds") or 0.0)))
-    return {w: sorted(v) for w, v in out.items()}
-
-
-def _steady_window(hb: Heartbeat | None,
-                   marks: list[tuple[int, float]]) -> tuple[float | None, float | None, int]:
-    """An attempt's pace past its warm-up and what the warm-up cost beyond it, from its oldest checkpoint
-    at least ``WARMUP_STEPS`` past its first step and at least as many before its heartbeat.
-
-    ``steady = (beat time - mark time) / (beat step - mark step)``; ``warm-up = (mark time - first step's
-    time) - (mark step - first step) x steady``; and the steps of that window. (None, None, 0) without
-    such a checkpoint.
-    """
-    if hb is None or hb.first_step_at is None or hb.first_step is None:
-        return None, None, 0
-    for step, at in marks:
-        if step - hb.first_step < WARMUP_STEPS or hb.step - step < WARMUP_STEPS or at <= hb.first_step_at:
-            continue
-        if hb.time <= at:
-            break
-        steady = (hb.time - at) / (hb.step - step)
-        return steady, (at - hb.first_step_at) - (step - hb.first_step) * steady, hb.step - step
-    return None, None, 0
-
-
-def _pace(hb: Heartbeat | None) -> float | None:
-    """Mean seconds per step of an attempt from its first step to its heartbeat, once past the warm-up."""
-    if hb is None or hb.first_step_at is None or hb.first_step is None:
-        return None
-    steps = hb.step - hb.first_step
-    if steps <= WARMUP_STEPS or hb.time <= hb.first_step_at:
-        return None
-    return (hb.time - hb.first_step_at) / steps
-
-
-def _clock(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    s = int(round(seconds))
-    h, rem = divmod(s, 3600)
-    return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
-
-
-def _dollars(value) -> str:
-    """``$0.1234``, or ``$?`` for a figure not known yet (no step time measured)."""
-    return "$?" if value is None else f"${value:.4f}"
-
-
-def progress_line(snap: dict[str, Any]) -> str:
-    """One line for a task log: ``%``, steps/s, ETA and cost so far (from :meth:`JobView.snapshot`)."""
-    est = snap.get("estimate") or {}
-    step = est.get("step_seconds")
-    pct = f"{100 * snap['progress']:.1f} %" if snap.get("progress") is not None else "?"
-    n = snap.get("preemptions", 0)
-    return (
-        f"progress: step {snap.get('current_step')} of {snap.get('total_steps') or '?'} ({pct}), "
-        f"{(1 / step) if step else 0:.2f} steps/s, ETA {_clock(est.get('remaining_seconds'))}, "
-        f"cost so far ${snap.get('cost', 0.0):.4f} (remaining ~{_dollars(est.get('remaining_cost'))}), "
-        f"{n} preemption{'' if n == 1 else 's'}"
-    )

@@ -60,7 +60,7 @@ def test_a_cleared_run_that_trains_again_is_not_shown_with_its_old_summary(tmp_p
     """A job whose run failed short of the last step (the finish task wrote ``control/summary.json`` with
     ``completed: false``) is cleared by its user and trains on: a new attempt resumes from step 150 and is
     at step 180. Nothing removes or supersedes the old summary, and ``JobView.snapshot``
-    (``storage/job_view.py:529-531``) takes any summary in the store as the job's final account:
+    (``JobView.snapshot``) takes any summary in the store as the job's final account:
     ``state = finished_state(summary)`` ("incomplete") and ``**final_figures(summary)`` over cost,
     on-demand cost, savings, progress and preemptions. ``app._state`` (``ui/app.py:78-82``) keeps that
     store state while the run is running. So the page and the list (whose newest XCom is now the new
@@ -91,7 +91,7 @@ def test_a_cleared_run_that_trains_again_is_not_shown_with_its_old_summary(tmp_p
 # ------------------------------------------------------------------ 2. savings dip when an attempt ends
 def test_the_on_demand_cost_of_the_work_does_not_vanish_when_an_attempt_ends_before_its_ledger_row(tmp_path):
     """While an attempt runs, ``JobView.snapshot`` credits its steps so far at its on-demand price
-    (``live_on_demand``, ``storage/job_view.py:522-526``: running attempts only). When it ends, its agent
+    (``live_on_demand``, ``JobView.snapshot``: running attempts only). When it ends, its agent
     writes its status; its ledger row lands at the trigger's next poll, or, for a killed task, at the
     finish task. In between, its cost is still counted (``live_cost`` takes every attempt without a row,
     priced to its end: the mend of an earlier review) but its on-demand credit is not: a completed
@@ -116,7 +116,7 @@ def test_the_on_demand_cost_of_the_work_does_not_vanish_when_an_attempt_ends_bef
 # ------------------------------------------------------------------ 3. an on-demand job "loses" against on-demand
 def test_a_running_on_demand_attempt_shows_no_loss_against_on_demand(tmp_path):
     """An on-demand-only job (or a deadline's on-demand attempt) while it runs: ``live_on_demand``
-    (``storage/job_view.py:522-526``) credits a running attempt only ``steps so far x step-time EWMA`` at
+    (``JobView.snapshot``) credits a running attempt only ``steps so far x step-time EWMA`` at
     the on-demand price, while its cost so far is its whole time since launch (boot, restore, start-up).
     The page then says an on-demand instance ran 140 % dearer than an on-demand instance: "savings
     $-0.0411 (-140.5 %)", for the whole of the attempt, until its ledger row lands and the figure jumps to
@@ -175,10 +175,10 @@ def test_an_object_with_a_field_of_the_wrong_type_is_named_not_the_whole_store(t
     """README: "An object of the job that cannot be read (a torn ledger row, launch record or heartbeat) is
     left out of the page and named on it". ``_Record.from_json`` (``storage/protocol.py``) checks a
     record's schema and that its fields are present, not their types, and ``_malformed_launch``
-    (``storage/job_view.py:94``) checks some of a launch record's numbers but not its offer's prices. A
+    (``storage/attempt_view.py``, ``_malformed_launch``) checks some of a launch record's numbers but not its offer's prices. A
     heartbeat whose ``step`` is null or whose step time is a string, a status whose ``ended_at`` is not a
     number, a launch whose price is a string, all decode, then raise ``TypeError`` in
-    ``JobView.attempts`` (``storage/job_view.py:328-371``); ``job_detail`` catches it as a store it could
+    ``JobView.attempts`` (``storage/job_view.py``); ``job_detail`` catches it as a store it could
     not read at all: the running job's page loses every figure, attempt and checkpoint, and says "store not
     readable: TypeError: unsupported operand type(s) for -: 'NoneType' and 'int'", naming the store, not
     the object. The object should be left out and named, as a torn one is."""
@@ -193,7 +193,7 @@ def test_an_object_with_a_field_of_the_wrong_type_is_named_not_the_whole_store(t
 def test_a_loss_with_no_work_to_credit_is_not_shown_as_zero_percent(tmp_path):
     """A job whose first attempt was preempted before it kept a step (common: a preemption in the
     start-up) and that waits for its next: cost $0.0222, on-demand cost of the work kept $0, savings
-    $-0.0222. ``money_figures`` (``storage/job_view.py:606``) makes the fraction ``0.0`` when the on-demand
+    $-0.0222. ``money_figures`` (``storage/job_figures.py``) makes the fraction ``0.0`` when the on-demand
     cost is 0, and the card (``ui/page.py:274``, ``savings_fraction or 0``) shows "savings $-0.0222
     (0.0 %)": a loss next to a percentage that says nothing was lost. With no on-demand cost to compare
     with, the fraction is not a number: the card should say so ("–"), not 0.0 %."""
