@@ -10,20 +10,21 @@ Call order and guarantees (the same for every backend):
 * ``list(prefix)`` returns keys under ``prefix`` (relative to the store root), sorted.
 
 Keys are ``/``-separated and relative to the store's root URI.
+
+The interface, its errors and the URI parsing live here; the backends beside it: ``file://`` in
+:mod:`airflow_spot.storage.file_store`, ``s3://`` in :mod:`airflow_spot.storage.s3_store`. Both are imported at
+the bottom of this module (they subclass :class:`ObjectStore`, and :func:`open_store` builds them), so
+``from airflow_spot.storage.object_store import LocalStore, S3Store`` works as before; boto3 is still imported
+only when an :class:`S3Store` is made.
 """
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import tempfile
-import threading
-import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import urlparse
 
@@ -134,142 +135,8 @@ class ObjectStore(ABC):
             ) from exc
 
 
-class LocalStore(ObjectStore):
-    """``file://`` store: commit by write-to-temp, fsync, rename (atomic on POSIX)."""
-
-    def __init__(self, root: str | os.PathLike) -> None:
-        self.root = Path(root)
-        self.uri = "file://" + str(self.root)
-
-    def _path(self, key: str) -> Path:
-        key = key.strip("/")
-        if ".." in key.split("/"):
-            raise ValueError(f"object key must not contain '..': {key!r}")
-        return self.root / key if key else self.root
-
-    def put_bytes(self, key: str, data: bytes) -> None:
-        with self.writing(key) as tmp:
-            with open(tmp, "wb") as f:
-                f.write(data)
-
-    def get_bytes(self, key: str) -> bytes:
-        try:
-            return self._path(key).read_bytes()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            raise ObjectNotFound(key) from None
-
-    def size(self, key: str) -> int:
-        path = self._path(key)
-        try:
-            if path.is_file():
-                return path.stat().st_size
-        except FileNotFoundError:
-            pass  # removed between the two calls
-        raise ObjectNotFound(key)
-
-    def list(self, prefix: str = "", *, include_temporary: bool = False, start_after: str | None = None) -> list[str]:
-        return sorted(rel for rel, _path in self._walk(prefix, include_temporary, start_after))
-
-    #: a file modified less than this before it is listed has no version: a file system's clock ticks
-    #: (1 s on some) could give a rewrite within the same tick the same time, size and a reused inode
-    #: (git's "racy clean" rule)
-    RACY_SECONDS = 2.0
-
-    def list_versions(self, prefix: str = "", *, start_after: str | None = None) -> dict[str, str | None]:
-        out: dict[str, str | None] = {}
-        now = time.time()
-        for rel, path in sorted(self._walk(prefix, False, start_after)):
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                continue  # deleted since the walk saw it, as list() would have left it out a moment later
-            out[rel] = self._version(st, now)
-        return out
-
-    @classmethod
-    def _version(cls, st: os.stat_result, now: float) -> str | None:
-        # a write renames a new file into place: its time moves on by at least RACY_SECONDS once settled
-        if now - st.st_mtime < cls.RACY_SECONDS:
-            return None
-        return f"{st.st_mtime_ns}-{st.st_size}-{st.st_ino}"
-
-    def get_many_versioned(self, keys: list[str]) -> dict[str, tuple[bytes, str | None]]:
-        out = {}
-        now = time.time()
-        for key in keys:
-            try:
-                with open(self._path(key), "rb") as f:  # the version of the very file read, not of a later one
-                    out[key] = (f.read(), self._version(os.fstat(f.fileno()), now))
-            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-                continue
-        return out
-
-    def _walk(self, prefix: str, include_temporary: bool, start_after: str | None) -> Iterator[tuple[str, str]]:
-        if self.root.exists() and not self.root.is_dir():  # not "empty": the store is gone or replaced
-            raise NotADirectoryError(f"store root {self.root} exists but is not a directory")
-        base = self._path(prefix) if prefix.endswith("/") or not prefix else self._path(prefix).parent
-        if not base.is_dir():
-            return
-        for dirpath, _dirs, files in os.walk(base):
-            for name in files:
-                if name.startswith(".tmp-") and not include_temporary:
-                    continue
-                path = os.path.join(dirpath, name)
-                rel = os.path.relpath(path, self.root).replace(os.sep, "/")
-                if rel.startswith(prefix.lstrip("/")) and (start_after is None or rel > start_after):
-                    yield rel, path
-
-    def delete(self, keys: list[str]) -> None:
-        parents = set()
-        for key in keys:
-            path = self._path(key)
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            parents.add(path.parent)
-        for parent in sorted(parents, key=lambda p: len(p.parts), reverse=True):
-            if parent != self.root:
-                with contextlib.suppress(OSError):  # not empty: something else lives there
-                    parent.rmdir()
-
-    def tidy(self) -> None:
-        for dirpath, dirs, files in os.walk(self.root, topdown=False):
-            if not dirs and not files and dirpath != str(self.root):
-                with contextlib.suppress(OSError):  # a writer may have just created it
-                    os.rmdir(dirpath)
-
-    @contextlib.contextmanager
-    def writing(self, key: str) -> Iterator[str]:
-        final = self._path(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-        try:
-            yield str(tmp)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-            _fsync_dir(final.parent)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-
-    @contextlib.contextmanager
-    def open_write(self, key: str) -> Iterator[BinaryIO]:
-        with self.writing(key) as path, open(path, "wb") as f, _EarlyWriteback(f) as w:
-            yield w
-
-    @contextlib.contextmanager
-    def reading(self, key: str, hasher=None) -> Iterator[str]:
-        path = self._path(key)
-        if not path.is_file():
-            raise ObjectNotFound(key)
-        if hasher is not None:
-            feed = _feeder(hasher)
-            with open(path, "rb") as f:
-                while block := f.read(8 * 1024 * 1024):
-                    feed(block)
-        yield str(path)
-
-
+# _EarlyWriteback is file://'s (LocalStore.open_write), but it stays here with _fdatasync: tests patch
+# ``object_store._fdatasync``, which its write() looks up in this module's globals.
 class _EarlyWriteback:
     """A file whose dirty pages go to the disk while it is still being written.
 
@@ -321,262 +188,10 @@ class _EarlyWriteback:
 _fdatasync = getattr(os, "fdatasync", os.fsync)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-class S3Store(ObjectStore):
-    """``s3://bucket/prefix`` through boto3; large files go through boto3's transfer manager.
-
-    The endpoint comes from ``endpoint_url`` or the standard ``AWS_ENDPOINT_URL_S3`` /
-    ``AWS_ENDPOINT_URL`` variables, so the same code talks to S3, MinIO or moto's server.
-    """
-
-    #: multipart size and concurrency measured in benchmarks/bench_store_throughput.py
-    MULTIPART_CHUNK = 64 * 1024 * 1024
-    MAX_CONCURRENCY = 8
-    #: GETs in flight at once in :meth:`get_many`
-    GET_CONCURRENCY = 8
-
-    def __init__(
-        self,
-        bucket: str,
-        prefix: str = "",
-        endpoint_url: str | None = None,
-        client=None,
-        multipart_chunk: int | None = None,
-        max_concurrency: int | None = None,
-    ) -> None:
-        import boto3
-        from boto3.s3.transfer import TransferConfig
-        from botocore.config import Config
-
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
-        self.endpoint_url = endpoint_url
-        self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
-        # room for get_many's GETs and a transfer's parts at once (botocore keeps 10 connections by default)
-        pool = Config(max_pool_connections=self.GET_CONCURRENCY + (max_concurrency or self.MAX_CONCURRENCY) + 2)
-        self.client = client or boto3.client("s3", endpoint_url=endpoint_url, config=pool)
-        chunk = multipart_chunk or self.MULTIPART_CHUNK
-        self._options = {"multipart_chunk": multipart_chunk, "max_concurrency": max_concurrency}
-        self.transfer_config = TransferConfig(
-            multipart_threshold=chunk,
-            multipart_chunksize=chunk,
-            max_concurrency=max_concurrency or self.MAX_CONCURRENCY,
-            use_threads=True,
-        )
-
-    def _child_options(self) -> dict:
-        return {"endpoint_url": self.endpoint_url, "client": self.client, **self._options}
-
-    def region(self) -> str:
-        """The bucket's region (``GetBucketLocation``): S3 answers no constraint for us-east-1 and the legacy
-        ``EU`` for the oldest eu-west-1 buckets."""
-        location = self.client.get_bucket_location(Bucket=self.bucket).get("LocationConstraint")
-        return {None: "us-east-1", "": "us-east-1", "EU": "eu-west-1"}.get(location, location)
-
-    def _key(self, key: str) -> str:
-        key = key.strip("/")
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def put_bytes(self, key: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
-
-    def get_bytes(self, key: str) -> bytes:
-        try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
-        except self.client.exceptions.NoSuchKey:
-            raise ObjectNotFound(key) from None
-
-
-    def get_many(self, keys: list[str]) -> dict[str, bytes]:
-        # one request each, several at once: a job's ledger, heartbeats and log are many small objects read
-        # at every segment start, where one after another paid each request's latency in turn
-        if len(keys) < 2:
-            return super().get_many(keys)
-        return {k: raw for k, (raw, _etag) in self.get_many_versioned(keys).items()}
-
-    def get_many_versioned(self, keys: list[str]) -> dict[str, tuple[bytes, str | None]]:
-        def one(key: str) -> tuple[str, tuple[bytes, str | None] | None]:
-            try:
-                got = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
-            except self.client.exceptions.NoSuchKey:
-                return key, None
-            return key, (got["Body"].read(), got.get("ETag"))  # the ETag of the bytes read
-
-        if not keys:
-            return {}
-        with ThreadPoolExecutor(min(self.GET_CONCURRENCY, len(keys)), thread_name_prefix="s3-get") as ex:
-            return {k: v for k, v in ex.map(one, keys) if v is not None}
-
-    def size(self, key: str) -> int:
-        try:
-            return int(self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
-        except Exception as exc:
-            if _is_not_found(exc):
-                raise ObjectNotFound(key) from None
-            raise
-
-    def list(self, prefix: str = "", *, include_temporary: bool = False, start_after: str | None = None) -> list[str]:
-        # An interrupted S3 upload is never an object; its parts are an incomplete multipart upload,
-        # which a bucket lifecycle rule (AbortIncompleteMultipartUpload) cleans up.
-        return sorted(self.list_versions(prefix, start_after=start_after))
-
-    def list_versions(self, prefix: str = "", *, start_after: str | None = None) -> dict[str, str | None]:
-        full = self._key(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
-        if prefix.endswith("/") and not full.endswith("/"):
-            full += "/"
-        strip = len(self.prefix) + 1 if self.prefix else 0
-        out: dict[str, str | None] = {}
-        extra = {"StartAfter": self._key(start_after)} if start_after else {}
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full, **extra):
-            out.update((obj["Key"][strip:], obj.get("ETag")) for obj in page.get("Contents", ()))
-        return dict(sorted(out.items()))
-
-    def delete(self, keys: list[str]) -> None:
-        for i in range(0, len(keys), 1000):
-            batch = [{"Key": self._key(k)} for k in keys[i : i + 1000]]
-            if batch:
-                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
-
-    @contextlib.contextmanager
-    def writing(self, key: str) -> Iterator[str]:
-        # Spool locally, then one managed upload: S3 publishes an object only when the PUT or the
-        # multipart upload completes, and the transfer manager aborts a failed multipart upload.
-        fd, tmp = tempfile.mkstemp(prefix="airflow-spot-up-")
-        os.close(fd)
-        try:
-            yield tmp
-            self.client.upload_file(tmp, self.bucket, self._key(key), Config=self.transfer_config)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-
-    @contextlib.contextmanager
-    def open_write(self, key: str) -> Iterator[BinaryIO]:
-        # Stream through a pipe into a managed upload running in a thread: serialising, hashing and
-        # uploading overlap, and memory stays at a few parts instead of a whole spooled copy.
-        r, w = os.pipe()
-        with contextlib.suppress(OSError, AttributeError):  # a 1 MiB pipe: 16x fewer context switches
-            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1024 * 1024)
-        reader = _AbortableReader(os.fdopen(r, "rb"))
-        writer = os.fdopen(w, "wb", buffering=1024 * 1024)
-        errors: list[BaseException] = []
-
-        def upload() -> None:
-            try:
-                self.client.upload_fileobj(reader, self.bucket, self._key(key), Config=self.transfer_config)
-            except BaseException as exc:  # handed to the producer below
-                errors.append(exc)
-            finally:
-                reader.drain_and_close()  # never leave the producer blocked on a full pipe
-
-        thread = threading.Thread(target=upload, name="spot-s3-upload", daemon=True)
-        thread.start()
-        try:
-            yield _GuardedWriter(writer, errors)
-        except BaseException:
-            reader.aborted = True  # EOF now fails the upload instead of publishing a truncated object
-            raise
-        finally:
-            try:
-                writer.close()
-            except OSError:
-                pass  # the uploader is gone; its error is raised below
-            thread.join()
-        if errors:
-            raise errors[0]
-
-    @contextlib.contextmanager
-    def reading(self, key: str, hasher=None) -> Iterator[str]:
-        fd, tmp = tempfile.mkstemp(prefix="airflow-spot-down-")
-        os.close(fd)
-        try:
-            try:
-                if hasher is None:
-                    self.client.download_file(self.bucket, self._key(key), tmp, Config=self.transfer_config)
-                else:  # hash while the bytes arrive instead of reading the file a second time
-                    with open(tmp, "wb") as f:
-                        self.client.download_fileobj(
-                            self.bucket, self._key(key), _HashingSink(f, hasher), Config=self.transfer_config
-                        )
-            except Exception as exc:
-                if _is_not_found(exc):
-                    raise ObjectNotFound(key) from None
-                raise
-            yield tmp
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-
-
-class _AbortableReader:
-    """Pipe reader for the uploader: at EOF after an abort it raises, so nothing half-written is published."""
-
-    def __init__(self, raw: BinaryIO) -> None:
-        self.raw = raw
-        self.aborted = False
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.raw.read(n)
-        if not data and self.aborted:
-            raise OSError("upload aborted by the writer")
-        return data
-
-    def drain_and_close(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            while self.raw.read(1024 * 1024):
-                pass
-        with contextlib.suppress(OSError):
-            self.raw.close()
-
-
-class _GuardedWriter:
-    """Writes to the pipe, failing fast with the uploader's error once it has given up."""
-
-    def __init__(self, f: BinaryIO, errors: list[BaseException]) -> None:
-        self._f = f
-        self._errors = errors
-
-    def write(self, data) -> int:
-        if self._errors:
-            raise self._errors[0]
-        return self._f.write(data)
-
-    def flush(self) -> None:
-        self._f.flush()
-
-
-class _HashingSink:
-    """Write-only, non-seekable sink: the transfer manager then delivers parts in order."""
-
-    def __init__(self, f: BinaryIO, hasher) -> None:
-        self._f = f
-        self._hasher = hasher
-        self._feed = _feeder(hasher)
-
-    def write(self, data) -> int:
-        if isinstance(data, bytes):
-            self._feed(data)
-        else:  # a buffer the transfer manager may reuse
-            self._hasher.update(data)
-        return self._f.write(data)
-
-
 def _feeder(hasher):
     """How to hand a hasher bytes read from a file: without waiting, where it can (a block SHA-256
     hashes its blocks on other cores while the next bytes are read)."""
     return getattr(hasher, "update_owned", hasher.update)
-
-
-def _is_not_found(exc: Exception) -> bool:
-    code = getattr(exc, "response", {}).get("Error", {}).get("Code")
-    return code in ("404", "NoSuchKey", "NotFound")
 
 
 def store_errors() -> tuple[type[BaseException], ...]:
@@ -667,6 +282,12 @@ def open_existing_store(uri: str, endpoint_url: str | None = None, what: str = "
     if isinstance(store, LocalStore) and not store.root.is_dir():
         raise StoreConfigError(f"{store.root} is a file, not a folder; give {what}")
     return store
+
+
+# The backends subclass ObjectStore, so they are imported once it exists: open_store builds them, and these
+# names stay importable from here.
+from airflow_spot.storage.file_store import LocalStore  # noqa: E402
+from airflow_spot.storage.s3_store import S3Store  # noqa: E402
 
 
 __all__ = [
