@@ -206,6 +206,17 @@ def store_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def error_code(exc: BaseException) -> str | None:
+    """The AWS error code of a botocore ``ClientError`` (``NoSuchKey``, ``AccessDenied``...), else None: other
+    libraries' exceptions carry a ``response`` too (None, or an HTTP response object), which must not turn
+    an error's hint or a not-found check into an AttributeError."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return None
+    error = response.get("Error")
+    return error.get("Code") if isinstance(error, dict) else None
+
+
 def store_error_hint(exc: BaseException) -> str:
     """What to do about a store error a user can fix (credentials, region, access), or ``""``."""
     name = type(exc).__name__
@@ -215,7 +226,7 @@ def store_error_hint(exc: BaseException) -> str:
                 "and any key pair)")
     if name == "NoRegionError":
         return "; no AWS region is set: set AWS_DEFAULT_REGION (or the profile's region)"
-    code = getattr(exc, "response", {}).get("Error", {}).get("Code") if hasattr(exc, "response") else None
+    code = error_code(exc)
     if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"):
         return "; the credentials in use may not read this bucket: they need s3:ListBucket and s3:GetObject on it"
     if code in ("NoSuchBucket",):
@@ -292,5 +303,5 @@ from airflow_spot.storage.s3_store import S3Store  # noqa: E402
 
 __all__ = [
     "LocalStore", "ObjectNotFound", "ObjectStore", "S3Store", "StoreConfigError", "open_existing_store", "open_store",
-    "store_error_hint", "store_errors", "store_uri", "uri_problem",
+    "error_code", "store_error_hint", "store_errors", "store_uri", "uri_problem",
 ]

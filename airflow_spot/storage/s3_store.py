@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
-from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, _feeder
+from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, _feeder, error_code
 
 
 class S3Store(ObjectStore):
@@ -262,5 +262,4 @@ class _HashingSink:
 
 
 def _is_not_found(exc: Exception) -> bool:
-    code = getattr(exc, "response", {}).get("Error", {}).get("Code")
-    return code in ("404", "NoSuchKey", "NotFound")
+    return error_code(exc) in ("404", "NoSuchKey", "NotFound")

@@ -49,3 +49,25 @@ def test_a_file_given_as_a_store_is_named(tmp_path):
     f.write_bytes(b"x")
     with pytest.raises(StoreConfigError, match="state.pt is a file, not a folder; give a job root"):
         open_existing_store(str(f), what="a job root")
+
+
+def test_an_error_whose_response_is_not_botocores_gets_no_hint_and_no_new_error():
+    """Other libraries' exceptions carry ``response`` too (requests' HTTPError: None or a Response object):
+    the hint and the not-found check read a botocore error code only, instead of raising AttributeError
+    while reporting the error they were given."""
+    from botocore.exceptions import ClientError
+
+    from airflow_spot.storage.object_store import error_code, store_error_hint
+    from airflow_spot.storage.s3_store import _is_not_found
+
+    class HttpError(Exception):
+        def __init__(self, response):
+            super().__init__("http")
+            self.response = response
+
+    for response in (None, object(), {"Error": None}, {"Error": "denied"}):
+        assert error_code(HttpError(response)) is None
+        assert store_error_hint(HttpError(response)) == ""
+        assert _is_not_found(HttpError(response)) is False
+    assert error_code(ClientError({"Error": {"Code": "NoSuchKey"}}, "GetObject")) == "NoSuchKey"
+    assert _is_not_found(ClientError({"Error": {"Code": "NoSuchKey"}}, "GetObject"))
