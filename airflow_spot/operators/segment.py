@@ -48,7 +48,9 @@ from airflow_spot.policy.offers import GpuRequest
 from airflow_spot.policy.transfer import TransferCost, saves_per_hour, transfer_cost
 from airflow_spot.storage.checkpoint import DIGEST_ENV, digest_setting
 from airflow_spot.storage.manifest import Manifest
-from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError, store_errors, store_uri
+from airflow_spot.storage.object_store import (
+    ObjectNotFound, ObjectStore, StoreConfigError, error_code, store_errors, store_uri,
+)
 from airflow_spot.storage.protocol import JobLayout, SchemaError, SegmentRequest, safe_id
 from airflow_spot.triggers.segment import DEFAULT_STALL_TIMEOUT, SegmentTrigger
 
@@ -528,7 +530,7 @@ class SpotSegmentOperator(SegmentInstances, SegmentReattach, SegmentOutcome, Bas
             try:
                 region = store.region()
             except store_errors() as exc:
-                if getattr(exc, "response", {}).get("Error", {}).get("Code") not in ("AccessDenied", "403"):
+                if error_code(exc) not in ("AccessDenied", "403"):
                     raise  # a store that does not answer: this try fails and is retried
                 raise AirflowFailException(
                     f"checkpoint_region='auto' needs the region of {store.uri}, and S3 refused to say ({exc}): "

@@ -90,7 +90,13 @@ class SegmentOutcome:
             return summary
         if outcome.is_retryable():
             if not event.get("terminated"):  # the trigger releases it itself when it can
-                self.hook.get_backend().terminate([launch.instance_id])
+                try:
+                    self.hook.get_backend().terminate([launch.instance_id])
+                except Exception as exc:  # noqa: BLE001 - the retry's let-go, the finish task and reap end it
+                    # a failed termination must not turn the preemption into a backend error (its retry
+                    # rule, the deployment's log and the "done all the same" check below still apply)
+                    self.log.warning("could not terminate instance %s of attempt %s (%s: %s); the next try "
+                                     "terminates it again", launch.instance_id, attempt_id, type(exc).__name__, exc)
             offer = launch.offer_obj
             # the deployment learns of the market's reclaim (the job's own ledger row has it already); a lost
             # attempt (an agent that never started, a silent instance) says nothing of the pool's capacity
@@ -113,12 +119,11 @@ class SegmentOutcome:
             # The budgets stay ours: Airflow's retries count the tries of one task instance, while
             # max_preemptions is the whole job's (all segments), and preemptions must not use up the
             # code-failure budget. Exhausted budgets raise AirflowFailException (never a retry policy's).
-            preemptions = accounting.count(
-                store, outcomes=(Outcome.PREEMPTED, Outcome.LOST), since=self._budget_start(context, store)
-            )
+            since = self._budget_start(context, store)
+            preemptions = accounting.count(store, outcomes=(Outcome.PREEMPTED, Outcome.LOST), since=since)
             resume = latest if latest is not None else self.start_step
             if outcome is Outcome.LOST:
-                self._fail_if_instances_never_reach_the_store(store, event)
+                self._fail_if_instances_never_reach_the_store(store, event, since)
             if preemptions > self.max_preemptions:
                 raise AirflowFailException(
                     f"segment {self.segment_index} {outcome.value} on {launch.instance_id} ({event.get('message')}); "
@@ -209,13 +214,17 @@ class SegmentOutcome:
     #: lost attempts in a row whose instances' agents never wrote to the store before the segment gives up
     NEVER_REACHED_STORE_LIMIT = 2
 
-    def _fail_if_instances_never_reach_the_store(self, store, event: dict[str, Any]) -> None:
+    def _fail_if_instances_never_reach_the_store(self, store, event: dict[str, Any],
+                                                 since: float | None = None) -> None:
         """Fail now when the job's latest lost attempts all ran on instances whose agent never wrote its
         liveness to the store: the image does not start the agent (no python or airflow-spot's training
         extra, a failing setup line) or the instance cannot reach the store (its profile, the network). Each
-        further try would boot one more instance into the same silence, through the whole preemption budget."""
+        further try would boot one more instance into the same silence, through the whole preemption budget.
+        Only losses since ``since`` (the budgets' start) count: a user who fixed the image and cleared the
+        task gets the same tries again, not a failure at the first new loss."""
         try:
-            lost = sorted((r for r in accounting.read_rows(store) if r.outcome == Outcome.LOST.value),
+            lost = sorted((r for r in accounting.read_rows(store) if r.outcome == Outcome.LOST.value
+                           and (since is None or r.ended_at >= since)),
                           key=lambda r: r.ended_at)[-self.NEVER_REACHED_STORE_LIMIT:]
             if len(lost) < self.NEVER_REACHED_STORE_LIMIT:
                 return

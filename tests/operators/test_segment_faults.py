@@ -453,3 +453,63 @@ def test_instances_whose_agent_never_reaches_the_store_fail_the_segment_after_tw
     assert [r.outcome for r in rows] == ["lost", "lost"]
     log = AvailabilityLog(open_store(deployment_availability_uri(store.uri, None)))
     assert not [e for e in log.read() if e.kind == "preempted"]
+
+
+@pytest.mark.parametrize("end_saved", [True, False])
+def test_a_failed_termination_of_a_lost_attempts_instance_still_ends_as_the_loss(tmp_path, monkeypatch, end_saved):
+    """execute_complete terminates a preempted or lost attempt's instance when the trigger did not: a backend
+    error there (a throttled TerminateInstances) used to fail the try with that error instead of the loss,
+    skipping the "done all the same" check of a segment whose end checkpoint was saved. The loss stands; the
+    next try's let-go terminates the instance again."""
+    from airflow_spot.hooks.spot import SpotHook
+    from airflow_spot.operators.segment import SegmentPreempted
+
+    uri = f"file://{tmp_path}/job"
+    store = open_store(uri)
+    if end_saved:
+        JobLayout(store).checkpoint_store().save(10, lambda f: f.write(b"end-of-segment state"))
+    now = time.time()
+    _try1_launched(store, LOCAL_OFFER, "i-silent", now - 600)
+    asked = []
+
+    def terminate(ids):
+        asked.append(ids)
+        raise RuntimeError("RequestLimitExceeded (simulated)")
+
+    monkeypatch.setattr(SpotHook, "get_backend", lambda self: SimpleNamespace(terminate=terminate))
+    op = SpotSegmentOperator(task_id="seg", command=["python", "x.py"], checkpoint_uri=uri, start_step=0,
+                             end_step=10, total_steps=20, backend="local", backend_options=backend_options(tmp_path))
+    ti = SimpleNamespace(try_number=1, id=None, max_tries=op.retries, xcom_push=lambda key, value: None)
+    event = {"status": "lost", "attempt_id": "seg.try1", "instance_id": "i-silent", "terminated": False,
+             "message": "no heartbeat within the timeout", "ended_at": now, "last_step": 10 if end_saved else 3}
+    if end_saved:
+        assert op.execute_complete({"ti": ti, "run_id": "r"}, event)["outcome"] == "lost"
+    else:
+        with pytest.raises(SegmentPreempted, match="lost on i-silent"):
+            op.execute_complete({"ti": ti, "run_id": "r"}, event)
+    assert asked == [["i-silent"]]
+    assert LedgerStore(store).read("seg.try1").outcome == "lost"
+
+
+def test_only_losses_since_the_budgets_start_say_the_agent_never_reaches_the_store(tmp_path):
+    """Two lost attempts whose agents never wrote to the store fail the segment; a user who fixed the image
+    and cleared the task starts the budgets again, so the losses before the clear do not fail the first new
+    loss at once."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_spot.policy.ledger import LedgerRow
+
+    uri = f"file://{tmp_path}/job"
+    store = open_store(uri)
+    now = time.time()
+    for i, ended in enumerate((now - 3600, now - 3000, now - 10)):
+        LedgerStore(store).write(LedgerRow(
+            attempt_id=f"seg.try{i + 1}", instance_id=f"i-{i}", instance_type="g5.xlarge", zone="use1-az1",
+            market="spot", price_per_hour=0.5, on_demand_price_per_hour=1.0, started_at=ended - 300,
+            ended_at=ended, steps_done=0, outcome="lost", segment_index=0))
+    op = SpotSegmentOperator(task_id="seg", command=["python", "x.py"], checkpoint_uri=uri, start_step=0,
+                             end_step=10, total_steps=20, backend="local", backend_options=backend_options(tmp_path))
+    event = {"message": "no heartbeat"}
+    op._fail_if_instances_never_reach_the_store(store, event, since=now - 60)  # one loss since the clear
+    with pytest.raises(AirflowFailException, match="without their agent ever writing"):
+        op._fail_if_instances_never_reach_the_store(store, event, since=now - 3300)  # two since
