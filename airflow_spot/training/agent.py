@@ -25,7 +25,6 @@ Never imports Airflow: only ``storage`` and the environment contract of ``traini
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -34,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, open_store, store_errors
@@ -48,14 +46,13 @@ from airflow_spot.storage.protocol import (
     safe_id,
 )
 from airflow_spot.training import env as E
-from airflow_spot.training.handoff import (
-    ANSWER_GRACE_SECONDS, HandoffDir, WarmAgentMixin, WarmProcess, group_alive, signal_group, wants_handoff,
+from airflow_spot.training.command_process import (  # noqa: F401 - those not used here: re-exported
+    LEFTOVER_GRACE_SECONDS, OWN_PROCESS_GROUP, TAIL_CHARS, CommandProcessMixin, read_tail, segment_env,
 )
+from airflow_spot.training.handoff import ANSWER_GRACE_SECONDS, HandoffDir, WarmAgentMixin, WarmProcess, signal_group
 
 log = logging.getLogger("airflow_spot.agent")
 
-#: characters of a command's output kept in the status object
-TAIL_CHARS = 4000
 AGENT_EXIT_FILE = "agent_exit.json"
 #: longest pause between request polls while the store keeps failing
 MAX_ERROR_BACKOFF_SECONDS = 5.0
@@ -92,65 +89,6 @@ def outcome_for_exit(code: int, *, stop_signalled: bool = False, notice_issued: 
     return Outcome.FAILED
 
 
-#: seconds the processes a finished command left behind get after SIGTERM before SIGKILL
-LEFTOVER_GRACE_SECONDS = 10.0
-
-#: ``Popen`` arguments that start a command in a process group of its own, inside the agent's session
-#: (``process_group`` is Python 3.11's; on 3.10 the child calls ``setpgid`` itself before its exec)
-OWN_PROCESS_GROUP: dict = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
-
-
-def segment_env(
-    request: SegmentRequest,
-    notice_file: str | None,
-    base: dict[str, str] | None = None,
-    handoff_dir: str | None = None,
-    handoff_wait: float | None = None,
-    outcome_file: str | None = None,
-) -> dict[str, str]:
-    """Environment of one attempt: the agent's own, the request's extras, then the protocol variables
-    (which win, so a request cannot point the session at another job or range)."""
-    env = dict(os.environ if base is None else base)
-    env.update({str(k): str(v) for k, v in (request.env or {}).items()})
-    env.setdefault("PYTHONUNBUFFERED", "1")  # so the tail of a crash reaches the log
-    env[E.JOB_URI] = request.job_uri
-    env[E.ATTEMPT_ID] = request.attempt_id
-    env[E.START_STEP] = str(int(request.start_step))
-    env[E.END_STEP] = str(int(request.end_step))
-    optional = {
-        E.NOTICE_FILE: notice_file,
-        E.MTBF_SECONDS: request.mtbf_seconds,
-        E.CKPT_MIN_INTERVAL: request.min_interval_seconds,
-        E.CKPT_MAX_INTERVAL: request.max_interval_seconds,
-        E.NOTICE_WINDOW_SECONDS: request.notice_window_seconds,
-        E.CKPT_KEEP: request.keep_checkpoints,
-        E.WARM_START_URI: request.warm_start_uri,
-        E.TOTAL_STEPS: request.total_steps,
-        E.HANDOFF_DIR: handoff_dir,
-        E.HANDOFF_WAIT: handoff_wait,
-        E.OUTCOME_FILE: outcome_file,
-    }
-    for name, value in optional.items():
-        if value is not None and value != "":
-            env[name] = str(value)
-        else:
-            env.pop(name, None)
-    return env
-
-
-def read_tail(path: Path, chars: int = TAIL_CHARS, start: int = 0) -> str:
-    """The last ``chars`` characters of a log, not looking before byte ``start`` (where an attempt
-    handed to a warm process began writing into the log of the process)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(start, size - chars * 4))
-            return f.read().decode("utf-8", errors="replace")[-chars:]
-    except FileNotFoundError:
-        return ""
-
-
 def latest_committed_step(store: ObjectStore) -> int | None:
     """Newest committed checkpoint step of the job, or None (no checkpoint, or the store is unreadable:
     the status must still be written, so a read failure is reported in the log and not raised)."""
@@ -163,7 +101,7 @@ def latest_committed_step(store: ObjectStore) -> int | None:
         return None
 
 
-class Agent(WarmAgentMixin):
+class Agent(WarmAgentMixin, CommandProcessMixin):
     """Runs the segment requests of one instance. See the module docstring."""
 
     def __init__(
@@ -179,8 +117,10 @@ class Agent(WarmAgentMixin):
         heartbeat_seconds: float = 5.0,
         handoff_wait: float | None = None,
     ) -> None:
-        if idle_timeout <= 0 or poll_interval <= 0 or term_grace < 0:
-            raise ValueError("idle_timeout and poll_interval must be positive, term_grace >= 0")
+        # a heartbeat of 0 would spin the wait for the command without a pause (it ticks at most that long)
+        if not (idle_timeout > 0 and poll_interval > 0 and heartbeat_seconds > 0 and term_grace >= 0):
+            raise ValueError("idle_timeout, poll_interval and heartbeat_seconds must be positive, term_grace >= 0 "
+                             f"(got {idle_timeout!r}, {poll_interval!r}, {heartbeat_seconds!r}, {term_grace!r})")
         self.store = open_store(job_uri)
         self.layout = JobLayout(self.store)
         self.instance_id = instance_id
@@ -400,121 +340,6 @@ class Agent(WarmAgentMixin):
             return self.outcome_file.read_text().startswith("preempted")
         except OSError:
             return False
-
-    def _run_command(
-        self, request: SegmentRequest, log_path: Path, warm: WarmProcess | None = None
-    ) -> tuple[int | None, str]:
-        """Run the command (or continue ``warm``, which took the request) to its end or to its "segment
-        done" marker; returns (exit code, 0 at a done marker, or None if it never started; output tail)."""
-        with contextlib.suppress(OSError):  # an earlier attempt's word is not this one's
-            self.outcome_file.unlink(missing_ok=True)
-        if warm is not None:
-            self.child = warm.proc
-            channel, out_path = warm.channel, warm.log_path
-            offset = out_path.stat().st_size if out_path.exists() else 0
-            with contextlib.suppress(OSError):  # a note for whoever reads the logs; a full disk may refuse it
-                log_path.write_text(f"[agent] attempt {request.attempt_id} continues in the warm training process "
-                                    f"{warm.proc.pid}; its output is in {out_path.name} from byte {offset}\n")
-        else:
-            offset, out_path = 0, log_path
-            channel = None
-            if wants_handoff(request):
-                self._processes += 1
-                channel = HandoffDir(self.work_dir / "handoff" / f"{self._processes:05d}")
-                try:
-                    channel.path.mkdir(parents=True, exist_ok=True)
-                except OSError as exc:  # a full disk: the process ends with its segment instead
-                    log.warning("no hand-off for %s (%s): the process ends with its segment", request.attempt_id, exc)
-                    channel = None
-            env = (self._handoff_env(request, channel) if channel
-                   else segment_env(request, self.notice_file, outcome_file=str(self.outcome_file)))
-            try:
-                out = open(log_path, "ab")  # noqa: SIM115 - closed when the command is started
-            except OSError as exc:  # the instance's disk is full (or read-only): no command can run well
-                return None, f"[agent] cannot open the attempt's log {log_path}: {exc}; the instance's disk is full?"
-            # every process of the command carries it, also those a launcher starts in sessions of their own
-            token = env[E.COMMAND_TOKEN] = uuid.uuid4().hex
-            with out:
-                self._sigterm_forwarded = self._killed_child = False
-                try:
-                    self.child = subprocess.Popen(
-                        request.command,
-                        cwd=request.cwd or None,
-                        env=env,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        **OWN_PROCESS_GROUP,  # signals and the clean-up reach all it starts
-                    )
-                except OSError as exc:  # missing program, not executable, bad cwd: the user's to fix
-                    where = f" in {request.cwd!r}" if request.cwd else ""
-                    message = f"cannot start command {request.command!r}{where}: {exc.strerror or exc}"
-                    out.write((message + "\n").encode())
-                    return None, message
-                self.child.spot_token = token  # type: ignore[attr-defined]  # read by signal_group
-        child = self.child
-        assert child is not None
-        # A process that may report "segment done" is watched closely: that marker ends the attempt.
-        tick = min(0.05 if channel else 0.5, self.heartbeat_seconds)
-        term_deadline: float | None = None
-        while True:
-            try:
-                code = child.wait(timeout=tick)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            done = channel.read_done(request.attempt_id) if channel is not None else None
-            if done is not None and not self.stopping:
-                self.warm = WarmProcess(child, channel, request, int(done["step"]), out_path)
-                tail = read_tail(out_path, start=offset) + (
-                    f"\n[agent] segment done at step {done['step']}; the process (pid {child.pid}) stays warm "
-                    "for the next segment"
-                )
-                return 0, tail
-            self._liveness("running", request.attempt_id)
-            if self.stopping and term_deadline is None:
-                self._forward_sigterm()  # SIGTERM may have come before the child existed
-                term_deadline = time.monotonic() + self.term_grace
-            if term_deadline is not None and time.monotonic() > term_deadline:
-                log.warning("attempt %s did not exit %.0f s after SIGTERM: killing it",
-                            request.attempt_id, self.term_grace)
-                self._killed_child = True
-                signal_group(child, signal.SIGKILL)
-        # what the command left running: while the instance stops, a wrapper's training process may still be
-        # committing its emergency save (waited for up to the grace, so the status counts it); otherwise
-        # background processes of an attempt that ended must not run into the next one
-        if self.stopping:
-            left = (term_deadline or time.monotonic() + self.term_grace) - time.monotonic()
-            self._wait_group(child.pid, max(0.0, left), getattr(child, "spot_token", None))
-        self._end_group(child, "its command ended")
-        self.child = None
-        tail = read_tail(out_path, start=offset)
-        if code < 0:
-            tail += f"\n[agent] command killed by signal {-code}"
-        return code, tail
-
-    @staticmethod
-    def _wait_group(pgid: int, timeout: float, token: str | None = None) -> bool:
-        """Wait up to ``timeout`` seconds for process group ``pgid`` (and the processes marked ``token``) to
-        end; whether they did."""
-        deadline = time.monotonic() + timeout
-        while group_alive(pgid, token):
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-        return True
-
-    def _end_group(self, proc: subprocess.Popen, why: str) -> None:
-        """End what is left of ``proc``'s process group (and of its marked processes): SIGTERM, then SIGKILL
-        after a grace."""
-        token = getattr(proc, "spot_token", None)
-        if not group_alive(proc.pid, token):
-            return
-        log.warning("process group %d: processes left running after %s; ending them", proc.pid, why)
-        signal_group(proc, signal.SIGTERM)
-        if not self._wait_group(proc.pid, min(self.term_grace, LEFTOVER_GRACE_SECONDS), token):
-            signal_group(proc, signal.SIGKILL)
-            self._wait_group(proc.pid, 5.0, token)
 
     # ------------------------------------------------------------------ warm process (see WarmAgentMixin)
     def _latest_committed_step(self) -> int | None:

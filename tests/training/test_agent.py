@@ -404,3 +404,15 @@ def test_processes_a_command_started_in_sessions_of_their_own_end_with_it(agent,
     finally:
         if not gone():
             os.kill(orphan, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("bad", [{"heartbeat_seconds": 0.0}, {"heartbeat_seconds": -1.0},
+                                 {"idle_timeout": float("nan")}, {"poll_interval": 0.0}, {"term_grace": -1.0}])
+def test_the_agent_refuses_timings_that_would_spin_or_never_end(tmp_path, bad):
+    """A heartbeat of 0 made the wait for the command tick without a pause (a busy loop on the instance);
+    each timing is checked when the agent is made, with the values in the message."""
+    from airflow_spot.training.agent import Agent
+
+    kw = {"idle_timeout": 60.0, "work_dir": tmp_path / "w", **bad}
+    with pytest.raises(ValueError, match="must be positive"):
+        Agent(f"file://{tmp_path}/job", "i-1", **kw)
