@@ -161,7 +161,7 @@ class CommandProcessMixin(ABC):
             with out:
                 self._sigterm_forwarded = self._killed_child = False
                 try:
-                    self.child = subprocess.Popen(
+                    proc = subprocess.Popen(
                         request.command,
                         cwd=request.cwd or None,
                         env=env,
@@ -175,7 +175,10 @@ class CommandProcessMixin(ABC):
                     message = f"cannot start command {request.command!r}{where}: {exc.strerror or exc}"
                     out.write((message + "\n").encode())
                     return None, message
-                self.child.spot_token = token  # type: ignore[attr-defined]  # read by signal_group
+                # marked before the agent's SIGTERM handler can see it: a signal in between would otherwise
+                # reach the group alone, not the marked processes a launcher starts in sessions of their own
+                proc.spot_token = token  # type: ignore[attr-defined]  # read by signal_group
+                self.child = proc
         child = self.child
         assert child is not None
         # A process that may report "segment done" is watched closely: that marker ends the attempt.

@@ -416,3 +416,31 @@ def test_the_agent_refuses_timings_that_would_spin_or_never_end(tmp_path, bad):
     kw = {"idle_timeout": 60.0, "work_dir": tmp_path / "w", **bad}
     with pytest.raises(ValueError, match="must be positive"):
         Agent(f"file://{tmp_path}/job", "i-1", **kw)
+
+
+def test_the_command_is_marked_before_the_agent_can_signal_it(tmp_path, monkeypatch):
+    """The SIGTERM handler signals ``self.child`` with its token (processes a launcher starts in sessions of
+    their own carry only the token). A child visible to the handler before it was marked would get a signal
+    that reaches its group alone, so the agent must never hold an unmarked child."""
+    from airflow_spot.training.agent import Agent
+
+    seen: list[str | None] = []
+
+    class Watched(Agent):
+        @property
+        def child(self):
+            return self.__dict__.get("_child")
+
+        @child.setter
+        def child(self, proc):
+            if proc is not None:
+                seen.append(getattr(proc, "spot_token", None))
+            self.__dict__["_child"] = proc
+
+    a = Watched(f"file://{tmp_path}/job", INSTANCE, idle_timeout=60.0, work_dir=tmp_path / "w",
+                heartbeat_seconds=0.5)
+    req = SegmentRequest(attempt_id="a1", job_uri=f"file://{tmp_path}/job", segment_index=0, start_step=0,
+                         end_step=1, command=py("pass"), created_at=time.time())
+    code, _ = a._run_command(req, tmp_path / "a1.log")
+    assert code == 0
+    assert seen and all(seen), f"the agent held the command before marking it with its token: {seen}"
