@@ -89,7 +89,7 @@ class ObjectStore(ABC):
 
     def exists(self, key: str) -> bool:
         try:
-            self.get_bytes(key)
+            self.size(key)  # S3: a HEAD, not a read of the whole object
         except ObjectNotFound:
             return False
         return True

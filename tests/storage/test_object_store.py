@@ -159,3 +159,10 @@ def test_store_uri_names_the_store_as_open_store_does_without_a_client(uri):
     from airflow_spot.storage.object_store import store_uri
 
     assert store_uri(uri) == open_store(uri).uri
+
+
+def test_exists_does_not_read_the_object(store, monkeypatch):
+    # asking whether a key exists must not download it (S3: a HEAD request, not a GET of the whole object)
+    store.put_bytes("big.bin", b"x" * 1024)
+    monkeypatch.setattr(type(store), "get_bytes", lambda self, key: pytest.fail(f"exists() read {key}"))
+    assert store.exists("big.bin") and not store.exists("absent.bin")
