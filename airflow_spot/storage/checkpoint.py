@@ -3,6 +3,7 @@
 Layout (relative to the store, usually ``<job>/checkpoints``)::
 
     <step:012d>-<writer>-<nonce>/state.pt        payload, written first
+    <step:012d>-<writer>-<nonce>/.metadata, __<rank>_<n>.distcp   a sharded save's DCP files, each rank its own
     <step:012d>-<writer>-<nonce>/MANIFEST.json   written last: step, files, sizes, digests, save time, checksum
     quarantine/<step:012d>-<writer>-<nonce>/...  set aside by ``airflow-spot checkpoints restore`` (never read)
 
@@ -13,7 +14,7 @@ into one checkpoint, and nothing committed is ever overwritten.
 
 A manifest is trusted only when (1) its own ``checksum`` (sha256 of its canonical JSON without that
 field) matches, (2) its ``step``, ``writer`` and ``directory`` agree with the directory it was found in,
-and (3) at restore, the payload's size and digest match (a block SHA-256 since manifest schema 3,
+and (3) at restore, every file's size and digest match (a block SHA-256 since manifest schema 3,
 :mod:`~airflow_spot.storage.block_digest`; a whole-file SHA-256 before). Manifests written before the checksum existed
 (schema 1, no ``checksum``) are still read, because (2) and (3) still catch a changed step or payload;
 a manifest that carries a checksum is always held to it, whatever its ``schema`` says.
@@ -26,20 +27,25 @@ This module knows nothing about torch: callers pass a ``write(fileobj)`` and a `
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
 import os
 import re
+import shutil
+import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from airflow_spot.storage.block_digest import BLOCK_BYTES, BlockSha256
 from airflow_spot.storage.manifest import (  # re-exported: callers import them from here
+    LAYOUT_DCP,
+    LAYOUT_KEY,
     MANIFEST_SCHEMA,
     CheckpointError,
     FileEntry,
@@ -56,6 +62,8 @@ log = logging.getLogger(__name__)
 MANIFEST = "MANIFEST.json"
 PAYLOAD = "state.pt"
 QUARANTINE = "quarantine"
+#: the local folders a sharded checkpoint is fetched into (:meth:`CheckpointStore.read_checkpoint`)
+FETCH_PREFIX = "airflow-spot-ckpt-"
 _DIR_RE = re.compile(r"^(\d{12})-")
 
 
@@ -198,43 +206,74 @@ class CheckpointStore:
     def save(
         self, step: int, write: Callable[[BinaryIO], None], meta: dict[str, Any] | None = None
     ) -> Manifest:
-        """Write one checkpoint at ``step`` and commit it. Returns the committed manifest.
+        """Write one checkpoint at ``step`` (one payload file) and commit it. Returns the committed manifest.
 
         :raises CheckpointSaveError: when the store refuses the write (read-only, gone, full) or the
             checkpoint's directory vanished before the commit; nothing committed earlier is touched.
         """
+        started = time.monotonic()
+        directory = self.new_directory(step)
+        entry = self.put_file(directory, PAYLOAD, write, step)
+        return self.commit(step, directory, (entry,), meta, time.monotonic() - started, recheck=False)
+
+    def new_directory(self, step: int) -> str:
+        """A fresh directory name for one save at ``step`` (never one already used)."""
         if not is_int(step) or step < 0:
             raise ValueError(f"checkpoint step must be >= 0 and an integer, got {step!r}")
-        started = time.monotonic()
-        directory = f"{step:012d}-{self.writer}-{uuid.uuid4().hex[:8]}"
-        payload_key = f"{directory}/{PAYLOAD}"
-        try:
+        return f"{step:012d}-{self.writer}-{uuid.uuid4().hex[:8]}"
+
+    def put_file(self, directory: str, name: str, write: Callable[[BinaryIO], None], step: int) -> FileEntry:
+        """Write one data file of the (uncommitted) checkpoint in ``directory``, hashed as it is written;
+        returns its manifest entry. Several processes may each put their own files into one directory (the
+        ranks of a sharded save) before one of them commits it with :meth:`commit`.
+
+        :raises CheckpointSaveError: as :meth:`save`."""
+        key = f"{directory}/{name}"
+        with self._save_errors(step, key):
             block_bytes = save_block_bytes() if self.block_bytes is None else self.block_bytes
-            with self.store.open_write(payload_key) as raw, _HashingWriter(raw, block_bytes) as hw:
+            with self.store.open_write(key) as raw, _HashingWriter(raw, block_bytes) as hw:
                 write(hw)
                 raw.flush()
-            manifest = Manifest(
-                step=step,
-                directory=directory,
-                files=(FileEntry(PAYLOAD, hw.size, hw.hasher.hexdigest(), hw.block_bytes),),
-                writer=self.writer,
-                created_at=time.time(),
-                save_seconds=time.monotonic() - started,
-                meta=dict(meta or {}),
-            ).sealed()
             # Someone deleting the directory mid-save must not leave a manifest without its payload.
-            published = self.store.size(payload_key)
+            published = self.store.size(key)
             if published != hw.size:
                 raise CheckpointSaveError(
-                    f"checkpoint at step {step}: {self.store.uri}/{payload_key} holds {published} bytes after the "
+                    f"checkpoint at step {step}: {self.store.uri}/{key} holds {published} bytes after the "
                     f"save wrote {hw.size}; something else is writing to this store"
                 )
+        return FileEntry(name, hw.size, hw.hasher.hexdigest(), hw.block_bytes)
+
+    def commit(self, step: int, directory: str, files: tuple[FileEntry, ...], meta: dict[str, Any] | None,
+               save_seconds: float, layout: str | None = None, recheck: bool = True) -> Manifest:
+        """Commit the checkpoint in ``directory`` (its ``files`` all put and published): the manifest, last.
+
+        :param layout: ``None``, one payload file; :data:`~airflow_spot.storage.manifest.LAYOUT_DCP`, the
+            files of a ``torch.distributed.checkpoint`` save beside the payload (manifest schema 4).
+        :param recheck: check that every file is still there with its size (False: its writer just did).
+        :raises CheckpointSaveError: as :meth:`save`; also when a file is missing or has another size now."""
+        with self._save_errors(step, f"{directory}/{MANIFEST}"):
+            for entry in files if recheck else ():  # each rank checked its own; this catches a deletion since
+                published = self.store.size(f"{directory}/{entry.name}")
+                if published != entry.size:
+                    raise CheckpointSaveError(
+                        f"checkpoint at step {step}: {self.store.uri}/{directory}/{entry.name} holds {published} "
+                        f"bytes, the save wrote {entry.size}; something else is writing to this store")
+            manifest = Manifest(
+                step=step, directory=directory, files=tuple(files), writer=self.writer, created_at=time.time(),
+                save_seconds=save_seconds, meta={**(meta or {}), **({LAYOUT_KEY: layout} if layout else {})},
+            ).sealed()
             self.store.put_bytes(f"{directory}/{MANIFEST}", manifest.to_json())  # the commit point
+        return manifest
+
+    @contextlib.contextmanager
+    def _save_errors(self, step: int, key: str) -> Iterator[None]:
+        try:
+            yield
         except ObjectNotFound:
             raise CheckpointSaveError(
-                f"checkpoint at step {step}: its payload {self.store.uri}/{payload_key} vanished before the commit "
-                "(the checkpoint directory was deleted while saving); nothing was committed for this step, "
-                "earlier checkpoints are untouched"
+                f"checkpoint at step {step}: {self.store.uri}/{key} vanished before the commit (the checkpoint "
+                "directory was deleted while saving); nothing was committed for this step, earlier checkpoints "
+                "are untouched"
             ) from None
         except CheckpointError:
             raise
@@ -245,7 +284,6 @@ class CheckpointStore:
                 "committed checkpoints are untouched and training resumes from the newest of them once the "
                 "store is writable again"
             ) from exc
-        return manifest
 
     # ---- reading
     def scan(self) -> list[CheckpointStatus]:
@@ -339,6 +377,24 @@ class CheckpointStore:
         except (ObjectNotFound, FileNotFoundError):
             raise CheckpointError(f"checkpoint {manifest.directory}/{entry.name}: file is missing") from None
 
+    def read_checkpoint(self, manifest: Manifest, read: Callable[[str], Any]) -> Any:
+        """``read(path)`` of the checkpoint's verified payload. For a sharded checkpoint (``manifest.layout``)
+        every file is fetched and verified first, into one local folder that ``path`` lies in, so ``read`` may
+        also take the other files from there (it may move them out; the folder is removed afterwards)."""
+        if manifest.layout is None:
+            return self.fetch_verified(manifest, manifest.files[0], read)
+        with tempfile.TemporaryDirectory(prefix=FETCH_PREFIX) as folder:
+            self.fetch_all(manifest, folder)
+            return read(os.path.join(folder, manifest.files[0].name))
+
+    def fetch_all(self, manifest: Manifest, folder: str) -> None:
+        """Copy every file of the checkpoint into the local ``folder``, each verified against the manifest.
+
+        :raises CheckpointError: naming the first file missing or not matching its size and digest."""
+        for entry in manifest.files:
+            self.fetch_verified(manifest, entry,
+                                lambda path, e=entry: shutil.copyfile(path, os.path.join(folder, e.name)))
+
     def restore_latest(self, read: Callable[[str], Any]) -> tuple[Manifest, Any] | None:
         """Read the newest checkpoint that verifies; fall back to older ones, newest first, logging an
         ERROR for each broken one.
@@ -356,7 +412,7 @@ class CheckpointStore:
             if status.ok:
                 manifest = status.manifest
                 try:
-                    return manifest, self.fetch_verified(manifest, manifest.files[0], read)
+                    return manifest, self.read_checkpoint(manifest, read)
                 except CheckpointError as exc:
                     problem = str(exc)
                 except store_errors() as exc:
@@ -384,7 +440,7 @@ class CheckpointStore:
             if not status.ok:
                 raise CheckpointError(f"checkpoint {self.store.uri}/{directory} does not verify: {status.problem}")
             try:
-                return status.manifest, self.fetch_verified(status.manifest, status.manifest.files[0], read)
+                return status.manifest, self.read_checkpoint(status.manifest, read)
             except store_errors() as exc:
                 raise CheckpointError(f"cannot read checkpoint {self.store.uri}/{directory}: "
                                       f"{type(exc).__name__}: {exc}") from exc
@@ -456,7 +512,8 @@ class CheckpointStore:
 
 
 __all__ = [
-    "DIGEST_ENV", "MANIFEST", "MANIFEST_SCHEMA", "PAYLOAD", "QUARANTINE", "CheckpointError", "CheckpointSaveError",
+    "DIGEST_ENV", "FETCH_PREFIX", "LAYOUT_DCP", "MANIFEST", "MANIFEST_SCHEMA", "PAYLOAD", "QUARANTINE",
+    "CheckpointError", "CheckpointSaveError",
     "CheckpointStatus", "CheckpointStore", "FileEntry", "Manifest", "ManifestError", "NoUsableCheckpointError",
     "manifest_checksum", "sha256_file",
 ]

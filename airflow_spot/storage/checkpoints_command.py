@@ -16,7 +16,7 @@ or ``--endpoint-url`` point it at MinIO or moto).
   Nothing is deleted: move a directory back from ``quarantine/`` to undo. Stop the job first, or its next
   save lands after step N again. ``--dry-run`` only prints the moves (or the copy). With ``--to PATH`` the store is left
   as it is and step N's payload is copied to ``PATH`` (a file in an existing folder, or a directory to hold
-  ``state.pt``).
+  ``state.pt``); a sharded checkpoint's files all go into the folder ``PATH``, where ``dcp.load`` reads them.
 
 A URI that holds no job store (neither ``checkpoints/`` nor ``control/`` under it, and no checkpoint of its
 own) is an error (exit 2) naming the expected layout, rather than an empty store.
@@ -253,6 +253,8 @@ def _copy_out(ckpts: CheckpointStore, chosen: CheckpointStatus, to: str, dry_run
     through a temporary file beside the target, so a failed copy leaves any file already there as it was.
     A file already at the target is replaced only with ``force`` (it may be the user's only other copy).
     ``dry_run``: say what would be copied, write nothing."""
+    if chosen.manifest.layout is not None:
+        return _copy_out_folder(ckpts, chosen, to, dry_run, force)
     entry = chosen.manifest.files[0]
     target = os.path.abspath(os.path.join(to, entry.name) if os.path.isdir(to) else to)
     folder = os.path.dirname(target)
@@ -298,6 +300,46 @@ def _copy_out(ckpts: CheckpointStore, chosen: CheckpointStatus, to: str, dry_run
               f"can write. Nothing was copied; step {step} verifies and the store is unchanged", file=sys.stderr)
         return EXIT_USAGE
     print(f"copied step {step} ({chosen.directory}/{entry.name}, verified) to {target}; the store is unchanged")
+    return EXIT_OK
+
+
+def _copy_out_folder(ckpts: CheckpointStore, chosen: CheckpointStatus, to: str, dry_run: bool, force: bool) -> int:
+    """``restore --to`` of a sharded checkpoint: every file, verified, into the folder ``to`` (created), under the
+    names torch.distributed.checkpoint reads (``dcp.load(..., checkpoint_id=to)``; ``state.pt`` beside them)."""
+    folder, step, names = os.path.abspath(to), chosen.step, [e.name for e in chosen.manifest.files]
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        print(f"{_ERROR} step {step} is a sharded checkpoint of {len(names)} files: give --to a folder, not the file "
+              f"{folder}. Nothing was copied; the store is unchanged", file=sys.stderr)
+        return EXIT_USAGE
+    there = [n for n in names if os.path.exists(os.path.join(folder, n))]
+    if there and not force and not dry_run:
+        print(f"{_ERROR} {folder} already holds {there}; give --force to replace them, or --to another folder. "
+              f"Nothing was copied; step {step} verifies and the store is unchanged", file=sys.stderr)
+        return EXIT_USAGE
+    if dry_run:
+        print(f"would copy step {step} ({chosen.directory}: {len(names)} files, verified) into {folder}; nothing was "
+              "copied and the store is unchanged")
+        return EXIT_OK
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        print(f"{_ERROR} cannot create {folder}: {exc.strerror or exc}; nothing was copied", file=sys.stderr)
+        return EXIT_USAGE
+    # verified into a temporary folder first, so a failed copy leaves the files already in ``folder`` as they were
+    partial = os.path.join(folder, f".partial-{uuid.uuid4().hex[:8]}")
+    try:
+        os.mkdir(partial)
+        ckpts.fetch_all(chosen.manifest, partial)
+        for name in names:
+            os.replace(os.path.join(partial, name), os.path.join(folder, name))
+    except OSError as exc:
+        print(f"{_ERROR} cannot write into {folder}: {exc.strerror or exc}; give --to a folder you can write",
+              file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    print(f"copied step {step} ({chosen.directory}: {len(names)} files, verified) into {folder}; the store is "
+          "unchanged")
     return EXIT_OK
 
 

@@ -11,6 +11,13 @@ From schema 3 a file's ``sha256`` is a block SHA-256 when the entry names ``sha2
 :mod:`airflow_spot.storage.block_digest`), which every core computes at once; without it, and in schemas
 1-2, it is the SHA-256 of the whole file. An older airflow-spot refuses a schema-3 manifest ("newer than
 this code understands; upgrade"), so upgrade every worker of a deployment before its jobs save again.
+
+Schema 4 is a sharded checkpoint (``meta["layout"] == "dcp"``): the files of a ``torch.distributed.checkpoint``
+save (``.metadata``, one ``__<rank>_<n>.distcp`` or more a rank) beside the payload, which stays ``files[0]``.
+The marker lives in ``meta`` rather than in a field of its own so that an airflow-spot from before it meets
+only the schema number, and refuses the checkpoint with "newer than this code understands; upgrade" (a new
+field would fail its field check first, with a message that does not say to upgrade). Checkpoints of one
+payload file are still stamped 2 or 3, so a rollback keeps reading them.
 """
 from __future__ import annotations
 
@@ -23,9 +30,13 @@ from typing import Any
 
 from airflow_spot.storage.block_digest import BlockSha256, block_sha256_of_file, check_block_bytes
 
+#: 4: a sharded checkpoint (``meta["layout"]``, :data:`LAYOUT_DCP`);
 #: 3: a file's ``sha256`` may be a block SHA-256 (``sha256_block`` names the block size);
 #: 2: the manifest carries ``checksum``; 1: older manifests without it (still read, see the module doc)
-MANIFEST_SCHEMA = 3
+MANIFEST_SCHEMA = 4
+#: the ``meta`` key naming a checkpoint's layout (absent: one payload file), and its one value so far
+LAYOUT_KEY = "layout"
+LAYOUT_DCP = "dcp"
 DIR_NAME_RE = re.compile(r"^(\d{12})-(.+)-([0-9a-f]{8})$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _MANIFEST_FIELDS = {"step", "directory", "files", "writer", "created_at", "save_seconds", "meta", "schema", "checksum"}
@@ -97,7 +108,7 @@ class Manifest:
         """This manifest with its checksum filled in (what :meth:`CheckpointStore.save` writes). It is stamped
         with the oldest schema that can hold it, so a manifest of whole-file digests stays readable by an
         airflow-spot from before block digests (an upgrade can be rolled back)."""
-        schema = MANIFEST_SCHEMA if any(f.sha256_block for f in self.files) else 2
+        schema = 4 if self.layout else 3 if any(f.sha256_block for f in self.files) else 2
         stamped = dataclasses.replace(self, schema=schema, checksum="")
         return dataclasses.replace(stamped, checksum=stamped.compute_checksum())
 
@@ -119,14 +130,15 @@ class Manifest:
             raise ManifestError(f"manifest is not valid JSON ({len(raw)} bytes): {exc}") from None
         if not isinstance(d, dict):
             raise ManifestError(f"manifest is {type(d).__name__}, not a JSON object")
-        unknown, missing = set(d) - _MANIFEST_FIELDS, {"step", "directory", "files", "writer"} - set(d)
-        if unknown or missing:
-            raise ManifestError(f"manifest has unknown fields {sorted(unknown)} / lacks fields {sorted(missing)}")
+        # the schema first: a newer one may carry fields this code does not know, and the fix is to upgrade
         schema = d.get("schema", 1)
         if not is_int(schema) or schema < 1:
             raise ManifestError(f"manifest schema {schema!r} is not a positive integer")
         if schema > MANIFEST_SCHEMA:
             raise ManifestError(f"manifest schema {schema} is newer than this code understands; upgrade airflow-spot")
+        unknown, missing = set(d) - _MANIFEST_FIELDS, {"step", "directory", "files", "writer"} - set(d)
+        if unknown or missing:
+            raise ManifestError(f"manifest has unknown fields {sorted(unknown)} / lacks fields {sorted(missing)}")
         checksum = d.pop("checksum", None)
         if checksum is not None or schema >= 2:
             if checksum is None:
@@ -149,8 +161,12 @@ class Manifest:
         for name in ("created_at", "save_seconds"):
             if name in d and (isinstance(d[name], bool) or not isinstance(d[name], (int, float))):
                 problems.append(f"{name} {d[name]!r} is not a number")
-        if not isinstance(d.get("meta", {}), dict):
+        meta = d.get("meta", {})
+        if not isinstance(meta, dict):
             problems.append("meta is not an object")
+        elif LAYOUT_KEY in meta and (meta[LAYOUT_KEY] != LAYOUT_DCP or d.get("schema", 1) < 4):
+            problems.append(f"meta.{LAYOUT_KEY} {meta[LAYOUT_KEY]!r} is not a layout of manifest schema "
+                            f"{d.get('schema', 1)} (schema 4 knows {LAYOUT_DCP!r})")
         files = d["files"]
         if not isinstance(files, list) or not files:
             problems.append("files is not a non-empty list")
@@ -190,6 +206,12 @@ class Manifest:
     @property
     def size(self) -> int:
         return sum(f.size for f in self.files)
+
+    @property
+    def layout(self) -> str | None:
+        """:data:`LAYOUT_DCP` for a sharded checkpoint (several files, ``files[0]`` the payload); None for one
+        payload file."""
+        return self.meta.get(LAYOUT_KEY)
 
 
 def is_int(value: Any) -> bool:

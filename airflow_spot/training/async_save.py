@@ -49,14 +49,18 @@ class AsyncCheckpointer:
     def _write(self, step: int, staged: Any, meta: dict) -> Manifest:
         started = time.monotonic()
         manifest = self.checkpoints.save(step, lambda f: self.serialize(staged, f), meta)
-        self.last_write_seconds = time.monotonic() - started
+        self.committed(manifest, time.monotonic() - started)
+        return manifest
+
+    def committed(self, manifest: Manifest, write_seconds: float) -> None:
+        """Record a committed save (this writer's, or one written by other means: a sharded save), and prune."""
+        self.last_write_seconds = write_seconds
         self.last_manifest = manifest
         try:
             # counted back from this save: a newer step in the store is one a resume found unusable
-            self.checkpoints.prune(self.keep, newest_step=step)
+            self.checkpoints.prune(self.keep, newest_step=manifest.step)
         except OSError as exc:  # retention is housekeeping; a failure must not fail the save
             log.warning("pruning old checkpoints failed: %s", exc)
-        return manifest
 
     def save_async(self, step: int, staged: Any, meta: dict | None = None) -> bool:
         """Start writing ``staged``; returns False (and writes nothing) while another write is in flight."""

@@ -52,6 +52,7 @@ from airflow_spot.training.notices import (
     SigtermNotice,
 )
 from airflow_spot.training.session_restore import SessionRestore
+from airflow_spot.training.sharded import ShardedObjects
 from airflow_spot.training.state import Stager, capture_rng
 
 log = logging.getLogger("airflow_spot.session")
@@ -143,6 +144,8 @@ class SpotSession(SessionRestore):
         self.segments = 1  # segments this process has trained (more than one when kept warm)
 
         self.tracked: dict[str, Any] = {}
+        #: the tracked objects whose state is sharded (FSDP): saved and restored through DCP (see :mod:`.sharded`)
+        self.sharded = ShardedObjects(self.ranks)
         self._warned: set[str] = set()  # bit-exactness warnings already logged
         self.stager = Stager()
         self.step = 0
@@ -279,6 +282,7 @@ class SpotSession(SessionRestore):
         Returns the step training resumes from.
         """
         objects = self._checkpointable(objects)
+        self.sharded.classify(objects, {**self.tracked, **objects})
         self.tracked.update(objects)
         if self._stepping or self.first_step_at is not None or self.segments > 1:
             for name in objects:
@@ -290,7 +294,8 @@ class SpotSession(SessionRestore):
         # than a copy); optimizer state that appears only after the first step is allocated at first save.
         # Only the writer stages: under several ranks the others would hold copies (pinned) never used.
         for name, obj in objects.items() if self.is_writer else ():
-            self.stager.stage(obj.state_dict(), (name,))
+            if name not in self.sharded:  # DCP saves those from the live state, on every rank
+                self.stager.stage(obj.state_dict(), (name,))
         return self.step
 
     def _stage(self) -> tuple[dict | None, float]:
@@ -309,17 +314,22 @@ class SpotSession(SessionRestore):
         if not self.is_writer:
             return None, 0.0
         staged = {
-            "objects": {name: self.stager.stage(obj.state_dict(), (name,)) for name, obj in self.tracked.items()},
+            "objects": {name: self.stager.stage(obj.state_dict(), (name,)) for name, obj in self.tracked.items()
+                        if name not in self.sharded},
             "rng": rng,
             "step": self.step,
         }
         if per_rank is not None:
             staged["rank_state"] = per_rank
         stall = time.monotonic() - started
+        if not self.sharded:  # a sharded save stalls for all of it: _save measures that
+            self._count_stall(stall)
+        return staged, stall
+
+    def _count_stall(self, stall: float) -> None:
         self.save_cost_ewma = stall if self.save_cost_ewma is None else (
             (1 - EWMA_ALPHA) * self.save_cost_ewma + EWMA_ALPHA * stall
         )
-        return staged, stall
 
     def _meta(self, reason: str) -> dict:
         return {"reason": reason, "attempt": self.attempt_id, "metrics": dict(self.metrics)}
@@ -329,9 +339,13 @@ class SpotSession(SessionRestore):
             return False  # coalesced: try again after the next step
         # The stager reuses its buffers, so the previous write must be finished before staging again.
         self.writer.wait()
+        started = time.monotonic()
         staged, _ = self._stage()
         try:
-            if staged is None:
+            if self.sharded:  # every rank writes its shard, synchronously: the stall is the whole save
+                if self.sharded.save(self.checkpoints, self.writer, self.step, staged, self._meta(reason), wait):
+                    self._count_stall(time.monotonic() - started)
+            elif staged is None:
                 pass  # a rank other than 0: rank 0 writes
             elif wait:
                 self.writer.save_sync(self.step, staged, self._meta(reason))

@@ -1,6 +1,6 @@
 """How a :class:`~airflow_spot.training.session.SpotSession` restores what ``track()`` registers: from the job's
 newest usable checkpoint (rank 0 choosing it for every rank), else the warm start's, with each rank's own
-random state. A mixin of ``SpotSession`` (it uses the session's ``checkpoints``, ``ranks``, ``tracked``,
+random state. A mixin of ``SpotSession`` (it uses the session's ``checkpoints``, ``ranks``, ``tracked``, ``sharded``,
 ``warm_start_*``, ``start_step`` and ``_warned``)."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from airflow_spot.storage.checkpoint import CheckpointError, CheckpointStore
 from airflow_spot.storage.object_store import open_store
 from airflow_spot.storage.protocol import JobLayout
 from airflow_spot.training.payload import load_foreign_payload, load_payload
+from airflow_spot.training.sharded import DCP_KEY, read_payload
 from airflow_spot.training.state import restore_rng
 
 log = logging.getLogger("airflow_spot.session")
@@ -23,14 +24,20 @@ class SessionRestore:
 
     def _restore(self, objects: dict[str, Any]) -> None:
         """Restore ``objects`` from the job's newest usable checkpoint (or the warm start's)."""
-        restored = self._restore_latest(self.checkpoints, load_payload)
+        restored = self._restore_latest(self.checkpoints, read_payload(load_payload))
         if restored is not None:
             manifest, payload = restored
-            self._apply(payload, keys=tuple(objects), source=f"the checkpoint at step {manifest.step} "
-                                                               f"({self.checkpoints.store.uri}/{manifest.directory})")
+            source = f"the checkpoint at step {manifest.step} ({self.checkpoints.store.uri}/{manifest.directory})"
+            self.sharded.load(payload, tuple(objects), source)  # before _apply: it restores the random state last
+            self._apply(payload, keys=tuple(objects), source=source)
             self.step = self.restored_step = manifest.step
             log.info("resumed from checkpoint at step %d (%s)", manifest.step, manifest.directory)
         elif self.warm_start_uri:
+            sharded = [k for k in objects if k in self.warm_start_keys and k in self.sharded]
+            if sharded:
+                raise NotImplementedError(
+                    f"warm start of sharded {sharded} (FSDP) is not supported yet: warm-start the model unsharded, "
+                    "save its state, and shard it in a new job, or load the weights yourself before track()")
             warm = self._restore_latest(CheckpointStore(open_store(self.warm_start_uri).child(JobLayout.CHECKPOINTS)),
                                         load_foreign_payload)
             if warm is None:
@@ -107,6 +114,12 @@ class SessionRestore:
         own = self._own_rank_state(payload, source) if rng else None
         saved = {**payload["objects"], **(own or {}).get("objects", {})}  # this rank's own random generators
         for name in keys:
+            if name in self.sharded or name in (payload.get(DCP_KEY) or ()):
+                if not rng and name not in self.sharded:
+                    raise NotImplementedError(
+                        f"{source} holds {name!r} sharded (torch.distributed.checkpoint files); a warm start reads one "
+                        "payload only: convert it first (torch.distributed.checkpoint.format_utils.dcp_to_torch_save)")
+                continue  # restored through DCP (ShardedObjects.load)
             if name not in saved:
                 raise KeyError(f"{source} has no state for tracked object {name!r} (it holds {sorted(saved)}): "
                                "track under the names the job saved, or start a new job (a new checkpoint_uri)")

@@ -119,7 +119,7 @@ def test_a_manifest_carries_the_block_size_and_old_manifests_keep_whole_file_dig
     (3, 2**40, "is not an integer from"),  # would hold a whole payload in memory while it is verified
     (3, 0, "is not an integer from"),
     (3, "8M", "is not an integer"),
-    (4, BLOCK, "schema 4 is newer than this code understands; upgrade airflow-spot"),
+    (5, BLOCK, "schema 5 is newer than this code understands; upgrade airflow-spot"),
 ])
 def test_a_malformed_block_size_makes_the_manifest_untrusted(schema, block, problem):
     raw = _manifest_json(schema, {"name": "state.pt", "size": 5, "sha256": "b" * 64, "sha256_block": block})

@@ -1,0 +1,315 @@
+"""Sharded state (FSDP2 ``fully_shard``, DTensor parameters) saved and restored through
+``torch.distributed.checkpoint`` (DCP), inside the store's checkpoints.
+
+Data parallel ranks hold the same state, so rank 0 writes one payload for all (:mod:`.session`). Sharded ranks
+each hold a different part of the model and optimizer, so each must write its own: a tracked ``nn.Module``
+whose state dict holds a DTensor, and a tracked optimizer over its parameters, are saved with DCP's per-rank
+layout (``.metadata`` and ``__<rank>_<n>.distcp``), and resumed with DCP, which reshards when the resumed run
+has another number of ranks. Everything else (the other tracked objects, each rank's random state, the step)
+stays in rank 0's payload, as under data parallel; the payload names the objects DCP holds (``"dcp"``).
+
+One save, on every rank:
+
+1. rank 0 names the checkpoint's directory and tells the others;
+2. ``dcp.save`` writes each rank's part into a **node-local temporary folder** of that rank (a folder of its
+   own, so nothing assumes the ranks share a disk: the next step is several instances an attempt);
+3. each rank puts its own files into the checkpoint's directory of the store, hashed on the way
+   (:meth:`CheckpointStore.put_file`), rank 0 its payload too;
+4. rank 0 gathers every rank's file entries (or its error) and commits the one manifest (schema 4,
+   ``meta["layout"] = "dcp"``), last; a rank that failed means no manifest, so never one naming a file that
+   is not published.
+
+Why a local folder and not a DCP ``StorageWriter`` over the store: DCP's ``FileSystemWriter`` is the tested
+path for its layout (write planning, deduplication of replicated tensors, the metadata), and going through
+a local file lets the store's own upload (boto3's transfer manager, the block digest, the published-size
+check) publish each file unchanged. The cost is a second pass over the bytes through the local disk.
+
+Saves of sharded state are **synchronous**, periodic ones included: training waits for the whole save (DCP's
+``async_save`` would need its collectives on a group usable from a thread beside the step's; not done yet).
+
+Restore: rank 0 chooses the checkpoint (falling back past broken ones, as for a payload); each rank fetches
+every file of it into a local folder, verified against the manifest, then ``dcp.load`` and
+``set_model_state_dict`` / ``set_optimizer_state_dict``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+from airflow_spot.storage.checkpoint import (
+    FETCH_PREFIX, LAYOUT_DCP, PAYLOAD, CheckpointSaveError, CheckpointStore, FileEntry, Manifest,
+)
+from airflow_spot.training.async_save import AsyncCheckpointer
+from airflow_spot.training.ranks import Ranks
+
+log = logging.getLogger("airflow_spot.session")
+
+#: the payload's key naming the tracked objects whose state is in the checkpoint's DCP files
+DCP_KEY = "dcp"
+#: the payload's key naming the optimizers that had no state yet when saved (see :meth:`ShardedObjects._save`)
+FRESH_KEY = "dcp_fresh"
+#: the payload's key for the local folder holding the verified DCP files (added when read, never saved)
+_FOLDER_KEY = "_dcp_folder"
+
+
+def _dtensor_type() -> type | None:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed
+        return None
+    return DTensor
+
+
+def holds_dtensor(obj: Any) -> bool:
+    """Whether a (nested) state dict holds a DTensor."""
+    dtensor = _dtensor_type()
+    if dtensor is None:
+        return False
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dtensor):
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False
+
+
+class ShardedObjects:
+    """The tracked objects whose state is sharded, and how to save and restore them with DCP.
+
+    :param ranks: the attempt's ranks (None: one process, which may still run ``torch.distributed`` on one rank).
+    """
+
+    def __init__(self, ranks: Ranks | None) -> None:
+        self.ranks = ranks
+        #: name -> the module (a model) or (module, optimizer) (an optimizer over that module's parameters)
+        self.objects: dict[str, Any] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.objects)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.objects
+
+    # ------------------------------------------------------------------ track
+    def classify(self, objects: dict[str, Any], tracked: dict[str, Any]) -> None:
+        """Add the sharded ones of ``objects`` (``tracked``: every object tracked so far, these included).
+
+        :raises ValueError: for sharded state this cannot save: an optimizer over sharded and plain parameters,
+            or over parameters of no tracked sharded model; DTensors in another kind of object.
+        :raises RuntimeError: sharded state without ``torch.distributed`` initialised.
+        """
+        from torch import nn
+
+        found: dict[str, Any] = {}
+        for name, obj in objects.items():
+            if isinstance(obj, nn.Module):
+                if holds_dtensor(obj.state_dict()):
+                    found[name] = obj
+            elif isinstance(obj, torch.optim.Optimizer):
+                kinds = {holds_dtensor(p) for g in obj.param_groups for p in g["params"]}
+                if kinds == {True, False}:
+                    raise ValueError(
+                        f"track({name}=...): the optimizer holds sharded (DTensor) and plain parameters; one "
+                        "checkpoint format cannot hold both. Give the sharded parameters and the plain ones "
+                        "optimizers of their own, or shard the whole model (fully_shard on its root module too)")
+                if kinds == {True}:
+                    found[name] = obj
+            elif hasattr(obj, "state_dict") and holds_dtensor(obj.state_dict()):
+                raise ValueError(
+                    f"track({name}=...): {type(obj).__name__}'s state holds sharded tensors (DTensor), which only a "
+                    "tracked nn.Module or torch.optim.Optimizer is saved as (through torch.distributed.checkpoint); "
+                    "rank 0's payload would keep rank 0's shard only. Keep this state in plain tensors, or in a "
+                    "module or optimizer")
+        if not found:
+            return
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(
+                f"track({', '.join(found)}): sharded state (DTensor parameters, e.g. FSDP fully_shard) needs "
+                "torch.distributed: call torch.distributed.init_process_group() before the SpotSession is built, "
+                "and keep it until the session ends (each rank saves its own shard through it)")
+        modules = {n: o for n, o in {**tracked, **found}.items() if isinstance(o, nn.Module) and
+                   (n in found or n in self.objects)}
+        for name, obj in found.items():
+            if isinstance(obj, nn.Module):
+                self.objects[name] = obj
+                continue
+            params = {id(p) for g in obj.param_groups for p in g["params"]}
+            owner = [n for n, m in modules.items() if params <= {id(p) for p in m.parameters()}]
+            if not owner:
+                raise ValueError(
+                    f"track({name}=...): the optimizer's parameters are sharded but belong to no single tracked "
+                    f"sharded model (tracked: {sorted(modules) or 'none'}); track the model it optimizes in the same "
+                    f"or an earlier track() call, e.g. spot.track(model=model, {name}={name})")
+            self.objects[name] = (modules[owner[0]], obj)
+
+    # ------------------------------------------------------------------ state dicts
+    def _state(self, names: list[str]) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        out = {}
+        for name in names:
+            obj = self.objects[name]
+            out[name] = (get_optimizer_state_dict(*obj) if isinstance(obj, tuple) else get_model_state_dict(obj))
+        return out
+
+    def _group(self) -> Any:
+        # the ranks' gloo group (a CPU group: DCP's planning collectives carry objects); None: the default group
+        return self.ranks.group if self.ranks is not None else None
+
+    # ------------------------------------------------------------------ save
+    def save(self, checkpoints: CheckpointStore, writer: AsyncCheckpointer, step: int, payload: dict | None,
+             meta: dict, required: bool) -> bool:
+        """Save one checkpoint at ``step`` (every rank calls it; ``payload`` is rank 0's, None elsewhere) and
+        record it with rank 0's ``writer`` (its last committed step; retention). Returns whether it committed.
+
+        :raises CheckpointSaveError: on every rank, when any rank could not write its part (nothing committed)
+            and the save is ``required`` (an emergency or final one); a periodic one is logged, as a background
+            write's failure is, and the next one tries again."""
+        try:
+            manifest = self._save(checkpoints, step, payload, meta)
+        except CheckpointSaveError as exc:
+            if required:
+                raise
+            writer.failures += 1
+            log.error("periodic checkpoint failed: %s", exc)
+            return False
+        if manifest is not None:  # rank 0
+            writer.committed(manifest, 0.0)  # the write is part of the stall (nothing runs in the background)
+        return True
+
+    def _save(self, checkpoints: CheckpointStore, step: int, payload: dict | None, meta: dict) -> Manifest | None:
+        import torch.distributed.checkpoint as dcp
+
+        started = time.monotonic()
+        writer = self.ranks is None or self.ranks.writer
+        directory = checkpoints.new_directory(step) if writer else None
+        if self.ranks is not None:
+            directory = self.ranks.from_writer(directory)
+        entries: list[FileEntry] = []
+        error = None
+        # get_optimizer_state_dict gives an optimizer without state yet (a save before the first step) some, by a
+        # step at lr 0 (Adam's step count then starts at 1): that is undone here and at the restore, for bit-exactness
+        fresh = sorted(n for n, o in self.objects.items() if isinstance(o, tuple) and not o[1].state)
+        folder = tempfile.mkdtemp(prefix="airflow-spot-dcp-")
+        try:
+            # sync_files=False: these files are temporary; the store's upload is what must be durable
+            try:
+                dcp.save(self._state(sorted(self.objects)), process_group=self._group(),
+                         storage_writer=dcp.FileSystemWriter(folder, sync_files=False))
+            finally:
+                for name in fresh:
+                    self.objects[name][1].state.clear()
+            for name in sorted(os.listdir(folder)):
+                entries.append(checkpoints.put_file(directory, name, _copy_from(os.path.join(folder, name)), step))
+            if writer:
+                body = {**payload, DCP_KEY: sorted(self.objects), FRESH_KEY: fresh}
+                entries.insert(0, checkpoints.put_file(directory, PAYLOAD, lambda f: torch.save(body, f), step))
+        except Exception as exc:  # noqa: BLE001 - reported to rank 0, which commits nothing; raised on every rank
+            rank = 0 if self.ranks is None else self.ranks.rank
+            error = f"rank {rank}: {type(exc).__name__}: {exc}"
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        gathered = [(entries, error)] if self.ranks is None else self.ranks.to_writer((entries, error))
+        manifest, outcome = None, None
+        if writer:
+            outcome = "; ".join(e for _, e in gathered if e)
+            files = [f for fs, _ in gathered for f in fs]
+            if not outcome and len({f.name for f in files}) != len(files):
+                outcome = f"two ranks wrote files of one name: {sorted(f.name for f in files)}"
+            if not outcome:
+                try:
+                    manifest = checkpoints.commit(step, directory, tuple(files), meta, time.monotonic() - started,
+                                                  layout=LAYOUT_DCP)
+                except Exception as exc:  # noqa: BLE001 - every rank raises it below
+                    outcome = f"rank 0 committing: {type(exc).__name__}: {exc}"
+        if self.ranks is not None:
+            outcome = self.ranks.from_writer(outcome)
+        if outcome:
+            raise CheckpointSaveError(f"sharded checkpoint at step {step} was not committed ({outcome}); committed "
+                                      "checkpoints are untouched")
+        return manifest
+
+    # ------------------------------------------------------------------ restore
+    def load(self, payload: dict, names: tuple[str, ...], source: str) -> None:
+        """Restore the sharded ones of ``names`` from the DCP files beside ``payload`` (every rank calls it,
+        with the payload it read, and so the same names); removes the local copy of the files."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+        folder = payload.pop(_FOLDER_KEY, None)
+        try:
+            saved = set(payload.get(DCP_KEY) or ())
+            wanted = [n for n in names if n in self.objects]
+            for name in names:
+                if name in saved and name not in self.objects:
+                    raise RuntimeError(
+                        f"{source} holds {name!r} sharded (saved through torch.distributed.checkpoint) but this run "
+                        f"tracks it unsharded; shard it as the job did (fully_shard) to resume it")
+                if name in self.objects and name not in saved:
+                    raise RuntimeError(
+                        f"{source} holds {name!r} " + ("in one payload (unsharded)" if name in payload["objects"]
+                                                       else "nowhere") +
+                        ", but this run tracks it sharded; resuming an unsharded job's state into a sharded model is "
+                        "not supported: run it unsharded, or start a new job (a new checkpoint_uri)")
+            if not wanted:
+                return
+            state = self._state(wanted)
+            try:
+                dcp.load(state, process_group=self._group(), storage_reader=dcp.FileSystemReader(folder))
+                for name in wanted:
+                    obj = self.objects[name]
+                    if isinstance(obj, tuple):
+                        set_optimizer_state_dict(obj[0], obj[1], state[name])
+                        if name in (payload.get(FRESH_KEY) or ()):
+                            obj[1].state.clear()  # saved before its first step: no state, as then
+                    else:
+                        set_model_state_dict(obj, state[name])
+            except Exception as exc:
+                raise RuntimeError(
+                    f"cannot restore {wanted} from {source}: {type(exc).__name__}: {exc}. Build them as they were "
+                    "when that checkpoint was saved (the same shapes and parameter groups), or train the changed "
+                    "model as a new job (a new checkpoint_uri)") from exc
+        finally:
+            if folder:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def read_payload(load) -> Any:
+    """A reader for :meth:`CheckpointStore.restore_latest`: ``load(path)`` of the payload; for a sharded
+    checkpoint it also keeps the verified DCP files, which :meth:`CheckpointStore.read_checkpoint` fetched
+    beside the payload into a folder it removes afterwards, in a folder of this rank's own (named in the
+    payload, for :meth:`ShardedObjects.load`)."""
+    def read(path: str) -> Any:
+        payload = load(path)
+        here = os.path.dirname(path)
+        # only from the folder read_checkpoint made (a file:// payload read in place is the store's own file)
+        if isinstance(payload, dict) and payload.get(DCP_KEY) and os.path.basename(here).startswith(FETCH_PREFIX):
+            keep = tempfile.mkdtemp(prefix="airflow-spot-dcp-")
+            for name in os.listdir(here):
+                if name != os.path.basename(path):
+                    shutil.move(os.path.join(here, name), os.path.join(keep, name))
+            payload[_FOLDER_KEY] = keep
+        return payload
+
+    return read
+
+
+def _copy_from(path: str):
+    def write(f) -> None:
+        with open(path, "rb") as src:
+            while block := src.read(8 * 1024 * 1024):
+                f.write(block)
+
+    return write

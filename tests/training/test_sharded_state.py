@@ -1,0 +1,396 @@
+"""Sharded state (FSDP2 ``fully_shard``) under the session: saved and restored through torch.distributed.checkpoint.
+
+Real processes: ``torch.distributed.run`` starts two ranks on CPU (gloo) that train a small FSDP2 model with Adam.
+A notice reaches one rank; one checkpoint is committed holding every rank's DCP files under one manifest, and
+the run resumed from it ends bit-identical to an uninterrupted one (the full model and optimizer state, as
+rank 0 gathers it at the end). The same checkpoint resumed on one rank loads the same weights (DCP reshards);
+a corrupt shard makes the resume fall back to the checkpoint before it; the store may be s3:// (moto's server).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from airflow_spot.storage.checkpoint import MANIFEST, PAYLOAD, CheckpointStore
+from airflow_spot.storage.job_view import JobView
+from airflow_spot.storage.manifest import LAYOUT_DCP, MANIFEST_SCHEMA, Manifest, ManifestError, manifest_checksum
+from airflow_spot.storage.object_store import open_store
+from airflow_spot.storage.protocol import JobLayout
+from airflow_spot.training import env as E
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed")
+
+TOTAL = 16
+
+SCRIPT = textwrap.dedent("""
+    import os, signal
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from airflow_spot.training import ResumableSampler, SpotSession
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Dropout(0.2), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in (model[0], model[3], model[5]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    torch.manual_seed(100 + rank)  # each rank's dropout draws its own stream: a resume must give it back
+    data = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
+    target = data.mean(1, keepdim=True)
+    sampler = ResumableSampler(64, seed=3, rank=rank, num_replicas=world)
+    batches = sampler.batches(4)
+    notice_rank = int(os.environ.get("TEST_NOTICE_RANK", "-1"))
+    notice_step = int(os.environ.get("TEST_NOTICE_STEP", "-1"))
+    with SpotSession.from_env() as spot:
+        spot.track(model=model, optimizer=opt, sampler=sampler)
+        restored = spot.restored_step
+        if not os.environ.get("TEST_RESTORE_ONLY"):
+            for step in spot.steps():
+                idx = next(batches)
+                loss = ((model(data[idx]) - target[idx]) ** 2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if rank == notice_rank and step == notice_step:
+                    os.kill(os.getpid(), signal.SIGTERM)  # the notice reaches this rank only
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # collective: every rank takes part
+    state = {"model": get_model_state_dict(model, options=full),
+             "optimizer": get_optimizer_state_dict(model, opt, options=full)}
+    if rank == 0:
+        torch.save({"restored": restored, "step": spot.step, **state}, os.environ["TEST_OUT"])
+    dist.destroy_process_group()
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(tmp_path: Path, uri: str, attempt: str, out: Path, nproc: int = 2,
+              extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    script = tmp_path / "fsdp_train.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOT_")}
+    env.update({
+        E.JOB_URI: uri, E.ATTEMPT_ID: attempt, E.START_STEP: "0", E.END_STEP: str(TOTAL), E.TOTAL_STEPS: str(TOTAL),
+        E.CKPT_MIN_INTERVAL: "0.05", E.CKPT_MAX_INTERVAL: "0.1", E.OUTCOME_FILE: str(tmp_path / f"outcome-{attempt}"),
+        "TEST_OUT": str(out), "OMP_NUM_THREADS": "1", **(extra_env or {}),
+    })
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", str(script)],
+        env=env, capture_output=True, text=True, timeout=240,
+    )
+
+
+def _ckpts(uri: str, **options) -> CheckpointStore:
+    return CheckpointStore(open_store(uri, **options).child(JobLayout.CHECKPOINTS))
+
+
+def _load(path: Path) -> dict:
+    return torch.load(path, weights_only=False)
+
+
+def _assert_same_state(a: dict, b: dict) -> None:
+    assert a["model"].keys() == b["model"].keys() and a["model"]
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), f"{name} differs"
+    assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys() and a["optimizer"]["state"]
+    for name, state in a["optimizer"]["state"].items():
+        for key, value in state.items():
+            assert torch.equal(value, b["optimizer"]["state"][name][key]), f"optimizer {name}.{key} differs"
+
+
+def _dcp_state(ckpts: CheckpointStore, manifest: Manifest, tmp_path: Path) -> dict:
+    """What the checkpoint holds, read by torch's own converter from its files (no session involved)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    folder = tmp_path / f"dcp-{manifest.directory}"
+    folder.mkdir()
+    ckpts.fetch_all(manifest, str(folder))
+    dcp_to_torch_save(str(folder), str(folder / "full.pt"))
+    return _load(folder / "full.pt")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """An uninterrupted 2-rank run on file://, and one on s3:// (moto's server) preempted at step 10 by a notice
+    to rank 1, then resumed."""
+    from airflow_spot.testing.moto_s3 import create_bucket, moto_server
+
+    tmp = tmp_path_factory.mktemp("sharded")
+    straight = _torchrun(tmp, f"file://{tmp}/straight", "s", tmp / "straight.pt")
+    assert straight.returncode == 0, straight.stdout + straight.stderr
+    with moto_server() as endpoint:
+        create_bucket(endpoint, "sharded")
+        uri, s3 = "s3://sharded/job", {"AWS_ENDPOINT_URL_S3": endpoint}
+        stopped = _torchrun(tmp, uri, "p", tmp / "unused.pt",
+                            extra_env={**s3, "TEST_NOTICE_RANK": "1", "TEST_NOTICE_STEP": "9"})
+        emergency = _ckpts(uri, endpoint_url=endpoint).committed()
+        resumed = _torchrun(tmp, uri, "r", tmp / "resumed.pt", extra_env={**s3, E.START_STEP: "10"})
+        statuses = _ckpts(uri, endpoint_url=endpoint).inspect(verify_payloads=True)
+    return {"tmp": tmp, "straight": f"file://{tmp}/straight", "stopped": stopped, "emergency": emergency,
+            "resumed": resumed, "statuses": statuses}
+
+
+def test_a_notice_to_one_rank_commits_one_sharded_checkpoint_and_the_resume_is_bit_exact(runs):
+    tmp, stopped = runs["tmp"], runs["stopped"]
+    log = stopped.stdout + stopped.stderr
+    assert stopped.returncode != 0 and (tmp / "outcome-p").read_text().startswith("preempted"), log
+    assert "emergency checkpoint at step 10 committed" in log, log
+    last = runs["emergency"][-1]
+    assert (last.step, last.meta["reason"], last.layout, last.schema) == (10, "emergency", LAYOUT_DCP, MANIFEST_SCHEMA)
+    # one manifest names every rank's files: rank 0's payload first, the DCP metadata, one shard file per rank
+    assert [f.name for f in last.files] == [PAYLOAD, ".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert all(m.layout == LAYOUT_DCP for m in runs["emergency"])  # the periodic saves too
+    assert not (tmp / "unused.pt").exists()
+
+    resumed = runs["resumed"]
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    statuses = runs["statuses"]  # on s3, every file of every checkpoint fetched and verified
+    assert statuses and all(s.ok and s.manifest.layout == LAYOUT_DCP for s in statuses), statuses
+    later = [s.manifest for s in statuses if s.manifest.writer == "r"]
+    assert later and min(m.step for m in later) > 10 and later[-1].step == TOTAL
+    out = _load(tmp / "resumed.pt")
+    assert (out["restored"], out["step"]) == (10, TOTAL)
+    _assert_same_state(_load(tmp / "straight.pt"), out)
+
+
+def test_a_two_rank_checkpoint_resumes_on_one_rank_with_the_same_weights(runs, tmp_path):
+    ckpts = _ckpts(runs["straight"])
+    newest = ckpts.committed()[-1]
+    one = _torchrun(tmp_path, runs["straight"], "one", tmp_path / "one.pt", nproc=1,
+                    extra_env={"TEST_RESTORE_ONLY": "1"})
+    assert one.returncode == 0, one.stdout + one.stderr
+    out = _load(tmp_path / "one.pt")
+    assert out["restored"] == newest.step == TOTAL
+    _assert_same_state(_dcp_state(ckpts, newest, tmp_path), out)  # resharded 2 -> 1
+    _assert_same_state(_load(runs["tmp"] / "straight.pt"), out)
+
+
+def test_a_corrupt_shard_falls_back_to_the_previous_checkpoint(runs, tmp_path):
+    job = tmp_path / "job"
+    shutil.copytree(runs["straight"].removeprefix("file://"), job)
+    uri = f"file://{job}"
+    ckpts = _ckpts(uri)
+    newest, previous = ckpts.committed()[-1], ckpts.committed()[-2]
+    shard = job / JobLayout.CHECKPOINTS / newest.directory / "__1_0.distcp"
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # same size: only the digest can tell
+    shard.write_bytes(bytes(raw))
+    assert ckpts.latest_step() == newest.step  # sizes only: as before, the digest is checked by a restore
+
+    got = _torchrun(tmp_path, uri, "c", tmp_path / "c.pt", extra_env={"TEST_RESTORE_ONLY": "1"})
+    log = got.stdout + got.stderr
+    assert got.returncode == 0, log
+    assert "is unusable, falling back to the previous one" in log and "__1_0.distcp: sha256 mismatch" in log, log
+    out = _load(tmp_path / "c.pt")
+    assert out["restored"] == previous.step < newest.step
+    _assert_same_state(_dcp_state(ckpts, previous, tmp_path), out)
+    # the Airflow side's readers see it too: inspect verifies every file, the job view sums them
+    broken = [s for s in ckpts.inspect(verify_payloads=True) if not s.ok]
+    assert [s.directory for s in broken] == [newest.directory] and "__1_0.distcp" in broken[0].problem
+    sizes = {c["step"]: c["size"] for c in JobView(open_store(uri)).checkpoints()}
+    assert sizes[previous.step] == sum(f.size for f in previous.files) > previous.files[0].size
+
+
+def test_restore_to_copies_a_sharded_checkpoint_into_a_folder_dcp_reads(runs, tmp_path):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from airflow_spot.cli import main
+
+    newest = _ckpts(runs["straight"]).committed()[-1]
+    assert main(["checkpoints", "restore", "--step", str(newest.step), "--to", str(tmp_path / "out"),
+                 runs["straight"]]) == 0
+    assert sorted(os.listdir(tmp_path / "out")) == sorted(f.name for f in newest.files)
+    dcp_to_torch_save(str(tmp_path / "out"), str(tmp_path / "full.pt"))
+    _assert_same_state(_load(runs["tmp"] / "straight.pt"), _load(tmp_path / "full.pt"))
+    assert main(["checkpoints", "verify", runs["straight"]]) == 0
+
+
+# ---------------------------------------------------------------------------------------------- manifest rules
+def _sharded_manifest(tmp_path: Path) -> tuple[CheckpointStore, Manifest]:
+    ckpts = CheckpointStore(open_store(f"file://{tmp_path}/ckpts"), writer="w")
+    directory = ckpts.new_directory(7)
+    files = tuple(ckpts.put_file(directory, name, lambda f, n=name: f.write(n.encode() * 100), 7)
+                  for name in (PAYLOAD, ".metadata", "__0_0.distcp", "__1_0.distcp"))
+    return ckpts, ckpts.commit(7, directory, files, {"reason": "periodic"}, 0.1, layout=LAYOUT_DCP)
+
+
+def test_a_sharded_manifest_is_schema_4_and_an_older_reader_is_told_to_upgrade(tmp_path, monkeypatch):
+    import airflow_spot.storage.manifest as manifest_module
+
+    ckpts, m = _sharded_manifest(tmp_path)
+    raw = ckpts.store.get_bytes(f"{m.directory}/{MANIFEST}")
+    d = json.loads(raw)
+    assert d["schema"] == 4 and d["meta"]["layout"] == LAYOUT_DCP
+    # no field of its own: a schema-3 reader (which checks fields before the schema) meets only the schema number
+    assert set(d) <= {"step", "directory", "files", "writer", "created_at", "save_seconds", "meta", "schema",
+                      "checksum"}
+    assert Manifest.from_json(raw, m.directory).layout == LAYOUT_DCP
+    monkeypatch.setattr(manifest_module, "MANIFEST_SCHEMA", 3)  # the reader before sharded checkpoints
+    with pytest.raises(ManifestError, match="schema 4 is newer than this code understands; upgrade airflow-spot"):
+        Manifest.from_json(raw, m.directory)
+
+
+def test_a_single_payload_checkpoint_stays_schema_3_so_a_rollback_reads_it(tmp_path):
+    ckpts = CheckpointStore(open_store(f"file://{tmp_path}/c"))
+    m = ckpts.save(1, lambda f: f.write(b"x"))
+    assert (m.schema, m.layout) == (3, None)
+
+
+@pytest.mark.parametrize("schema, layout", [(3, LAYOUT_DCP), (4, "megatron")])
+def test_a_layout_the_schema_does_not_know_makes_the_manifest_untrusted(tmp_path, schema, layout):
+    ckpts, m = _sharded_manifest(tmp_path)
+    d = json.loads(ckpts.store.get_bytes(f"{m.directory}/{MANIFEST}"))
+    d["schema"], d["meta"]["layout"] = schema, layout
+    d["checksum"] = manifest_checksum(d)
+    with pytest.raises(ManifestError, match="is not a layout of manifest schema"):
+        Manifest.from_json(json.dumps(d).encode(), m.directory)
+
+
+def test_every_file_of_a_sharded_checkpoint_is_checked(tmp_path):
+    ckpts, m = _sharded_manifest(tmp_path)
+    assert ckpts.latest_step() == 7 and m.size == sum(f.size for f in m.files)
+    assert ckpts.restore_latest(lambda p: sorted(os.listdir(os.path.dirname(p))))[1] == sorted(
+        f.name for f in m.files)  # read sees every file, fetched beside the payload
+    ckpts.store.delete([f"{m.directory}/__1_0.distcp"])
+    with pytest.raises(Exception, match="__1_0.distcp: file is missing"):
+        ckpts.latest_step()
+
+
+# ---------------------------------------------------------------------------------------------- track() refusals
+@pytest.fixture
+def one_rank_group(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _sharded_model():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+    return model
+
+
+def test_an_optimizer_over_sharded_and_plain_parameters_is_refused(one_rank_group, tmp_path):
+    from airflow_spot.training.session import SpotSession
+
+    model, plain = _sharded_model(), torch.nn.Linear(2, 2)
+    opt = torch.optim.Adam([*model.parameters(), *plain.parameters()])
+    spot = SpotSession(f"file://{tmp_path}/job", 10)
+    with pytest.raises(ValueError, match="sharded \\(DTensor\\) and plain parameters"):
+        spot.track(model=model, optimizer=opt)
+
+
+def test_a_sharded_optimizer_without_its_model_is_refused(one_rank_group, tmp_path):
+    from airflow_spot.training.session import SpotSession
+
+    model = _sharded_model()
+    spot = SpotSession(f"file://{tmp_path}/job", 10)
+    with pytest.raises(ValueError, match="belong to no single tracked sharded model"):
+        spot.track(optimizer=torch.optim.Adam(model.parameters()))
+
+
+def test_sharded_state_without_torch_distributed_is_refused(one_rank_group, tmp_path):
+    import torch.distributed as dist
+
+    from airflow_spot.training.session import SpotSession
+
+    model = _sharded_model()
+    spot = SpotSession(f"file://{tmp_path}/job", 10)
+    dist.destroy_process_group()
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        spot.track(model=model)
+
+
+def test_one_process_saves_and_restores_sharded_state(one_rank_group, tmp_path):
+    """One rank (torch.distributed on one process, no Ranks): the same DCP layout, in process."""
+    from airflow_spot.training.session import SpotSession
+
+    torch.manual_seed(0)
+    model = _sharded_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    with SpotSession(f"file://{tmp_path}/job", 3) as spot:
+        spot.track(model=model, optimizer=opt)
+        for _ in spot.steps():
+            opt.zero_grad()
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+    saved = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+    (m,) = [m for m in _ckpts(f"file://{tmp_path}/job").committed() if m.step == 3]
+    assert m.layout == LAYOUT_DCP and [f.name for f in m.files] == [PAYLOAD, ".metadata", "__0_0.distcp"]
+    torch.manual_seed(1)
+    fresh = _sharded_model()
+    again = SpotSession(f"file://{tmp_path}/job", 6, start_step=3)
+    assert again.track(model=fresh, optimizer=torch.optim.Adam(fresh.parameters(), lr=0.1)) == 3
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v.full_tensor(), saved[k]), k
+
+
+def test_a_save_before_the_first_step_leaves_the_optimizer_without_state_as_it_was(one_rank_group, tmp_path):
+    """DCP's optimizer state dict gives a fresh optimizer state (a step at lr 0: Adam would count from 1); neither
+    the live optimizer nor the resumed one may keep it, or the run is no longer the uninterrupted one."""
+    from airflow_spot.training.session import SpotSession
+
+    model = _sharded_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    spot = SpotSession(f"file://{tmp_path}/job", 3)
+    spot.track(model=model, optimizer=opt)
+    spot.save()
+    assert not opt.state and all(p.grad is None for p in model.parameters())
+    fresh = _sharded_model()
+    fresh_opt = torch.optim.Adam(fresh.parameters(), lr=0.1)
+    assert SpotSession(f"file://{tmp_path}/job", 3).track(model=fresh, optimizer=fresh_opt) == 0
+    assert not fresh_opt.state
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v.full_tensor(), model.state_dict()[k].full_tensor()), k
+
+
+def test_a_shard_that_cannot_be_put_commits_nothing(one_rank_group, tmp_path, monkeypatch, caplog):
+    from airflow_spot.storage.checkpoint import CheckpointSaveError
+    from airflow_spot.training.session import SpotSession
+
+    model = _sharded_model()
+    spot = SpotSession(f"file://{tmp_path}/job", 3)
+    spot.track(model=model, optimizer=torch.optim.Adam(model.parameters()))
+    put = spot.checkpoints.put_file
+
+    def refuse_shards(directory, name, write, step):
+        if name.endswith(".distcp"):
+            raise OSError(28, "No space left on device")
+        return put(directory, name, write, step)
+
+    monkeypatch.setattr(spot.checkpoints, "put_file", refuse_shards)
+    with pytest.raises(CheckpointSaveError, match="rank 0: OSError.*No space left on device"):
+        spot.save()  # a required save: the error reaches the script
+    spot._save("periodic", wait=False)  # a periodic one is logged, and the next one tries again
+    assert spot.writer.failures == 1 and spot.writer.last_committed_step is None
+    assert "periodic checkpoint failed" in caplog.text
+    assert _ckpts(f"file://{tmp_path}/job").committed() == []  # files put, but never a manifest naming them
