@@ -7,8 +7,11 @@ never carries credentials: the instance profile gives the instance its store acc
 """
 from __future__ import annotations
 
+import email
 import shlex
 from collections.abc import Iterable
+from email.mime.multipart import MIMEMultipart
+from email.mime.text import MIMEText
 
 from airflow_spot.backends.base import LaunchSpec
 
@@ -16,6 +19,12 @@ AGENT_MODULE = "airflow_spot.training.agent"
 #: marks the agent's line in a generated user-data script (see :func:`agent_argv_from_user_data`)
 AGENT_LINE_MARK = "# airflow-spot agent"
 DEFAULT_IMDS_URL = "http://169.254.169.254"
+
+#: cloud-init runs user-data scripts on an instance's first boot only. This cloud-config part (AWS's documented
+#: recipe) runs them on every boot, so an instance that reboots (a scheduled maintenance reboot, someone's
+#: ``reboot``) starts its agent again and serves the next request, instead of idling until the trigger ends
+#: its attempt as lost after the heartbeat window.
+EVERY_BOOT_CLOUD_CONFIG = "#cloud-config\ncloud_final_modules:\n- [scripts-user, always]\n"
 
 #: environment names that would put credentials into user data or tags
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECURITY_TOKEN")
@@ -68,12 +77,15 @@ def user_data_script(
     setup: Iterable[str] = (),
     options: dict[str, object] | None = None,
     shutdown_after: bool = True,
+    every_boot: bool = True,
 ) -> str:
-    """A bash user-data script that runs the agent once and powers the instance off when it exits (the
-    instance's shutdown behaviour is ``terminate``, so an idle agent ends the bill).
+    """The instance's user data: a bash script that runs the agent and powers the instance off when it exits
+    (the instance's shutdown behaviour is ``terminate``, so an idle agent ends the bill).
 
     :param setup: shell lines run first (e.g. activating a venv); the image should already hold the
         ``training`` extra.
+    :param every_boot: wrap the script in a MIME multipart with :data:`EVERY_BOOT_CLOUD_CONFIG`, so cloud-init
+        runs it at every boot, not only the first (False: the bare script).
     """
     check_env(spec.env)
     lines = ["#!/bin/bash",
@@ -85,14 +97,34 @@ def user_data_script(
     lines.append(f"{shlex.join(argv)} >>{shlex.quote(log_path)} 2>&1  {AGENT_LINE_MARK}")
     if shutdown_after:
         lines.append("shutdown -h now")
-    return "\n".join(lines) + "\n"
+    script = "\n".join(lines) + "\n"
+    if not every_boot:
+        return script
+    parts = MIMEMultipart()
+    for text, subtype, name in ((EVERY_BOOT_CLOUD_CONFIG, "cloud-config", "every-boot.cfg"),
+                                (script, "x-shellscript", "airflow-spot-agent.sh")):
+        part = MIMEText(text, subtype, "utf-8" if not text.isascii() else "us-ascii")
+        part.add_header("Content-Disposition", "attachment", filename=name)
+        parts.attach(part)
+    return parts.as_string()
+
+
+def shell_script_of(user_data: str) -> str:
+    """The bash script of user data made by :func:`user_data_script` (the script itself, or its
+    ``text/x-shellscript`` part)."""
+    if not user_data.startswith("Content-Type: multipart/"):
+        return user_data
+    for part in email.message_from_string(user_data).walk():
+        if part.get_content_type() == "text/x-shellscript":
+            return part.get_payload(decode=True).decode(part.get_content_charset() or "utf-8")
+    raise ValueError("no text/x-shellscript part in this multipart user data (was it made by user_data_script?)")
 
 
 def agent_argv_from_user_data(script: str) -> tuple[list[str], dict[str, str]]:
     """The agent argv and exported environment of a script made by :func:`user_data_script` (a test data
     plane plays an instance with them)."""
     env: dict[str, str] = {}
-    for line in script.splitlines():
+    for line in shell_script_of(script).splitlines():
         if line.startswith("export "):
             key, _, value = line[len("export "):].partition("=")
             env[key] = shlex.split(value)[0] if value else ""

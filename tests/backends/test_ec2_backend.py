@@ -91,6 +91,7 @@ def test_spot_launch_carries_market_zone_tags_and_a_bootstrap_without_credential
     assert argv[argv.index("--imds-url") + 1] == "http://169.254.169.254"
     assert env == {"AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9"}
     assert "SECRET" not in script and "testing" not in script
+    assert_runs_at_every_boot(script)
     assert raw.instance_initiated_shutdown_behavior == "terminate"
     assert raw.metadata_options.http_tokens == "required"  # IMDSv2 only
 
@@ -254,3 +255,33 @@ def test_operators_do_not_branch_on_the_backend_name():
     # an instance's image is not this machine: nothing to check here for ec2, a missing program for local
     assert backend_class("ec2").command_problem(["/opt/venv/bin/python", "train.py"]) is None
     assert "not found on PATH" in backend_class("local").command_problem(["/no/such/program"])
+
+
+def assert_runs_at_every_boot(user_data: str) -> None:
+    """cloud-init runs a user-data script at the first boot only; a rebooted instance would run no agent. The
+    user data is a MIME multipart whose cloud-config part makes cloud-init run its scripts at every boot."""
+    import email
+
+    import yaml
+
+    parts = {p.get_content_type(): p.get_payload(decode=True).decode()
+             for p in email.message_from_string(user_data).walk() if not p.is_multipart()}
+    assert set(parts) == {"text/cloud-config", "text/x-shellscript"}, list(parts)
+    config = yaml.safe_load(parts["text/cloud-config"])
+    assert parts["text/cloud-config"].startswith("#cloud-config\n")
+    assert ["scripts-user", "always"] in config["cloud_final_modules"]
+    assert parts["text/x-shellscript"].startswith("#!/bin/bash\n")
+    assert parts["text/x-shellscript"].rstrip().endswith("shutdown -h now")
+
+
+def test_user_data_with_text_outside_ascii_keeps_the_script_readable():
+    from airflow_spot.backends.base import LaunchSpec
+    from airflow_spot.backends.bootstrap import shell_script_of, user_data_script
+
+    s = LaunchSpec(offer=offer(), job_uri="s3://bucket/dag/run", idempotency_token="t", env={"RUN_NOTE": "größer"})
+    user_data = user_data_script(s)
+    assert_runs_at_every_boot(user_data)
+    argv, env = agent_argv_from_user_data(user_data)
+    assert env == {"RUN_NOTE": "größer"} and "airflow_spot.training.agent" in argv
+    bare = user_data_script(s, every_boot=False)
+    assert bare.startswith("#!/bin/bash\n") and shell_script_of(user_data) == bare
