@@ -9,11 +9,15 @@ import os
 import tempfile
 
 # Airflow reads its home and config when first imported; give tests a private home unless the caller
-# chose one. Nothing is created here: the directory appears only if a test uses Airflow.
-if "AIRFLOW_HOME" not in os.environ:
+# chose one. Nothing is created here: the directory appears only if a test uses Airflow. Under pytest-xdist
+# each worker inherits the controller's environment, so a home this file made for another process is
+# replaced: two workers must not reset one metadata DB.
+_HOME_OWNER = "AIRFLOW_SPOT_TESTS_HOME_PID"
+if "AIRFLOW_HOME" not in os.environ or os.environ.get(_HOME_OWNER, str(os.getpid())) != str(os.getpid()):
+    os.environ[_HOME_OWNER] = str(os.getpid())
     os.environ["AIRFLOW_HOME"] = os.path.join(tempfile.gettempdir(), f"airflow-spot-tests-{os.getpid()}")
+    os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = os.path.join(os.environ["AIRFLOW_HOME"], "dags")
     os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-    os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", os.path.join(os.environ["AIRFLOW_HOME"], "dags"))
     os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 
 
@@ -33,3 +37,14 @@ def _private_overhead_history(monkeypatch, tmp_path_factory):
     monkeypatch.setenv(overhead_history.ENV_URI, f"file://{tmp_path_factory.mktemp('overhead-history')}")
     monkeypatch.setattr(overhead_history, "history_uris",
                         lambda job_uri, environ=None: [(os.environ if environ is None else environ)[overhead_history.ENV_URI]])
+
+
+def pytest_collection_modifyitems(config, items):
+    """Groups for ``pytest -n N --dist loadgroup`` (the README's test command): a module's tests stay on
+    one worker (its module fixtures, a demo run or a server, are made once), and every end-to-end test
+    shares one worker, since they share one Airflow stack on the machine's one PostgreSQL database."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            e2e = item.get_closest_marker("e2e") or "airflow_stack" in getattr(item, "fixturenames", ())
+            group = "e2e" if e2e else item.nodeid.split("::", 1)[0]
+            item.add_marker(pytest.mark.xdist_group(group))
