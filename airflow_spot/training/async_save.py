@@ -64,10 +64,17 @@ class AsyncCheckpointer:
 
     def save_async(self, step: int, staged: Any, meta: dict | None = None) -> bool:
         """Start writing ``staged``; returns False (and writes nothing) while another write is in flight."""
+        return self.submit(self._write, step, staged, dict(meta or {}))
+
+    def submit(self, write: Callable[..., Any], *args: Any) -> bool:
+        """Run ``write(*args)`` as this writer's background write (a sharded save brings its own: every rank
+        writes its shards, rank 0 commits and calls :meth:`committed`); returns False while another is in
+        flight. Its failure is logged and counted as any background write's is; :meth:`wait` and
+        :meth:`close` wait for it."""
         if self.busy:
             return False
         self._collect()
-        self._inflight = self._pool.submit(self._write, step, staged, dict(meta or {}))
+        self._inflight = self._pool.submit(write, *args)
         return True
 
     def _collect(self) -> None:

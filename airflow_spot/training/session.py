@@ -322,7 +322,7 @@ class SpotSession(SessionRestore):
         if per_rank is not None:
             staged["rank_state"] = per_rank
         stall = time.monotonic() - started
-        if not self.sharded:  # a sharded save stalls for all of it: _save measures that
+        if not self.sharded:  # a sharded save's stall also stages the shards: _save measures that
             self._count_stall(stall)
         return staged, stall
 
@@ -342,9 +342,9 @@ class SpotSession(SessionRestore):
         started = time.monotonic()
         staged, _ = self._stage()
         try:
-            if self.sharded:  # every rank writes its shard, synchronously: the stall is the whole save
-                if self.sharded.save(self.checkpoints, self.writer, self.step, staged, self._meta(reason), wait):
-                    self._count_stall(time.monotonic() - started)
+            if self.sharded:  # every rank writes its shards; a periodic save in the background, after staging them
+                if self.sharded.save(self.checkpoints, self.writer, self.step, staged, self._meta(reason), not wait):
+                    self._count_stall(time.monotonic() - started)  # the foreground part only
             elif staged is None:
                 pass  # a rank other than 0: rank 0 writes
             elif wait:
@@ -469,8 +469,8 @@ class SpotSession(SessionRestore):
         periodic = time.monotonic() - self._last_save_at >= self.interval
         busy = self.writer.busy  # a periodic save still writing: the next one waits (coalesced)
         if self.ranks is not None:
-            if not self.ranks.writer:  # the writer's clock and its writer decide these
-                periodic = busy = False
+            if not self.ranks.writer:  # the writer's clock decides; busy is any rank's (each writes its shards)
+                periodic = False
             notice, requested, insurance, periodic, busy, leaving, _ = self.ranks.agree(
                 notice, requested, insurance, periodic, busy, False, True)
             if leaving:  # waiting for that rank in the next collective would hang this one until the timeout

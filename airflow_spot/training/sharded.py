@@ -24,8 +24,17 @@ path for its layout (write planning, deduplication of replicated tensors, the me
 a local file lets the store's own upload (boto3's transfer manager, the block digest, the published-size
 check) publish each file unchanged. The cost is a second pass over the bytes through the local disk.
 
-Saves of sharded state are **synchronous**, periodic ones included: training waits for the whole save (DCP's
-``async_save`` would need its collectives on a group usable from a thread beside the step's; not done yet).
+Periodic (and insurance) saves are **two-phase**, as unsharded ones are: in the foreground each rank copies its
+shards to host memory (DCP's own staging helpers, which keep each DTensor's mesh and placements), the stall;
+then steps 1-4 run in the session writer's background thread on every rank, while training goes on. Their
+collectives (DCP's planning, the directory's name, the gather of file entries, the outcome) run on a gloo group
+made for saves alone (:attr:`ShardedObjects.save_group`): on the group of the training step's collectives or
+of the session's per-step agreement, a collective from the thread would interleave with the main thread's in
+another order on another rank. Every rank starts the same background saves in the same order, because the
+session starts them only on flags agreed by all ranks (each rank's writer being busy among them: one in
+flight at a time), and waits for the one in flight before any synchronous save (a notice's, ``spot.save()``,
+the final one), which writes from the live state without the copy. A failed background save is logged and
+counted (:meth:`AsyncCheckpointer._collect`); it commits nothing and the next one tries again.
 
 Restore: rank 0 chooses the checkpoint (falling back past broken ones, as for a payload); each rank fetches
 every file of it into a local folder, verified against the manifest, then ``dcp.load`` and
@@ -38,6 +47,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from typing import Any
 
 import torch
@@ -93,6 +103,10 @@ class ShardedObjects:
         self.ranks = ranks
         #: name -> the module (a model) or (module, optimizer) (an optimizer over that module's parameters)
         self.objects: dict[str, Any] = {}
+        #: a gloo group for the saves' collectives alone (made when sharded state is first tracked; see module doc)
+        self.save_group: Any = None
+        #: this process's ranks over ``save_group`` (None: one process)
+        self._save_ranks: Ranks | None = None
 
     def __bool__(self) -> bool:
         return bool(self.objects)
@@ -139,6 +153,12 @@ class ShardedObjects:
                 f"track({', '.join(found)}): sharded state (DTensor parameters, e.g. FSDP fully_shard) needs "
                 "torch.distributed: call torch.distributed.init_process_group() before the SpotSession is built, "
                 "and keep it until the session ends (each rank saves its own shard through it)")
+        if self.save_group is None:
+            # Every rank tracks the same objects, so every rank gets here once, as new_group needs. A CPU group
+            # (gloo) even under NCCL: DCP's planning collectives and the commit's carry Python objects.
+            self.save_group = dist.new_group(backend="gloo")
+            if self.ranks is not None:
+                self._save_ranks = Ranks(self.ranks.rank, self.ranks.world_size, self.save_group)
         modules = {n: o for n, o in {**tracked, **found}.items() if isinstance(o, nn.Module) and
                    (n in found or n in self.objects)}
         for name, obj in found.items():
@@ -170,58 +190,76 @@ class ShardedObjects:
 
     # ------------------------------------------------------------------ save
     def save(self, checkpoints: CheckpointStore, writer: AsyncCheckpointer, step: int, payload: dict | None,
-             meta: dict, required: bool) -> bool:
-        """Save one checkpoint at ``step`` (every rank calls it; ``payload`` is rank 0's, None elsewhere) and
-        record it with rank 0's ``writer`` (its last committed step; retention). Returns whether it committed.
+             meta: dict, background: bool) -> bool:
+        """Save one checkpoint at ``step`` (every rank calls it, at the same point of the same sequence of saves;
+        ``payload`` is rank 0's, None elsewhere) and record it with rank 0's ``writer`` (its last committed step;
+        retention).
 
-        :raises CheckpointSaveError: on every rank, when any rank could not write its part (nothing committed)
-            and the save is ``required`` (an emergency or final one); a periodic one is logged, as a background
-            write's failure is, and the next one tries again."""
-        try:
-            manifest = self._save(checkpoints, step, payload, meta)
-        except CheckpointSaveError as exc:
-            if required:
-                raise
-            writer.failures += 1
-            log.error("periodic checkpoint failed: %s", exc)
-            return False
-        if manifest is not None:  # rank 0
-            writer.committed(manifest, 0.0)  # the write is part of the stall (nothing runs in the background)
-        return True
+        ``background``: stage the shards to host memory and hand the rest to ``writer``'s thread (the caller
+        agreed with every rank that no rank's writer is busy, and waits for it before the next synchronous
+        save); returns True, the time spent here being the save's stall. Otherwise write now, from the live
+        state, after the write in flight (if any); returns False (the save's time is recorded as its write).
 
-    def _save(self, checkpoints: CheckpointStore, step: int, payload: dict | None, meta: dict) -> Manifest | None:
-        import torch.distributed.checkpoint as dcp
-
-        started = time.monotonic()
-        writer = self.ranks is None or self.ranks.writer
-        directory = checkpoints.new_directory(step) if writer else None
-        if self.ranks is not None:
-            directory = self.ranks.from_writer(directory)
-        entries: list[FileEntry] = []
-        error = None
+        :raises CheckpointSaveError: on every rank, when any rank could not write its part of a synchronous save
+            (nothing committed); a background save's is logged by ``writer``, and the next one tries again."""
+        writer.wait()  # the previous background save's collectives come first, on every rank
         # get_optimizer_state_dict gives an optimizer without state yet (a save before the first step) some, by a
         # step at lr 0 (Adam's step count then starts at 1): that is undone here and at the restore, for bit-exactness
         fresh = sorted(n for n, o in self.objects.items() if isinstance(o, tuple) and not o[1].state)
-        folder = tempfile.mkdtemp(prefix="airflow-spot-dcp-")
+        try:
+            state = self._state(sorted(self.objects))  # its names: what the payload says DCP holds
+            if background:
+                state = _to_host(state)
+        finally:
+            for name in fresh:
+                self.objects[name][1].state.clear()  # the state dict (and its copy) keep their own references
+        if background:
+            if not writer.submit(self._write_and_record, checkpoints, writer, step, state, payload, meta, fresh):
+                # cannot be, after writer.wait(); were it so, this rank would skip a save the others take
+                raise RuntimeError("a background sharded save was refused: the writer is busy")
+            return True
+        self._write_and_record(checkpoints, writer, step, state, payload, meta, fresh)
+        return False
+
+    def _write_and_record(self, checkpoints: CheckpointStore, writer: AsyncCheckpointer, step: int,
+                          state: dict[str, Any], payload: dict | None, meta: dict, fresh: list[str]) -> None:
+        started = time.monotonic()
+        manifest = self._save(checkpoints, step, state, payload, meta, fresh)
+        if manifest is not None:  # rank 0, committed: heartbeats now name this step
+            writer.committed(manifest, time.monotonic() - started)
+
+    def _save(self, checkpoints: CheckpointStore, step: int, state: dict[str, Any], payload: dict | None, meta: dict,
+              fresh: list[str]) -> Manifest | None:
+        # Every collective here is on save_group: this may run in the writer's thread beside the training step.
+        import torch.distributed.checkpoint as dcp
+
+        started = time.monotonic()
+        ranks = self._save_ranks
+        writer = ranks is None or ranks.writer
+        directory = checkpoints.new_directory(step) if writer else None
+        if ranks is not None:
+            directory = ranks.from_writer(directory)
+        entries: list[FileEntry] = []
+        error = None
+        # DCP makes the folder in its planning step, whose errors it hands to every rank: a rank that failed to
+        # make it here would skip collectives the others wait in (and misalign every later save's)
+        folder = os.path.join(tempfile.gettempdir(), f"airflow-spot-dcp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
         try:
             # sync_files=False: these files are temporary; the store's upload is what must be durable
-            try:
-                dcp.save(self._state(sorted(self.objects)), process_group=self._group(),
-                         storage_writer=dcp.FileSystemWriter(folder, sync_files=False))
-            finally:
-                for name in fresh:
-                    self.objects[name][1].state.clear()
+            dcp.save(state, process_group=self.save_group,
+                     storage_writer=dcp.FileSystemWriter(folder, sync_files=False))
             for name in sorted(os.listdir(folder)):
                 entries.append(checkpoints.put_file(directory, name, _copy_from(os.path.join(folder, name)), step))
             if writer:
-                body = {**payload, DCP_KEY: sorted(self.objects), FRESH_KEY: fresh}
+                # the staged state's names, not self.objects': one tracked since has no DCP files here
+                body = {**payload, DCP_KEY: sorted(state), FRESH_KEY: fresh}
                 entries.insert(0, checkpoints.put_file(directory, PAYLOAD, lambda f: torch.save(body, f), step))
         except Exception as exc:  # noqa: BLE001 - reported to rank 0, which commits nothing; raised on every rank
-            rank = 0 if self.ranks is None else self.ranks.rank
+            rank = 0 if ranks is None else ranks.rank
             error = f"rank {rank}: {type(exc).__name__}: {exc}"
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        gathered = [(entries, error)] if self.ranks is None else self.ranks.to_writer((entries, error))
+        gathered = [(entries, error)] if ranks is None else ranks.to_writer((entries, error))
         manifest, outcome = None, None
         if writer:
             outcome = "; ".join(e for _, e in gathered if e)
@@ -234,8 +272,8 @@ class ShardedObjects:
                                                   layout=LAYOUT_DCP)
                 except Exception as exc:  # noqa: BLE001 - every rank raises it below
                     outcome = f"rank 0 committing: {type(exc).__name__}: {exc}"
-        if self.ranks is not None:
-            outcome = self.ranks.from_writer(outcome)
+        if ranks is not None:
+            outcome = ranks.from_writer(outcome)
         if outcome:
             raise CheckpointSaveError(f"sharded checkpoint at step {step} was not committed ({outcome}); committed "
                                       "checkpoints are untouched")
@@ -304,6 +342,17 @@ def read_payload(load) -> Any:
         return payload
 
     return read
+
+
+def _to_host(state: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``state`` in host memory that training cannot change: each DTensor's local shard copied to CPU
+    (pinned when there is a GPU, for the copy's speed), its mesh and placements kept, so DCP plans and writes it as
+    it would the live state. DCP's own staging helpers (those of ``dcp.async_save``); a fresh copy each save, as
+    the state dict's plain values (the learning rate) change between saves."""
+    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+    host = _create_cpu_state_dict(state, pin_memory=torch.cuda.is_available())
+    return _copy_state_dict(state, host, non_blocking=False)
 
 
 def _copy_from(path: str):

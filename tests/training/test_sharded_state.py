@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="to
 TOTAL = 16
 
 SCRIPT = textwrap.dedent("""
-    import os, signal
+    import copy, os, signal, time
     import torch
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
@@ -57,7 +58,30 @@ SCRIPT = textwrap.dedent("""
     batches = sampler.batches(4)
     notice_rank = int(os.environ.get("TEST_NOTICE_RANK", "-1"))
     notice_step = int(os.environ.get("TEST_NOTICE_STEP", "-1"))
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # collective: every rank takes part
+    dumps = {}  # the state after each step (TEST_DUMP), to compare each checkpoint with
+    slow_put = float(os.environ.get("TEST_SLOW_PUT", "0"))
+    fail_put_rank = int(os.environ.get("TEST_FAIL_PUT_RANK", "-1"))
     with SpotSession.from_env() as spot:
+        put, failed = spot.checkpoints.put_file, []
+
+        def put_file(directory, name, write, step):  # the uploads of shards: slowed, or the first one refused
+            if name.endswith(".distcp"):
+                time.sleep(slow_put)
+                if rank == fail_put_rank and not failed:
+                    failed.append(step)
+                    print(f"TEST refused a put at step {step}", flush=True)
+                    raise OSError(28, "No space left on device")
+            return put(directory, name, write, step)
+
+        spot.checkpoints.put_file = put_file
+        committed = spot.writer.committed
+
+        def record(manifest, seconds):  # rank 0 (the only one that commits): every commit, as it happens
+            print(f"TEST committed step {manifest.step} at step {spot.step}", flush=True)
+            committed(manifest, seconds)
+
+        spot.writer.committed = record
         spot.track(model=model, optimizer=opt, sampler=sampler)
         restored = spot.restored_step
         if not os.environ.get("TEST_RESTORE_ONLY"):
@@ -67,13 +91,20 @@ SCRIPT = textwrap.dedent("""
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+                time.sleep(float(os.environ.get("TEST_STEP_SLEEP", "0")))
+                if os.environ.get("TEST_DUMP"):
+                    dumps[step + 1] = copy.deepcopy({  # a copy: Adam's step count is the live tensor
+                        "model": get_model_state_dict(model, options=full),
+                        "optimizer": get_optimizer_state_dict(model, opt, options=full)})
+                if rank == 0:
+                    print(f"TEST step {step} ran, a save writing: {spot.writer.busy}; stall "
+                          f"{spot.save_cost_ewma} write {spot.writer.last_write_seconds}", flush=True)
                 if rank == notice_rank and step == notice_step:
                     os.kill(os.getpid(), signal.SIGTERM)  # the notice reaches this rank only
-    full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # collective: every rank takes part
     state = {"model": get_model_state_dict(model, options=full),
              "optimizer": get_optimizer_state_dict(model, opt, options=full)}
     if rank == 0:
-        torch.save({"restored": restored, "step": spot.step, **state}, os.environ["TEST_OUT"])
+        torch.save({"restored": restored, "step": spot.step, "dumps": dumps, **state}, os.environ["TEST_OUT"])
     dist.destroy_process_group()
 """)
 
@@ -137,7 +168,10 @@ def runs(tmp_path_factory):
     from airflow_spot.testing.moto_s3 import create_bucket, moto_server
 
     tmp = tmp_path_factory.mktemp("sharded")
-    straight = _torchrun(tmp, f"file://{tmp}/straight", "s", tmp / "straight.pt")
+    # periodic saves in the background: uploads slowed (so steps run while one writes), rank 1's first refused
+    straight = _torchrun(tmp, f"file://{tmp}/straight", "s", tmp / "straight.pt", extra_env={
+        "TEST_SLOW_PUT": "0.25", "TEST_FAIL_PUT_RANK": "1", "TEST_STEP_SLEEP": "0.05", "TEST_DUMP": "1",
+        E.CKPT_KEEP: "50"})
     assert straight.returncode == 0, straight.stdout + straight.stderr
     with moto_server() as endpoint:
         create_bucket(endpoint, "sharded")
@@ -147,8 +181,32 @@ def runs(tmp_path_factory):
         emergency = _ckpts(uri, endpoint_url=endpoint).committed()
         resumed = _torchrun(tmp, uri, "r", tmp / "resumed.pt", extra_env={**s3, E.START_STEP: "10"})
         statuses = _ckpts(uri, endpoint_url=endpoint).inspect(verify_payloads=True)
-    return {"tmp": tmp, "straight": f"file://{tmp}/straight", "stopped": stopped, "emergency": emergency,
-            "resumed": resumed, "statuses": statuses}
+    return {"tmp": tmp, "straight": f"file://{tmp}/straight", "straight_log": straight.stdout + straight.stderr,
+            "stopped": stopped, "emergency": emergency, "resumed": resumed, "statuses": statuses}
+
+
+def test_periodic_sharded_saves_write_in_the_background_and_a_failed_one_commits_nothing(runs, tmp_path):
+    """Two ranks, uploads slowed: training steps on while a periodic save writes, the stall counted into the
+    interval is the staging alone, each checkpoint holds the state of its step (the staged copy, not the live
+    state the following steps changed), and a save one rank could not upload commits nothing, the next ones do."""
+    log = runs["straight_log"]
+    (refused,) = [int(s) for s in re.findall(r"TEST refused a put at step (\d+)", log)]
+    assert (f"background checkpoint write failed: sharded checkpoint at step {refused} was not committed (rank 1: "
+            "OSError: [Errno 28] No space left on device)") in log, log
+    commits = [(int(a), int(b)) for a, b in re.findall(r"TEST committed step (\d+) at step (\d+)", log)]
+    manifests = _ckpts(runs["straight"]).committed()
+    assert [m.step for m in manifests] == [step for step, _ in commits] and commits[-1][0] == TOTAL, log
+    assert refused not in [m.step for m in manifests]  # rank 0's files put, but no manifest names them
+    periodic = [m for m in manifests if m.meta["reason"] == "periodic"]
+    assert periodic and periodic[0].step > refused, manifests  # the next one tried again, and committed
+    # committed after training went on: the save started before step N ran, its commit came at a later step
+    assert any(at > step for step, at in commits[:-1]), commits
+    assert re.search(r"TEST step \d+ ran, a save writing: True", log), log
+    stall, write = map(float, re.findall(r"stall ([\d.e-]+) write ([\d.e-]+)", log)[-1])
+    assert write >= 0.25 > stall, (stall, write)  # each rank's upload sleeps 0.25 s, in the background
+    dumps = _load(runs["tmp"] / "straight.pt")["dumps"]
+    for m in periodic:
+        _assert_same_state(dumps[m.step], _dcp_state(_ckpts(runs["straight"]), m, tmp_path))
 
 
 def test_a_notice_to_one_rank_commits_one_sharded_checkpoint_and_the_resume_is_bit_exact(runs):
@@ -390,7 +448,8 @@ def test_a_shard_that_cannot_be_put_commits_nothing(one_rank_group, tmp_path, mo
     monkeypatch.setattr(spot.checkpoints, "put_file", refuse_shards)
     with pytest.raises(CheckpointSaveError, match="rank 0: OSError.*No space left on device"):
         spot.save()  # a required save: the error reaches the script
-    spot._save("periodic", wait=False)  # a periodic one is logged, and the next one tries again
+    spot._save("periodic", wait=False)  # a periodic one, in the background, is logged; the next one tries again
+    spot.writer.wait()
     assert spot.writer.failures == 1 and spot.writer.last_committed_step is None
-    assert "periodic checkpoint failed" in caplog.text
+    assert "background checkpoint write failed" in caplog.text and "No space left on device" in caplog.text
     assert _ckpts(f"file://{tmp_path}/job").committed() == []  # files put, but never a manifest naming them
