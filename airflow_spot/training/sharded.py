@@ -203,6 +203,7 @@ class ShardedObjects:
         :raises CheckpointSaveError: on every rank, when any rank could not write its part of a synchronous save
             (nothing committed); a background save's is logged by ``writer``, and the next one tries again."""
         writer.wait()  # the previous background save's collectives come first, on every rank
+        background = background and _host_copy_available()  # (the same on every rank: one torch build)
         # get_optimizer_state_dict gives an optimizer without state yet (a save before the first step) some, by a
         # step at lr 0 (Adam's step count then starts at 1): that is undone here and at the restore, for bit-exactness
         fresh = sorted(n for n, o in self.objects.items() if isinstance(o, tuple) and not o[1].state)
@@ -342,6 +343,15 @@ def read_payload(load) -> Any:
         return payload
 
     return read
+
+
+def _host_copy_available() -> bool:
+    """Whether this torch has DCP's staging helpers (private; a torch without them saves synchronously)."""
+    try:
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _to_host(state: dict[str, Any]) -> dict[str, Any]:

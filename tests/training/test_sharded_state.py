@@ -453,3 +453,26 @@ def test_a_shard_that_cannot_be_put_commits_nothing(one_rank_group, tmp_path, mo
     assert spot.writer.failures == 1 and spot.writer.last_committed_step is None
     assert "background checkpoint write failed" in caplog.text and "No space left on device" in caplog.text
     assert _ckpts(f"file://{tmp_path}/job").committed() == []  # files put, but never a manifest naming them
+
+
+def test_a_torch_without_dcps_staging_helpers_saves_sharded_state_synchronously(one_rank_group, tmp_path, monkeypatch):
+    """The background save copies the shards with DCP's private staging helpers; a torch build without them
+    must still save (in the foreground), not fail every periodic save."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_helpers(name, *args, **kwargs):
+        if name == "torch.distributed._state_dict_utils":
+            raise ImportError("no DCP staging helpers in this torch")
+        return real_import(name, *args, **kwargs)
+
+    from airflow_spot.training.session import SpotSession
+
+    model = _sharded_model()
+    spot = SpotSession(f"file://{tmp_path}/job", 3)
+    spot.track(model=model, optimizer=torch.optim.Adam(model.parameters()))
+    monkeypatch.setattr(builtins, "__import__", no_helpers)
+    assert spot._save("periodic", wait=False)
+    assert not spot.writer.busy  # nothing went to the background: the save is done
+    assert [m.step for m in _ckpts(f"file://{tmp_path}/job").committed()] == [0]
