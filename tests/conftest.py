@@ -37,14 +37,3 @@ def _private_overhead_history(monkeypatch, tmp_path_factory):
     monkeypatch.setenv(overhead_history.ENV_URI, f"file://{tmp_path_factory.mktemp('overhead-history')}")
     monkeypatch.setattr(overhead_history, "history_uris",
                         lambda job_uri, environ=None: [(os.environ if environ is None else environ)[overhead_history.ENV_URI]])
-
-
-def pytest_collection_modifyitems(config, items):
-    """Groups for ``pytest -n N --dist loadgroup`` (the README's test command): a module's tests stay on
-    one worker (its module fixtures, a demo run or a server, are made once), and every end-to-end test
-    shares one worker, since they share one Airflow stack on the machine's one PostgreSQL database."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            e2e = item.get_closest_marker("e2e") or "airflow_stack" in getattr(item, "fixturenames", ())
-            group = "e2e" if e2e else item.nodeid.split("::", 1)[0]
-            item.add_marker(pytest.mark.xdist_group(group))

@@ -1,4 +1,5 @@
-"""Fixtures of the end-to-end tests: one production-like Airflow per pytest session.
+"""Fixtures of the end-to-end tests: one production-like Airflow per pytest session (per worker under
+pytest-xdist: each stack claims a PostgreSQL database and a Redis database of its own, so two run side by side).
 
 ``airflow_stack`` (session) starts PostgreSQL-backed Airflow with the CeleryExecutor on Redis (see
 ``airflow_stack.py``) with every DAG file of ``tests/e2e/dags/`` in its dags folder, and stops it at the
