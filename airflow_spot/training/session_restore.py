@@ -33,17 +33,14 @@ class SessionRestore:
             self.step = self.restored_step = manifest.step
             log.info("resumed from checkpoint at step %d (%s)", manifest.step, manifest.directory)
         elif self.warm_start_uri:
-            sharded = [k for k in objects if k in self.warm_start_keys and k in self.sharded]
-            if sharded:
-                raise NotImplementedError(
-                    f"warm start of sharded {sharded} (FSDP) is not supported yet: warm-start the model unsharded, "
-                    "save its state, and shard it in a new job, or load the weights yourself before track()")
             warm = self._restore_latest(CheckpointStore(open_store(self.warm_start_uri).child(JobLayout.CHECKPOINTS)),
-                                        load_foreign_payload)
+                                        read_payload(load_foreign_payload))
             if warm is None:
                 raise FileNotFoundError(f"warm start: no checkpoint under {self.warm_start_uri}")
-            self._apply(warm[1], keys=tuple(k for k in objects if k in self.warm_start_keys), rng=False,
-                        source=f"the warm start's checkpoint at step {warm[0].step} ({self.warm_start_uri})")
+            keys = tuple(k for k in objects if k in self.warm_start_keys)
+            source = f"the warm start's checkpoint at step {warm[0].step} ({self.warm_start_uri})"
+            self.sharded.load(warm[1], keys, source)  # a sharded job's model into this job's sharded model
+            self._apply(warm[1], keys=keys, rng=False, source=source)
             log.info("warm-started %s from %s step %d", self.warm_start_keys, self.warm_start_uri, warm[0].step)
         elif self.start_step > 0:  # planned after progress that was committed and is now gone: never redo from 0
             raise CheckpointError(
@@ -115,11 +112,7 @@ class SessionRestore:
         saved = {**payload["objects"], **(own or {}).get("objects", {})}  # this rank's own random generators
         for name in keys:
             if name in self.sharded or name in (payload.get(DCP_KEY) or ()):
-                if not rng and name not in self.sharded:
-                    raise NotImplementedError(
-                        f"{source} holds {name!r} sharded (torch.distributed.checkpoint files); a warm start reads one "
-                        "payload only: convert it first (torch.distributed.checkpoint.format_utils.dcp_to_torch_save)")
-                continue  # restored through DCP (ShardedObjects.load)
+                continue  # restored through DCP (ShardedObjects.load, which refuses a sharded/unsharded mismatch)
             if name not in saved:
                 raise KeyError(f"{source} has no state for tracked object {name!r} (it holds {sorted(saved)}): "
                                "track under the names the job saved, or start a new job (a new checkpoint_uri)")

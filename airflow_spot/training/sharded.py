@@ -295,7 +295,8 @@ class ShardedObjects:
                 if name in saved and name not in self.objects:
                     raise RuntimeError(
                         f"{source} holds {name!r} sharded (saved through torch.distributed.checkpoint) but this run "
-                        f"tracks it unsharded; shard it as the job did (fully_shard) to resume it")
+                        f"tracks it unsharded; shard it as that job did (fully_shard), or convert the checkpoint to "
+                        "one file (torch.distributed.checkpoint.format_utils.dcp_to_torch_save) and load it yourself")
                 if name in self.objects and name not in saved:
                     raise RuntimeError(
                         f"{source} holds {name!r} " + ("in one payload (unsharded)" if name in payload["objects"]

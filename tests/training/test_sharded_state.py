@@ -476,3 +476,28 @@ def test_a_torch_without_dcps_staging_helpers_saves_sharded_state_synchronously(
     assert spot._save("periodic", wait=False)
     assert not spot.writer.busy  # nothing went to the background: the save is done
     assert [m.step for m in _ckpts(f"file://{tmp_path}/job").committed()] == [0]
+
+
+def test_a_new_job_warm_starts_its_sharded_model_from_a_sharded_job(one_rank_group, tmp_path):
+    """A retraining pipeline: the new job's sharded model starts from the previous job's sharded checkpoint
+    (through DCP), its optimizer and steps fresh."""
+    from airflow_spot.training.session import SpotSession
+
+    torch.manual_seed(0)
+    model = _sharded_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    with SpotSession(f"file://{tmp_path}/old", 3) as spot:
+        spot.track(model=model, optimizer=opt)
+        for _ in spot.steps():
+            opt.zero_grad()
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+    trained = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(1)
+    fresh = _sharded_model()
+    fresh_opt = torch.optim.Adam(fresh.parameters(), lr=0.1)
+    new = SpotSession(f"file://{tmp_path}/new", 3, warm_start_uri=f"file://{tmp_path}/old")
+    assert new.track(model=fresh, optimizer=fresh_opt) == 0
+    assert not fresh_opt.state  # only the model is warm-started (warm_start_keys)
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v.full_tensor(), trained[k]), k
