@@ -357,6 +357,22 @@ def _sharded_model():
     return model
 
 
+def _train_one_rank(job_uri: str, steps: int) -> dict[str, torch.Tensor]:
+    """Train a one-rank sharded model ``steps`` steps under a session at ``job_uri``; its full weights after."""
+    from airflow_spot.training.session import SpotSession
+
+    torch.manual_seed(0)
+    model = _sharded_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    with SpotSession(job_uri, steps) as spot:
+        spot.track(model=model, optimizer=opt)
+        for _ in spot.steps():
+            opt.zero_grad()
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+    return {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+
+
 def test_an_optimizer_over_sharded_and_plain_parameters_is_refused(one_rank_group, tmp_path):
     from airflow_spot.training.session import SpotSession
 
@@ -392,16 +408,7 @@ def test_one_process_saves_and_restores_sharded_state(one_rank_group, tmp_path):
     """One rank (torch.distributed on one process, no Ranks): the same DCP layout, in process."""
     from airflow_spot.training.session import SpotSession
 
-    torch.manual_seed(0)
-    model = _sharded_model()
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    with SpotSession(f"file://{tmp_path}/job", 3) as spot:
-        spot.track(model=model, optimizer=opt)
-        for _ in spot.steps():
-            opt.zero_grad()
-            model(torch.ones(2, 4)).sum().backward()
-            opt.step()
-    saved = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+    saved = _train_one_rank(f"file://{tmp_path}/job", 3)
     (m,) = [m for m in _ckpts(f"file://{tmp_path}/job").committed() if m.step == 3]
     assert m.layout == LAYOUT_DCP and [f.name for f in m.files] == [PAYLOAD, ".metadata", "__0_0.distcp"]
     torch.manual_seed(1)
@@ -483,16 +490,7 @@ def test_a_new_job_warm_starts_its_sharded_model_from_a_sharded_job(one_rank_gro
     (through DCP), its optimizer and steps fresh."""
     from airflow_spot.training.session import SpotSession
 
-    torch.manual_seed(0)
-    model = _sharded_model()
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    with SpotSession(f"file://{tmp_path}/old", 3) as spot:
-        spot.track(model=model, optimizer=opt)
-        for _ in spot.steps():
-            opt.zero_grad()
-            model(torch.ones(2, 4)).sum().backward()
-            opt.step()
-    trained = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+    trained = _train_one_rank(f"file://{tmp_path}/old", 3)
     torch.manual_seed(1)
     fresh = _sharded_model()
     fresh_opt = torch.optim.Adam(fresh.parameters(), lr=0.1)
