@@ -28,6 +28,7 @@ This module knows nothing about torch: callers pass a ``write(fileobj)`` and a `
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import os
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from airflow_spot.storage.block_digest import BLOCK_BYTES  # noqa: F401 - re-exported (benchmarks read it here)
+from airflow_spot.storage.host_share import HostShare, link_or_copy
 from airflow_spot.storage.manifest import (  # re-exported: callers import them from here
     LAYOUT_DCP,
     LAYOUT_KEY,
@@ -129,6 +131,15 @@ class CheckpointStore:
         #: the payload digest's block size for saves (0: whole-file sha256); None: :data:`DIGEST_ENV`'s, read at
         #: each save (a reader, such as the UI, never depends on the writers' setting)
         self.block_bytes: int | None = None
+        #: where the ranks of one host share what they fetch (:meth:`sharing`); None: each read fetches its own
+        self.share: HostShare | None = None
+
+    def sharing(self, share: HostShare | None) -> CheckpointStore:
+        """This store reading through ``share``: a file one rank of this host fetched and verified is not fetched
+        again by another (a store that reads in place, ``file://``, gains nothing and ignores it)."""
+        view = copy.copy(self)
+        view.share = None if self.store.reads_in_place else share
+        return view
 
     # ---- writing
     def save(
@@ -297,13 +308,22 @@ class CheckpointStore:
         file raises :class:`CheckpointError`; a store that cannot be read raises its own error. A
         ``FileNotFoundError`` that ``use`` raises is reported as the payload missing too: a ``use`` that
         writes elsewhere wraps its own errors (``checkpoints restore --to`` does)."""
-        hasher = entry.new_hasher()
         try:
+            if self.share is not None:
+                return use(self.share.path(f"{self.store.uri}/{manifest.directory}/{entry.name}",
+                                           lambda dest: self._download_verified(manifest, entry, dest)))
+            hasher = entry.new_hasher()
             with self.store.reading(f"{manifest.directory}/{entry.name}", hasher=hasher) as path:
                 self.verify(manifest, path, entry, digest=hasher.hexdigest())
                 return use(path)
         except (ObjectNotFound, FileNotFoundError):
             raise CheckpointError(f"checkpoint {manifest.directory}/{entry.name}: file is missing") from None
+
+    def _download_verified(self, manifest: Manifest, entry: FileEntry, dest: str) -> None:
+        hasher = entry.new_hasher()
+        with self.store.reading(f"{manifest.directory}/{entry.name}", hasher=hasher) as path:
+            self.verify(manifest, path, entry, digest=hasher.hexdigest())
+            link_or_copy(path, dest)
 
     def read_checkpoint(self, manifest: Manifest, read: Callable[[str], Any]) -> Any:
         """``read(path)`` of the checkpoint's verified payload. For a sharded checkpoint (``manifest.layout``)
@@ -319,9 +339,10 @@ class CheckpointStore:
         """Copy every file of the checkpoint into the local ``folder``, each verified against the manifest.
 
         :raises CheckpointError: naming the first file missing or not matching its size and digest."""
+        # a downloaded file is linked, not copied; a file:// store's own file is copied (nothing may write to it)
+        put = shutil.copyfile if self.store.reads_in_place else link_or_copy
         for entry in manifest.files:
-            self.fetch_verified(manifest, entry,
-                                lambda path, e=entry: shutil.copyfile(path, os.path.join(folder, e.name)))
+            self.fetch_verified(manifest, entry, lambda path, e=entry: put(path, os.path.join(folder, e.name)))
 
     def restore_latest(self, read: Callable[[str], Any]) -> tuple[Manifest, Any] | None:
         """Read the newest checkpoint that verifies; fall back to older ones, newest first, logging an

@@ -22,6 +22,8 @@ from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, _Earl
 class LocalStore(ObjectStore):
     """``file://`` store: commit by write-to-temp, fsync, rename (atomic on POSIX)."""
 
+    reads_in_place = True
+
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
         self.uri = "file://" + str(self.root)

@@ -39,6 +39,8 @@ class StoreConfigError(ValueError):
 
 class ObjectStore(ABC):
     uri: str
+    #: :meth:`reading` yields the object's own file (``file://``), not a downloaded copy
+    reads_in_place: bool = False
 
     @abstractmethod
     def put_bytes(self, key: str, data: bytes) -> None: ...

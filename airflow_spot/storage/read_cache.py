@@ -81,6 +81,7 @@ class CachedReads(ObjectStore):
         self.inner = inner
         self.cache = cache
         self.uri = inner.uri
+        self.reads_in_place = inner.reads_in_place
         self._versions: dict[str, str | None] = {}
 
     # ------------------------------------------------------------------ listing remembers versions

@@ -5,11 +5,13 @@ random state. A mixin of ``SpotSession`` (it uses the session's ``checkpoints``,
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 import torch
 
 from airflow_spot.storage.checkpoint import CheckpointError, CheckpointStore
+from airflow_spot.storage.host_share import HostShare
 from airflow_spot.storage.object_store import open_store
 from airflow_spot.storage.protocol import JobLayout
 from airflow_spot.training.payload import load_foreign_payload, load_payload
@@ -55,22 +57,41 @@ class SessionRestore:
         "the newest" each would load different states if a save or a prune came in between."""
         if self.ranks is None:
             return checkpoints.restore_latest(load)
-        chosen: tuple[str | None, str | None] = (None, None)  # (directory, error)
-        restored = None
+        # (directory, error, token of the host share): the ranks of one host fetch each file once between them
+        chosen: tuple[str | None, str | None, str] = (None, None, uuid.uuid4().hex)
+        restored = share = None
         if self.is_writer:
+            share = HostShare(chosen[2])
             try:
-                restored = checkpoints.restore_latest(load)
-                chosen = (restored[0].directory if restored else None, None)
+                restored = checkpoints.sharing(share).restore_latest(load)
+                chosen = (restored[0].directory if restored else None, None, chosen[2])
             except Exception as exc:  # every rank fails with it, rather than waiting for rank 0
-                chosen = (None, f"{type(exc).__name__}: {exc}")
-                self.ranks.from_writer(chosen)
+                share.remove()
+                self.ranks.from_writer((None, f"{type(exc).__name__}: {exc}", chosen[2]))
                 raise
-        directory, error = self.ranks.from_writer(chosen)
+        directory, error, token = self.ranks.from_writer(chosen)
         if error is not None:
             raise CheckpointError(f"rank 0 could not restore the job's checkpoint: {error}")
-        if self.is_writer or directory is None:
-            return restored
-        return checkpoints.restore(directory, load)
+        share = share or HostShare(token)
+        failure = None
+        try:
+            if not self.is_writer and directory is not None:
+                restored = checkpoints.sharing(share).restore(directory, load)
+        except Exception as exc:  # noqa: BLE001 - raised below, once every rank knows
+            failure = exc
+        # every rank has its files once all agree; then the share can go, and a rank that could not read
+        # fails every rank here (not later, inside DCP's collectives, where the others would wait for it)
+        (failed,) = self.ranks.agree(failure is not None)
+        share.remove()
+        if share.fetched or share.reused:
+            log.info("checkpoint files: %d fetched from the store by this rank, %d fetched by another rank of this "
+                     "host", share.fetched, share.reused)
+        if failure is not None:
+            raise failure
+        if failed:
+            raise CheckpointError(f"another rank could not read the checkpoint {directory} rank 0 chose (its log "
+                                  "says why); every rank stops, and the next attempt restores again")
+        return restored
 
     def _checkpointable(self, objects: dict[str, Any]) -> dict[str, Any]:
         """What to checkpoint for each object handed to ``track()``; warns (once per problem, at start)

@@ -36,8 +36,9 @@ flight at a time), and waits for the one in flight before any synchronous save (
 the final one), which writes from the live state without the copy. A failed background save is logged and
 counted (:meth:`AsyncCheckpointer._collect`); it commits nothing and the next one tries again.
 
-Restore: rank 0 chooses the checkpoint (falling back past broken ones, as for a payload); each rank fetches
-every file of it into a local folder, verified against the manifest, then ``dcp.load`` and
+Restore: rank 0 chooses the checkpoint (falling back past broken ones, as for a payload); each rank gets
+every file of it into a local folder, verified against the manifest (fetched once per host, through the
+:class:`~airflow_spot.storage.host_share.HostShare` the session's restore opens), then ``dcp.load`` and
 ``set_model_state_dict`` / ``set_optimizer_state_dict``.
 """
 from __future__ import annotations

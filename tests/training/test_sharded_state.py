@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from airflow_spot.storage.checkpoint import MANIFEST, PAYLOAD, CheckpointStore
+from airflow_spot.storage.host_share import SHARE_PREFIX
 from airflow_spot.storage.job_view import JobView
 from airflow_spot.storage.manifest import LAYOUT_DCP, MANIFEST_SCHEMA, Manifest, ManifestError, manifest_checksum
 from airflow_spot.storage.object_store import open_store
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="to
 TOTAL = 16
 
 SCRIPT = textwrap.dedent("""
-    import copy, os, signal, time
+    import copy, logging, os, signal, time
     import torch
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
@@ -41,6 +42,7 @@ SCRIPT = textwrap.dedent("""
     from torch.distributed.fsdp import fully_shard
     from airflow_spot.training import ResumableSampler, SpotSession
 
+    logging.basicConfig(level=logging.INFO, format=f"rank {os.environ['RANK']} %(levelname)s %(message)s")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
@@ -82,6 +84,11 @@ SCRIPT = textwrap.dedent("""
             committed(manifest, seconds)
 
         spot.writer.committed = record
+        if rank == int(os.environ.get("TEST_FAIL_RESTORE_RANK", "-1")):
+            def refuse(directory, read):
+                raise OSError(5, "Input/output error")
+
+            spot.checkpoints.restore = refuse  # this rank cannot read the checkpoint rank 0 chose
         spot.track(model=model, optimizer=opt, sampler=sampler)
         restored = spot.restored_step
         if not os.environ.get("TEST_RESTORE_ONLY"):
@@ -230,6 +237,10 @@ def test_a_notice_to_one_rank_commits_one_sharded_checkpoint_and_the_resume_is_b
     out = _load(tmp / "resumed.pt")
     assert (out["restored"], out["step"]) == (10, TOTAL)
     _assert_same_state(_load(tmp / "straight.pt"), out)
+    # the two ranks share one host: rank 0 fetched the checkpoint's four files from s3, rank 1 none of them
+    resumed_log = resumed.stdout + resumed.stderr
+    assert "rank 0 INFO checkpoint files: 4 fetched from the store by this rank, 0 fetched by another" in resumed_log
+    assert "rank 1 INFO checkpoint files: 0 fetched from the store by this rank, 4 fetched by another" in resumed_log
 
 
 def test_a_two_rank_checkpoint_resumes_on_one_rank_with_the_same_weights(runs, tmp_path):
@@ -268,6 +279,18 @@ def test_a_corrupt_shard_falls_back_to_the_previous_checkpoint(runs, tmp_path):
     assert [s.directory for s in broken] == [newest.directory] and "__1_0.distcp" in broken[0].problem
     sizes = {c["step"]: c["size"] for c in JobView(open_store(uri)).checkpoints()}
     assert sizes[previous.step] == sum(f.size for f in previous.files) > previous.files[0].size
+
+
+def test_a_rank_that_cannot_read_the_chosen_checkpoint_stops_every_rank_with_the_reason(runs, tmp_path):
+    temp = tmp_path / "temp"  # the ranks' temporary directory, where the host share lives
+    temp.mkdir()
+    got = _torchrun(tmp_path, runs["straight"], "f", tmp_path / "f.pt",
+                    extra_env={"TEST_RESTORE_ONLY": "1", "TEST_FAIL_RESTORE_RANK": "1", "TMPDIR": str(temp)})
+    log = got.stdout + got.stderr
+    assert got.returncode != 0 and not (tmp_path / "f.pt").exists(), log
+    assert "Input/output error" in log, log  # rank 1's own reason
+    assert "another rank could not read the checkpoint" in log, log  # rank 0's, before DCP's collectives
+    assert not [n for n in os.listdir(temp) if n.startswith(SHARE_PREFIX)], log  # removed on the way out
 
 
 def test_restore_to_copies_a_sharded_checkpoint_into_a_folder_dcp_reads(runs, tmp_path):
