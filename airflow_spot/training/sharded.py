@@ -108,6 +108,8 @@ class ShardedObjects:
         self.save_group: Any = None
         #: this process's ranks over ``save_group`` (None: one process)
         self._save_ranks: Ranks | None = None
+        #: the host copy of the last background save and the layout it was made for (see :func:`_to_host`)
+        self._host: tuple[tuple, dict[str, Any]] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.objects)
@@ -211,7 +213,7 @@ class ShardedObjects:
         try:
             state = self._state(sorted(self.objects))  # its names: what the payload says DCP holds
             if background:
-                state = _to_host(state)
+                state, self._host = _to_host(state, self._host)
         finally:
             for name in fresh:
                 self.objects[name][1].state.clear()  # the state dict (and its copy) keep their own references
@@ -356,15 +358,38 @@ def _host_copy_available() -> bool:
     return True
 
 
-def _to_host(state: dict[str, Any]) -> dict[str, Any]:
+def _to_host(state: dict[str, Any], kept: tuple[tuple, dict[str, Any]] | None
+             ) -> tuple[dict[str, Any], tuple[tuple, dict[str, Any]]]:
     """A copy of ``state`` in host memory that training cannot change: each DTensor's local shard copied to CPU
     (pinned when there is a GPU, for the copy's speed), its mesh and placements kept, so DCP plans and writes it as
-    it would the live state. DCP's own staging helpers (those of ``dcp.async_save``); a fresh copy each save, as
-    the state dict's plain values (the learning rate) change between saves."""
+    it would the live state. DCP's own staging helpers (those of ``dcp.async_save``).
+
+    The buffers are kept for the next save (``kept``: the layout they were made for and the buffers) and copied
+    into again while the state's layout is unchanged: allocating (and pinning) them anew each save costs more
+    than the copy (512 MB on CPU: 0.29-0.39 s against 0.12 s). Plain values (a learning rate) come from the live
+    state each time. The copy would broadcast into a buffer of another shape rather than fail, so the layout is
+    compared first; any change (an optimizer's first state) makes new buffers. One save is in flight at a time
+    (the caller waited for the previous one), so no write still reads them. Returns the copy and what to keep."""
     from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
-    host = _create_cpu_state_dict(state, pin_memory=torch.cuda.is_available())
-    return _copy_state_dict(state, host, non_blocking=False)
+    layout = _layout(state)
+    if kept is None or kept[0] != layout:
+        kept = (layout, _create_cpu_state_dict(state, pin_memory=torch.cuda.is_available()))
+    return _copy_state_dict(state, kept[1], non_blocking=False), kept
+
+
+def _layout(obj: Any) -> tuple:
+    """What the host buffers of ``obj`` depend on: its keys, and each tensor's kind, shape, dtype (and a DTensor's
+    local shape and placements)."""
+    if isinstance(obj, dict):
+        return tuple((key, _layout(value)) for key, value in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return (type(obj).__name__, *(_layout(v) for v in obj))
+    if isinstance(obj, torch.Tensor):
+        local = getattr(obj, "_local_tensor", None)
+        placed = (tuple(local.shape), repr(obj.placements)) if local is not None else ()
+        return (type(obj).__name__, tuple(obj.shape), str(obj.dtype), *placed)
+    return (type(obj).__name__,)
 
 
 def _copy_from(path: str):

@@ -522,3 +522,24 @@ def test_a_new_job_warm_starts_its_sharded_model_from_a_sharded_job(one_rank_gro
     assert not fresh_opt.state  # only the model is warm-started (warm_start_keys)
     for k, v in fresh.state_dict().items():
         assert torch.equal(v.full_tensor(), trained[k]), k
+
+
+def test_the_host_copy_reuses_its_buffers_while_the_layout_holds_and_never_broadcasts_into_another_shape():
+    from airflow_spot.training.sharded import _to_host
+
+    live = {"model": {"w": torch.arange(4.0)}, "optimizer": {"param_groups": [{"lr": 0.1}]}}
+    first, kept = _to_host(live, None)
+    live["model"]["w"] += 10
+    live["optimizer"]["param_groups"][0]["lr"] = 0.05
+    second, kept_again = _to_host(live, kept)
+    assert kept_again is kept and second["model"]["w"].data_ptr() == first["model"]["w"].data_ptr()
+    assert torch.equal(second["model"]["w"], torch.arange(4.0) + 10) and second["optimizer"]["param_groups"][0]["lr"] == 0.05
+    live["model"]["w"] += 1  # training goes on: the copy does not change with it
+    assert torch.equal(second["model"]["w"], torch.arange(4.0) + 10)
+
+    live["model"]["w"] = torch.tensor([7.0])  # another shape under the same key: new buffers, not a broadcast
+    third, kept_new = _to_host(live, kept)
+    assert kept_new is not kept and torch.equal(third["model"]["w"], torch.tensor([7.0]))
+    live["optimizer"]["state"] = {0: {"step": torch.tensor(1.0)}}  # an optimizer's first state: a new key
+    fourth, _ = _to_host(live, kept_new)
+    assert torch.equal(fourth["optimizer"]["state"][0]["step"], torch.tensor(1.0))
