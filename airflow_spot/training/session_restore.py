@@ -41,7 +41,7 @@ class SessionRestore:
                 raise FileNotFoundError(f"warm start: no checkpoint under {self.warm_start_uri}")
             keys = tuple(k for k in objects if k in self.warm_start_keys)
             source = f"the warm start's checkpoint at step {warm[0].step} ({self.warm_start_uri})"
-            self.sharded.load(warm[1], keys, source)  # a sharded job's model into this job's sharded model
+            self.sharded.load(warm[1], keys, source, objects, warm=True)  # DCP files, or across the kinds
             self._apply(warm[1], keys=keys, rng=False, source=source)
             log.info("warm-started %s from %s step %d", self.warm_start_keys, self.warm_start_uri, warm[0].step)
         elif self.start_step > 0:  # planned after progress that was committed and is now gone: never redo from 0
@@ -133,7 +133,7 @@ class SessionRestore:
         saved = {**payload["objects"], **(own or {}).get("objects", {})}  # this rank's own random generators
         for name in keys:
             if name in self.sharded or name in (payload.get(DCP_KEY) or ()):
-                continue  # restored through DCP (ShardedObjects.load, which refuses a sharded/unsharded mismatch)
+                continue  # restored by ShardedObjects.load (through DCP; across the kinds at a warm start, else refused)
             if name not in saved:
                 raise KeyError(f"{source} has no state for tracked object {name!r} (it holds {sorted(saved)}): "
                                "track under the names the job saved, or start a new job (a new checkpoint_uri)")

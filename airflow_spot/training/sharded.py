@@ -284,49 +284,82 @@ class ShardedObjects:
         return manifest
 
     # ------------------------------------------------------------------ restore
-    def load(self, payload: dict, names: tuple[str, ...], source: str) -> None:
+    def load(self, payload: dict, names: tuple[str, ...], source: str, tracked: dict[str, Any] | None = None,
+             warm: bool = False) -> None:
         """Restore the sharded ones of ``names`` from the DCP files beside ``payload`` (every rank calls it,
-        with the payload it read, and so the same names); removes the local copy of the files."""
+        with the payload it read, and so the same names); removes the local copy of the files.
+
+        A warm start (``warm``) also crosses between the two kinds for a model (an ``nn.Module``; ``tracked``
+        holds this run's objects): an unsharded job's model into this run's sharded one (its full state dict,
+        sharded here) and a sharded job's model into this run's unsharded one (DCP reads the shards into full
+        tensors). A resume of the job's own state, and an optimizer either way, are refused with the fix."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions, get_model_state_dict, set_model_state_dict, set_optimizer_state_dict,
+        )
 
         folder = payload.pop(_FOLDER_KEY, None)
+        tracked = tracked or {}
         try:
             saved = set(payload.get(DCP_KEY) or ())
-            wanted = [n for n in names if n in self.objects]
+            wanted = [n for n in names if n in self.objects and n in saved]
+            into_sharded, into_plain = [], []  # a warm start's models crossing between the two kinds
             for name in names:
                 if name in saved and name not in self.objects:
+                    if warm and isinstance(tracked.get(name), torch.nn.Module):
+                        into_plain.append(name)
+                        continue
                     raise RuntimeError(
                         f"{source} holds {name!r} sharded (saved through torch.distributed.checkpoint) but this run "
                         f"tracks it unsharded; shard it as that job did (fully_shard), or convert the checkpoint to "
                         "one file (torch.distributed.checkpoint.format_utils.dcp_to_torch_save) and load it yourself")
                 if name in self.objects and name not in saved:
+                    if warm and not isinstance(self.objects[name], tuple) and name in payload["objects"]:
+                        into_sharded.append(name)
+                        continue
                     raise RuntimeError(
                         f"{source} holds {name!r} " + ("in one payload (unsharded)" if name in payload["objects"]
                                                        else "nowhere") +
-                        ", but this run tracks it sharded; resuming an unsharded job's state into a sharded model is "
-                        "not supported: run it unsharded, or start a new job (a new checkpoint_uri)")
-            if not wanted:
-                return
-            state = self._state(wanted)
+                        ", but this run tracks it sharded; resuming an unsharded job's state (or warm-starting an "
+                        "optimizer) into sharded state is not supported: run it unsharded, or start a new job (a "
+                        "new checkpoint_uri) that warm-starts the model only (warm_start_keys)")
             try:
-                dcp.load(state, process_group=self._group(), storage_reader=dcp.FileSystemReader(folder))
-                for name in wanted:
-                    obj = self.objects[name]
-                    if isinstance(obj, tuple):
-                        set_optimizer_state_dict(obj[0], obj[1], state[name])
-                        if name in (payload.get(FRESH_KEY) or ()):
-                            obj[1].state.clear()  # saved before its first step: no state, as then
-                    else:
-                        set_model_state_dict(obj, state[name])
+                if wanted:
+                    state = self._state(wanted)
+                    dcp.load(state, process_group=self._group(), storage_reader=dcp.FileSystemReader(folder))
+                    for name in wanted:
+                        obj = self.objects[name]
+                        if isinstance(obj, tuple):
+                            set_optimizer_state_dict(obj[0], obj[1], state[name])
+                            if name in (payload.get(FRESH_KEY) or ()):
+                                obj[1].state.clear()  # saved before its first step: no state, as then
+                        else:
+                            set_model_state_dict(obj, state[name])
+                for name in into_sharded:  # every rank holds the full state dict: each takes its shards of it
+                    set_model_state_dict(self.objects[name], _without_ddp_prefix(payload["objects"][name]),
+                                         options=StateDictOptions(full_state_dict=True))
+                for name in into_plain:  # every rank reads the whole model from the shard files, on its own
+                    full = {name: get_model_state_dict(tracked[name])}
+                    dcp.load(full, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
+                    set_model_state_dict(tracked[name], full[name])
             except Exception as exc:
+                crossing = " (from the other kind: sharded / unsharded)" if into_sharded or into_plain else ""
                 raise RuntimeError(
-                    f"cannot restore {wanted} from {source}: {type(exc).__name__}: {exc}. Build them as they were "
-                    "when that checkpoint was saved (the same shapes and parameter groups), or train the changed "
-                    "model as a new job (a new checkpoint_uri)") from exc
+                    f"cannot restore {wanted + into_sharded + into_plain} from {source}{crossing}: "
+                    f"{type(exc).__name__}: {exc}. Build them as they were when that checkpoint was saved (the same "
+                    "shapes, parameter names and groups), or train the changed model as a new job (a new "
+                    "checkpoint_uri)") from exc
         finally:
             if folder:
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+def _without_ddp_prefix(state: dict[str, Any]) -> dict[str, Any]:
+    """An unsharded job that tracked its ``DistributedDataParallel`` wrapper saved every key under ``module.``;
+    the sharded model's names have no such prefix."""
+    if state and all(k.startswith("module.") for k in state):
+        return {k[len("module."):]: v for k, v in state.items()}
+    return state
 
 
 def read_payload(load) -> Any:

@@ -543,3 +543,63 @@ def test_the_host_copy_reuses_its_buffers_while_the_layout_holds_and_never_broad
     live["optimizer"]["state"] = {0: {"step": torch.tensor(1.0)}}  # an optimizer's first state: a new key
     fourth, _ = _to_host(live, kept_new)
     assert torch.equal(fourth["optimizer"]["state"][0]["step"], torch.tensor(1.0))
+
+
+def _train_plain(job_uri: str, steps: int, ddp_style: bool = False) -> dict[str, torch.Tensor]:
+    """Train an unsharded model of ``_sharded_model``'s shape ``steps`` steps in one process; its weights after.
+    ``ddp_style``: tracked under a wrapper whose keys carry ``module.``, as ``DistributedDataParallel``'s do."""
+    from airflow_spot.training.session import SpotSession
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    with SpotSession(job_uri, steps) as spot:
+        spot.track(model=torch.nn.ModuleDict({"module": model}) if ddp_style else model, optimizer=opt)
+        for _ in spot.steps():
+            opt.zero_grad()
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("ddp_style", [False, True])
+def test_a_sharded_model_warm_starts_from_an_unsharded_job(one_rank_group, tmp_path, ddp_style):
+    """A retraining pipeline that moves to FSDP: the new job's sharded model takes the old job's full weights."""
+    from airflow_spot.training.session import SpotSession
+
+    trained = _train_plain(f"file://{tmp_path}/old", 3, ddp_style)
+    torch.manual_seed(1)
+    fresh = _sharded_model()
+    fresh_opt = torch.optim.Adam(fresh.parameters(), lr=0.1)
+    new = SpotSession(f"file://{tmp_path}/new", 3, warm_start_uri=f"file://{tmp_path}/old")
+    assert new.track(model=fresh, optimizer=fresh_opt) == 0
+    assert not fresh_opt.state
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v.full_tensor(), trained[k]), k
+
+
+def test_an_unsharded_model_warm_starts_from_a_sharded_job(one_rank_group, tmp_path):
+    from airflow_spot.training.session import SpotSession
+
+    trained = _train_one_rank(f"file://{tmp_path}/old", 3)
+    torch.manual_seed(1)
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    new = SpotSession(f"file://{tmp_path}/new", 3, warm_start_uri=f"file://{tmp_path}/old")
+    assert new.track(model=plain, optimizer=torch.optim.Adam(plain.parameters(), lr=0.1)) == 0
+    for k, v in plain.state_dict().items():
+        assert torch.equal(v, trained[k]), k
+
+
+def test_an_optimizer_or_a_resume_across_the_kinds_is_refused_with_the_fix(one_rank_group, tmp_path):
+    from airflow_spot.training.session import SpotSession
+
+    _train_plain(f"file://{tmp_path}/old", 2)
+    model = _sharded_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    warm_opt = SpotSession(f"file://{tmp_path}/new", 3, warm_start_uri=f"file://{tmp_path}/old",
+                           warm_start_keys=("model", "optimizer"))
+    with pytest.raises(RuntimeError, match="warm-starts the model only"):
+        warm_opt.track(model=model, optimizer=opt)
+    resumed = SpotSession(f"file://{tmp_path}/old", 3)  # the unsharded job's own checkpoint, resumed sharded
+    with pytest.raises(RuntimeError, match="resuming an unsharded job's state"):
+        resumed.track(model=_sharded_model())
