@@ -58,6 +58,10 @@ def main() -> None:
     ap.add_argument("--transfer-dollars", type=float, default=0.0)
     ap.add_argument("--store-region", default=None)
     ap.add_argument("--remote-dollars-per-hour", type=float, default=0.0)
+    ap.add_argument("--history-hours", type=float, default=0.0,
+                    help="the job's log holds what an earlier job logged in this many hours before its start "
+                         "(as bench_simulate.py's --history-hours; the JSON's per-offset figures are then those of a "
+                         "cold job, and its history row's even/odd means are printed)")
     args = ap.parse_args()
     try:
         traces = _traces(args.traces)
@@ -82,7 +86,7 @@ def main() -> None:
     picked = chosen(args.offsets, len(offs))
     now_hs, now_anchor, then_hs, then_anchor = [], [], [], []
     for i in picked:
-        r = run_one(spec, pools, od, args.policy, offs[i])
+        r = run_one(spec, pools, od, args.policy, offs[i], history_hours=args.history_hours)
         x = r.cost / base
         now_hs.append(x / hs[i])
         now_anchor.append(x / min(greedy[i], reserve[i]))
@@ -98,6 +102,10 @@ def main() -> None:
                       f"{row.outcome}")
     print(f"{args.policy}, {len(picked)} offsets ({args.offsets}), {args.deadline} h: mean cost / hindsight "
           f"{statistics.mean(now_hs):.4f}, worst / min(greedy, slack-reserve) {max(now_anchor):.3f}")
+    warm = bench.get(f"{args.policy} after an earlier job's history")
+    if args.history_hours and warm:
+        print(f"  the JSON's {args.policy} after {warm['hours']:g} h of history: even {warm['over_hindsight_mean_even']:.4f}, "
+              f"odd {warm['over_hindsight_mean_odd']:.4f}, worst (all offsets) {warm['worst_over_anchors']:.3f}")
     if then_hs:
         print(f"  the JSON's {args.policy} over the same offsets: {statistics.mean(then_hs):.4f}, worst "
               f"{max(then_anchor):.3f}")
