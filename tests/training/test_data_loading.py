@@ -39,7 +39,10 @@ def test_a_restored_loader_continues_with_the_same_batches(workers):
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)
-    first = ResumableLoader(Augmented(), batch_size=5, seed=3, num_workers=workers)
+    # workers start from a fork server: a worker forked from this test process (after other tests of the same
+    # process ran torch.distributed's gloo) could hang or crash in its first step, whatever this test does
+    context = {"multiprocessing_context": "forkserver"} if workers else {}
+    first = ResumableLoader(Augmented(), batch_size=5, seed=3, num_workers=workers, **context)
     take(first, 11)
     state = first.state_dict()
     rng = torch.get_rng_state(), random.getstate(), np.random.get_state()
@@ -48,7 +51,7 @@ def test_a_restored_loader_continues_with_the_same_batches(workers):
     torch.set_rng_state(rng[0])
     random.setstate(rng[1])
     np.random.set_state(rng[2])
-    second = ResumableLoader(Augmented(), batch_size=5, seed=3, num_workers=workers)
+    second = ResumableLoader(Augmented(), batch_size=5, seed=3, num_workers=workers, **context)
     second.load_state_dict(state)
     got = take(second, 14)
     assert [len(b) for b in got] == [len(b) for b in expected]
