@@ -37,13 +37,14 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from airflow_spot.storage.block_digest import BLOCK_BYTES  # noqa: F401 - re-exported (benchmarks read it here)
 from airflow_spot.storage.host_share import HostShare, link_or_copy
 from airflow_spot.storage.manifest import (  # re-exported: callers import them from here
+    DCP_METADATA,
     LAYOUT_DCP,
     LAYOUT_KEY,
     MANIFEST_SCHEMA,
@@ -326,29 +327,54 @@ class CheckpointStore:
             link_or_copy(path, dest)
 
     def read_checkpoint(self, manifest: Manifest, read: Callable[[str], Any]) -> Any:
-        """``read(path)`` of the checkpoint's verified payload. For a sharded checkpoint (``manifest.layout``)
-        every file is fetched and verified first, into one local folder that ``path`` lies in, so ``read`` may
-        also take the other files from there (it may move them out; the folder is removed afterwards)."""
+        """``read(path)`` of the checkpoint's verified payload. For a sharded checkpoint (``manifest.layout``) the
+        payload and DCP's ``.metadata`` are fetched and verified into one local folder that ``path`` lies in (``read``
+        may move them out; the folder is removed afterwards); the shard files are left for :meth:`fetch_into`, so a
+        rank fetches only those it reads (their sizes were checked when the checkpoint was chosen)."""
         if manifest.layout is None:
             return self.fetch_verified(manifest, manifest.files[0], read)
+        problem = self._payload_size_problem(manifest)  # a missing shard is found here, before a rank reads any
+        if problem is not None:
+            raise CheckpointError(problem)
         with tempfile.TemporaryDirectory(prefix=FETCH_PREFIX) as folder:
-            self.fetch_all(manifest, folder)
+            self.fetch_into(manifest, folder, [e.name for e in manifest.files
+                                               if e is manifest.files[0] or e.name == DCP_METADATA])
             return read(os.path.join(folder, manifest.files[0].name))
 
     def fetch_all(self, manifest: Manifest, folder: str) -> None:
         """Copy every file of the checkpoint into the local ``folder``, each verified against the manifest.
 
         :raises CheckpointError: naming the first file missing or not matching its size and digest."""
+        self.fetch_into(manifest, folder)
+
+    def fetch_into(self, manifest: Manifest, folder: str, names: Iterable[str] | None = None) -> int:
+        """Copy the checkpoint's files named (all by default) into the local ``folder``, each verified against the
+        manifest; a file already there is kept. Returns how many were fetched.
+
+        :raises CheckpointError: naming the first file missing, not in the manifest or not matching its size and
+            digest."""
+        entries = {e.name: e for e in manifest.files}
         # a downloaded file is linked, not copied; a file:// store's own file is copied (nothing may write to it)
         put = shutil.copyfile if self.store.reads_in_place else link_or_copy
-        for entry in manifest.files:
-            self.fetch_verified(manifest, entry, lambda path, e=entry: put(path, os.path.join(folder, e.name)))
+        fetched = 0
+        for name in entries if names is None else names:
+            entry = entries.get(name)
+            if entry is None:
+                raise CheckpointError(f"checkpoint {manifest.directory}: {name} is not one of its files (its manifest "
+                                      f"lists {sorted(entries)})")
+            dest = os.path.join(folder, name)
+            if not os.path.exists(dest):
+                self.fetch_verified(manifest, entry, lambda path, d=dest: put(path, d))
+                fetched += 1
+        return fetched
 
-    def restore_latest(self, read: Callable[[str], Any]) -> tuple[Manifest, Any] | None:
+    def restore_latest(self, read: Callable[[str], Any],
+                       skip: dict[str, str] | None = None) -> tuple[Manifest, Any] | None:
         """Read the newest checkpoint that verifies; fall back to older ones, newest first, logging an
         ERROR for each broken one.
 
-        ``read(path)`` parses the verified payload; if it raises, that checkpoint is skipped too.
+        ``read(path)`` parses the verified payload; if it raises, that checkpoint is skipped too, as are those in
+        ``skip`` (directory: why; found broken after they were read, e.g. a shard file of a sharded one).
         Returns ``None`` only when the job has no checkpoint at all.
         :raises NoUsableCheckpointError: when checkpoints exist but none of them is usable.
         :raises CheckpointError: when the store cannot be read (nothing is skipped on a store error, so
@@ -358,7 +384,9 @@ class CheckpointStore:
         problems = []
         for status in reversed(statuses):
             problem = status.problem
-            if status.ok:
+            if status.ok and skip and status.directory in skip:
+                problem = skip[status.directory]
+            elif status.ok:
                 manifest = status.manifest
                 try:
                     return manifest, self.read_checkpoint(manifest, read)

@@ -37,6 +37,9 @@ MANIFEST_SCHEMA = 4
 #: the ``meta`` key naming a checkpoint's layout (absent: one payload file), and its one value so far
 LAYOUT_KEY = "layout"
 LAYOUT_DCP = "dcp"
+#: DCP's metadata file in a :data:`LAYOUT_DCP` checkpoint: every rank reads it (the shard files each rank reads only
+#: those its plan names)
+DCP_METADATA = ".metadata"
 DIR_NAME_RE = re.compile(r"^(\d{12})-(.+)-([0-9a-f]{8})$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _MANIFEST_FIELDS = {"step", "directory", "files", "writer", "created_at", "save_seconds", "meta", "schema", "checksum"}

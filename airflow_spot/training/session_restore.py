@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
-from airflow_spot.storage.checkpoint import CheckpointError, CheckpointStore
+from airflow_spot.storage.checkpoint import CheckpointError, CheckpointStore, Manifest
 from airflow_spot.storage.host_share import HostShare
 from airflow_spot.storage.object_store import open_store
 from airflow_spot.storage.protocol import JobLayout
 from airflow_spot.training.payload import load_foreign_payload, load_payload
-from airflow_spot.training.sharded import DCP_KEY, read_payload
+from airflow_spot.training.sharded import DCP_KEY, BrokenShardError, read_payload
 from airflow_spot.training.state import restore_rng
 
 log = logging.getLogger("airflow_spot.session")
@@ -26,23 +26,22 @@ class SessionRestore:
 
     def _restore(self, objects: dict[str, Any]) -> None:
         """Restore ``objects`` from the job's newest usable checkpoint (or the warm start's)."""
-        restored = self._restore_latest(self.checkpoints, read_payload(load_payload))
+        restored = self._load_newest(self.checkpoints, read_payload(load_payload), lambda manifest, payload, fetch: (
+            self.sharded.load(payload, tuple(objects), self._source(manifest), fetch=fetch)))
         if restored is not None:
             manifest, payload = restored
-            source = f"the checkpoint at step {manifest.step} ({self.checkpoints.store.uri}/{manifest.directory})"
-            self.sharded.load(payload, tuple(objects), source)  # before _apply: it restores the random state last
-            self._apply(payload, keys=tuple(objects), source=source)
+            self._apply(payload, keys=tuple(objects), source=self._source(manifest))
             self.step = self.restored_step = manifest.step
             log.info("resumed from checkpoint at step %d (%s)", manifest.step, manifest.directory)
         elif self.warm_start_uri:
-            warm = self._restore_latest(CheckpointStore(open_store(self.warm_start_uri).child(JobLayout.CHECKPOINTS)),
-                                        read_payload(load_foreign_payload))
+            keys = tuple(k for k in objects if k in self.warm_start_keys)
+            warm = self._load_newest(
+                CheckpointStore(open_store(self.warm_start_uri).child(JobLayout.CHECKPOINTS)),
+                read_payload(load_foreign_payload), lambda manifest, payload, fetch: self.sharded.load(
+                    payload, keys, self._source(manifest, warm=True), objects, warm=True, fetch=fetch))
             if warm is None:
                 raise FileNotFoundError(f"warm start: no checkpoint under {self.warm_start_uri}")
-            keys = tuple(k for k in objects if k in self.warm_start_keys)
-            source = f"the warm start's checkpoint at step {warm[0].step} ({self.warm_start_uri})"
-            self.sharded.load(warm[1], keys, source, objects, warm=True)  # DCP files, or across the kinds
-            self._apply(warm[1], keys=keys, rng=False, source=source)
+            self._apply(warm[1], keys=keys, rng=False, source=self._source(warm[0], warm=True))
             log.info("warm-started %s from %s step %d", self.warm_start_keys, self.warm_start_uri, warm[0].step)
         elif self.start_step > 0:  # planned after progress that was committed and is now gone: never redo from 0
             raise CheckpointError(
@@ -51,19 +50,75 @@ class SessionRestore:
                 "checkpoints back (e.g. from a backup), or start the job again from step 0 under a new checkpoint_uri"
             )
 
-    def _restore_latest(self, checkpoints: CheckpointStore, load) -> tuple[Any, dict] | None:
-        """The newest usable checkpoint of ``checkpoints`` and its payload. Under several ranks rank 0 chooses
-        it (the fall-back past broken checkpoints included) and every rank reads that one: ranks that read
-        "the newest" each would load different states if a save or a prune came in between."""
+    def _source(self, manifest: Manifest, warm: bool = False) -> str:
+        if warm:
+            return f"the warm start's checkpoint at step {manifest.step} ({self.warm_start_uri})"
+        return f"the checkpoint at step {manifest.step} ({self.checkpoints.store.uri}/{manifest.directory})"
+
+    def _load_newest(self, checkpoints: CheckpointStore, read, load_sharded) -> tuple[Manifest, dict] | None:
+        """The newest usable checkpoint of ``checkpoints`` and its payload, its sharded state loaded by
+        ``load_sharded(manifest, payload, fetch)`` (``fetch(names, folder)``: the shard files a rank reads). A
+        checkpoint with a shard file found broken there is skipped as one with a broken payload is, and the next
+        older one restored in its place: every rank knows (DCP gathers the ranks' failures, and they agree)."""
+        skip: dict[str, str] = {}
+        while True:
+            restored, share = self._restore_latest(checkpoints, read, skip)
+            if restored is None:
+                if share is not None:
+                    share.remove()
+                return None
+            manifest, payload = restored
+            shared = checkpoints.sharing(share)
+
+            def fetch(names: list[str], folder: str) -> None:
+                fetched = shared.fetch_into(manifest, folder, names)
+                if share is None and fetched:
+                    log.info("checkpoint files: %d fetched from the store", fetched)
+
+            failure: Exception | None = None
+            try:
+                load_sharded(manifest, payload, fetch)
+            except Exception as exc:  # noqa: BLE001 - raised below, once every rank knows
+                failure = exc
+            if not self._fall_back(share, failure):
+                if failure is not None:
+                    raise failure
+                return restored
+            skip[manifest.directory] = str(failure or "another rank found one of its shard files broken")
+
+    def _fall_back(self, share: HostShare | None, failure: Exception | None) -> bool:
+        """Whether every rank skips this checkpoint for an older one (a broken shard file); removes the host
+        share once every rank has read what it needs. A rank that failed otherwise fails every rank here, rather
+        than leaving the others to wait for it in their first collective."""
+        broken = isinstance(failure, BrokenShardError)
         if self.ranks is None:
-            return checkpoints.restore_latest(load)
+            return broken
+        any_broken, other = self.ranks.agree(broken, failure is not None and not broken)
+        if share is not None:
+            share.remove()
+            if share.fetched or share.reused:
+                log.info("checkpoint files: %d fetched from the store by this rank, %d fetched by another rank of "
+                         "this host", share.fetched, share.reused)
+        if other and failure is None:
+            raise CheckpointError("another rank could not restore the checkpoint rank 0 chose (its log says why); "
+                                  "every rank stops, and the next attempt restores again")
+        return any_broken and not other
+
+    def _restore_latest(self, checkpoints: CheckpointStore, load, skip: dict[str, str]
+                        ) -> tuple[tuple[Manifest, dict] | None, HostShare | None]:
+        """The newest usable checkpoint of ``checkpoints`` (but those in ``skip``) and its payload, and the host
+        share its files are fetched through (None: one process). Under several ranks rank 0 chooses it (the
+        fall-back past broken checkpoints included) and every rank reads that one: ranks that read "the newest"
+        each would load different states if a save or a prune came in between."""
+        if self.ranks is None:
+            return checkpoints.restore_latest(load, skip), None
         # (directory, error, token of the host share): the ranks of one host fetch each file once between them
         chosen: tuple[str | None, str | None, str] = (None, None, uuid.uuid4().hex)
         restored = share = None
         if self.is_writer:
             share = HostShare(chosen[2])
             try:
-                restored = checkpoints.sharing(share).restore_latest(load)
+                restored = checkpoints.sharing(share).restore_latest(load, skip)
                 chosen = (restored[0].directory if restored else None, None, chosen[2])
             except Exception as exc:  # every rank fails with it, rather than waiting for rank 0
                 share.remove()
@@ -79,19 +134,17 @@ class SessionRestore:
                 restored = checkpoints.sharing(share).restore(directory, load)
         except Exception as exc:  # noqa: BLE001 - raised below, once every rank knows
             failure = exc
-        # every rank has its files once all agree; then the share can go, and a rank that could not read
-        # fails every rank here (not later, inside DCP's collectives, where the others would wait for it)
+        # every rank has the payload once all agree; a rank that could not read it fails every rank here (not
+        # later, inside DCP's collectives, where the others would wait for it)
         (failed,) = self.ranks.agree(failure is not None)
-        share.remove()
-        if share.fetched or share.reused:
-            log.info("checkpoint files: %d fetched from the store by this rank, %d fetched by another rank of this "
-                     "host", share.fetched, share.reused)
+        if failure is not None or failed:
+            share.remove()
         if failure is not None:
             raise failure
         if failed:
             raise CheckpointError(f"another rank could not read the checkpoint {directory} rank 0 chose (its log "
                                   "says why); every rank stops, and the next attempt restores again")
-        return restored
+        return restored, share
 
     def _checkpointable(self, objects: dict[str, Any]) -> dict[str, Any]:
         """What to checkpoint for each object handed to ``track()``; warns (once per problem, at start)

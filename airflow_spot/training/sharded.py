@@ -36,10 +36,14 @@ flight at a time), and waits for the one in flight before any synchronous save (
 the final one), which writes from the live state without the copy. A failed background save is logged and
 counted (:meth:`AsyncCheckpointer._collect`); it commits nothing and the next one tries again.
 
-Restore: rank 0 chooses the checkpoint (falling back past broken ones, as for a payload); each rank gets
-every file of it into a local folder, verified against the manifest (fetched once per host, through the
-:class:`~airflow_spot.storage.host_share.HostShare` the session's restore opens), then ``dcp.load`` and
-``set_model_state_dict`` / ``set_optimizer_state_dict``.
+Restore: rank 0 chooses the checkpoint (falling back past broken ones, as for a payload; the sizes of all its
+files checked); each rank gets the payload and DCP's metadata, then ``dcp.load`` through a reader that fetches
+the shard files this rank's plan reads, and only those, each verified against the manifest (once per host,
+through the :class:`~airflow_spot.storage.host_share.HostShare` the session's restore opens): the hosts of a
+several-node job each fetch their own ranks' shards (and rank 0's file, which holds the unsharded entries),
+not the whole checkpoint. A shard file that does not verify fails every rank's ``dcp.load`` (DCP gathers the
+ranks' failures) as :class:`BrokenShardError`, and the session falls back to the checkpoint before.
+Then ``set_model_state_dict`` / ``set_optimizer_state_dict``.
 """
 from __future__ import annotations
 
@@ -49,13 +53,15 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from airflow_spot.storage.checkpoint import (
-    FETCH_PREFIX, LAYOUT_DCP, PAYLOAD, CheckpointSaveError, CheckpointStore, FileEntry, Manifest,
+    FETCH_PREFIX, LAYOUT_DCP, PAYLOAD, CheckpointError, CheckpointSaveError, CheckpointStore, FileEntry, Manifest,
 )
+from airflow_spot.storage.object_store import store_errors
 from airflow_spot.training.async_save import AsyncCheckpointer
 from airflow_spot.training.ranks import Ranks
 
@@ -67,6 +73,11 @@ DCP_KEY = "dcp"
 FRESH_KEY = "dcp_fresh"
 #: the payload's key for the local folder holding the verified DCP files (added when read, never saved)
 _FOLDER_KEY = "_dcp_folder"
+
+
+class BrokenShardError(CheckpointError):
+    """A shard file of the checkpoint being restored is missing or does not verify: the checkpoint is unusable
+    (raised on every rank alike, so the ranks fall back together)."""
 
 
 def _dtensor_type() -> type | None:
@@ -285,15 +296,17 @@ class ShardedObjects:
 
     # ------------------------------------------------------------------ restore
     def load(self, payload: dict, names: tuple[str, ...], source: str, tracked: dict[str, Any] | None = None,
-             warm: bool = False) -> None:
+             warm: bool = False, fetch: Fetch | None = None) -> None:
         """Restore the sharded ones of ``names`` from the DCP files beside ``payload`` (every rank calls it,
-        with the payload it read, and so the same names); removes the local copy of the files.
+        with the payload it read, and so the same names); removes the local copy of the files. ``fetch(names,
+        folder)`` brings the shard files a rank reads into the folder (None: they are there already).
 
         A warm start (``warm``) also crosses between the two kinds for a model (an ``nn.Module``; ``tracked``
         holds this run's objects): an unsharded job's model into this run's sharded one (its full state dict,
         sharded here) and a sharded job's model into this run's unsharded one (DCP reads the shards into full
         tensors). A resume of the job's own state, and an optimizer either way, are refused with the fix."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions, get_model_state_dict, set_model_state_dict, set_optimizer_state_dict,
         )
@@ -326,7 +339,7 @@ class ShardedObjects:
             try:
                 if wanted:
                     state = self._state(wanted)
-                    dcp.load(state, process_group=self._group(), storage_reader=dcp.FileSystemReader(folder))
+                    dcp.load(state, process_group=self._group(), storage_reader=_reader(folder, fetch))
                     for name in wanted:
                         obj = self.objects[name]
                         if isinstance(obj, tuple):
@@ -340,8 +353,10 @@ class ShardedObjects:
                                          options=StateDictOptions(full_state_dict=True))
                 for name in into_plain:  # every rank reads the whole model from the shard files, on its own
                     full = {name: get_model_state_dict(tracked[name])}
-                    dcp.load(full, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
+                    dcp.load(full, storage_reader=_reader(folder, fetch), no_dist=True)
                     set_model_state_dict(tracked[name], full[name])
+            except CheckpointException as exc:  # a BaseException: the ranks' gathered failures
+                raise _read_failure(exc, source) from exc
             except Exception as exc:
                 crossing = " (from the other kind: sharded / unsharded)" if into_sharded or into_plain else ""
                 raise RuntimeError(
@@ -352,6 +367,41 @@ class ShardedObjects:
         finally:
             if folder:
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+#: ``fetch(names, folder)``: brings the named files of the checkpoint being restored, verified, into ``folder``
+Fetch = Callable[[list[str], str], None]
+
+
+def _reader(folder: str, fetch: Fetch | None) -> Any:
+    """DCP's file reader over ``folder``, fetching first the files this rank's read plan names."""
+    import torch.distributed.checkpoint as dcp
+
+    class FetchingReader(dcp.FileSystemReader):
+        def read_data(self, plan, planner):
+            if fetch is not None:
+                fetch(sorted({self.storage_data[item.storage_index].relative_path for item in plan.items}), folder)
+            return super().read_data(plan, planner)
+
+    return FetchingReader(folder)
+
+
+def _read_failure(exc: BaseException, source: str) -> Exception:
+    """What a failed ``dcp.load`` means: a broken shard file (:class:`BrokenShardError`, to fall back), a store
+    that cannot be read (a :class:`CheckpointError`, never a fall-back), else the state not matching the files."""
+    failures = [e for e, _ in getattr(exc, "failures", {}).values()] or [exc]
+    for failure in failures:
+        if isinstance(failure, CheckpointError):
+            return BrokenShardError(f"{source}: {failure}")
+    for failure in failures:
+        if isinstance(failure, store_errors()):
+            return CheckpointError(f"cannot read {source}: {type(failure).__name__}: {failure}; the store is "
+                                   "unreachable or refuses reads: retry once it is back")
+    first = failures[0]
+    return RuntimeError(
+        f"cannot restore from {source}: {type(first).__name__}: {first}. Build the sharded state as it was when "
+        "that checkpoint was saved (the same shapes, parameter names and groups), or train the changed model as a "
+        "new job (a new checkpoint_uri)")
 
 
 def _without_ddp_prefix(state: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from airflow_spot.storage.checkpoint import MANIFEST, PAYLOAD, CheckpointStore
+from airflow_spot.storage.checkpoint import (
+    MANIFEST, PAYLOAD, CheckpointError, CheckpointStore, NoUsableCheckpointError,
+)
 from airflow_spot.storage.host_share import SHARE_PREFIX
 from airflow_spot.storage.job_view import JobView
 from airflow_spot.storage.manifest import LAYOUT_DCP, MANIFEST_SCHEMA, Manifest, ManifestError, manifest_checksum
@@ -34,7 +36,10 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="to
 TOTAL = 16
 
 SCRIPT = textwrap.dedent("""
-    import copy, logging, os, signal, time
+    import copy, logging, os, signal, tempfile, time
+    if os.environ.get("TEST_HOST_PER_RANK"):  # each rank a host of its own: a temporary directory of its own
+        tempfile.tempdir = os.path.join(os.environ["TEST_HOST_PER_RANK"], os.environ["RANK"])
+        os.makedirs(tempfile.tempdir, exist_ok=True)
     import torch
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
@@ -187,9 +192,11 @@ def runs(tmp_path_factory):
                             extra_env={**s3, "TEST_NOTICE_RANK": "1", "TEST_NOTICE_STEP": "9"})
         emergency = _ckpts(uri, endpoint_url=endpoint).committed()
         resumed = _torchrun(tmp, uri, "r", tmp / "resumed.pt", extra_env={**s3, E.START_STEP: "10"})
+        hosts = _torchrun(tmp, uri, "h", tmp / "hosts.pt",  # each rank on a host of its own
+                          extra_env={**s3, "TEST_RESTORE_ONLY": "1", "TEST_HOST_PER_RANK": str(tmp / "hosts")})
         statuses = _ckpts(uri, endpoint_url=endpoint).inspect(verify_payloads=True)
     return {"tmp": tmp, "straight": f"file://{tmp}/straight", "straight_log": straight.stdout + straight.stderr,
-            "stopped": stopped, "emergency": emergency, "resumed": resumed, "statuses": statuses}
+            "stopped": stopped, "emergency": emergency, "resumed": resumed, "hosts": hosts, "statuses": statuses}
 
 
 def test_periodic_sharded_saves_write_in_the_background_and_a_failed_one_commits_nothing(runs, tmp_path):
@@ -237,10 +244,34 @@ def test_a_notice_to_one_rank_commits_one_sharded_checkpoint_and_the_resume_is_b
     out = _load(tmp / "resumed.pt")
     assert (out["restored"], out["step"]) == (10, TOTAL)
     _assert_same_state(_load(tmp / "straight.pt"), out)
-    # the two ranks share one host: rank 0 fetched the checkpoint's four files from s3, rank 1 none of them
-    resumed_log = resumed.stdout + resumed.stderr
-    assert "rank 0 INFO checkpoint files: 4 fetched from the store by this rank, 0 fetched by another" in resumed_log
-    assert "rank 1 INFO checkpoint files: 0 fetched from the store by this rank, 4 fetched by another" in resumed_log
+    counts = _fetch_counts(resumed.stdout + resumed.stderr)
+    # the two ranks share one host: between them they fetched each of the checkpoint's four files once from s3
+    assert sum(fetched for fetched, _ in counts.values()) == 4 and counts[1][1] >= 2, counts  # rank 1: payload, metadata
+
+
+def test_each_host_fetches_only_the_shard_files_its_ranks_read(runs):
+    """Two ranks on two hosts (a temporary directory each): each fetches the payload, DCP's metadata and the shard
+    files its own read plan names, not the whole checkpoint, and the state is the checkpoint's."""
+    hosts = runs["hosts"]
+    log = hosts.stdout + hosts.stderr
+    assert hosts.returncode == 0, log
+    counts = _fetch_counts(log)
+    assert all(reused == 0 for _, reused in counts.values()), counts  # nothing shared across hosts
+    assert all(fetched >= 3 for fetched, _ in counts.values()), counts  # payload, metadata, its own shards
+    assert sum(fetched for fetched, _ in counts.values()) < 2 * 4, counts  # not the whole checkpoint on each host
+    for rank in ("0", "1"):  # each host's share is gone once its ranks have read what they need
+        assert not [n for n in os.listdir(runs["tmp"] / "hosts" / rank) if n.startswith(SHARE_PREFIX)]
+    out = _load(runs["tmp"] / "hosts.pt")
+    assert out["restored"] == TOTAL
+    _assert_same_state(_load(runs["tmp"] / "resumed.pt"), out)
+
+
+def _fetch_counts(log: str) -> dict[int, tuple[int, int]]:
+    """rank: (files it fetched from the store, files another rank of its host fetched), from its log."""
+    found = re.findall(r"rank (\d) INFO checkpoint files: (\d+) fetched from the store by this rank, (\d+) fetched "
+                       r"by another rank of this host", log)
+    assert len(found) == 2, log
+    return {int(rank): (int(fetched), int(reused)) for rank, fetched, reused in found}
 
 
 def test_a_two_rank_checkpoint_resumes_on_one_rank_with_the_same_weights(runs, tmp_path):
@@ -348,14 +379,33 @@ def test_a_layout_the_schema_does_not_know_makes_the_manifest_untrusted(tmp_path
         Manifest.from_json(json.dumps(d).encode(), m.directory)
 
 
-def test_every_file_of_a_sharded_checkpoint_is_checked(tmp_path):
+def test_every_file_of_a_sharded_checkpoint_is_checked_and_a_restore_fetches_only_what_a_rank_reads(tmp_path):
     ckpts, m = _sharded_manifest(tmp_path)
     assert ckpts.latest_step() == 7 and m.size == sum(f.size for f in m.files)
-    assert ckpts.restore_latest(lambda p: sorted(os.listdir(os.path.dirname(p))))[1] == sorted(
-        f.name for f in m.files)  # read sees every file, fetched beside the payload
+    # read sees the payload and DCP's metadata, fetched beside it; the shard files are left to each rank's plan
+    assert ckpts.restore_latest(lambda p: sorted(os.listdir(os.path.dirname(p))))[1] == [".metadata", PAYLOAD]
+    folder = tmp_path / "rank1"
+    folder.mkdir()
+    assert ckpts.fetch_into(m, str(folder), ["__1_0.distcp"]) == 1
+    assert ckpts.fetch_into(m, str(folder), ["__1_0.distcp"]) == 0  # there already
+    assert os.listdir(folder) == ["__1_0.distcp"] and (folder / "__1_0.distcp").read_bytes() == b"__1_0.distcp" * 100
+    with pytest.raises(CheckpointError, match=r"__2_0.distcp is not one of its files \(its manifest lists"):
+        ckpts.fetch_into(m, str(folder), ["__2_0.distcp"])
     ckpts.store.delete([f"{m.directory}/__1_0.distcp"])
     with pytest.raises(Exception, match="__1_0.distcp: file is missing"):
         ckpts.latest_step()
+    # a restore checks every file's size before it reads one: a missing shard is skipped like a broken payload
+    with pytest.raises(NoUsableCheckpointError, match="__1_0.distcp: file is missing"):
+        ckpts.restore_latest(lambda p: None)
+
+
+def test_a_restore_skips_what_it_is_told_is_broken(tmp_path):
+    ckpts = CheckpointStore(open_store(f"file://{tmp_path}/c"))
+    older, newer = ckpts.save(1, lambda f: f.write(b"one")), ckpts.save(2, lambda f: f.write(b"two"))
+    read = lambda p: open(p, "rb").read()  # noqa: E731
+    assert ckpts.restore_latest(read, skip={newer.directory: "a shard does not verify"}) == (older, b"one")
+    with pytest.raises(NoUsableCheckpointError, match="a shard does not verify"):
+        ckpts.restore_latest(read, skip={newer.directory: "a shard does not verify", older.directory: "nor here"})
 
 
 # ---------------------------------------------------------------------------------------------- track() refusals
@@ -497,13 +547,19 @@ def test_a_torch_without_dcps_staging_helpers_saves_sharded_state_synchronously(
             raise ImportError("no DCP staging helpers in this torch")
         return real_import(name, *args, **kwargs)
 
+    from airflow_spot.training import sharded
     from airflow_spot.training.session import SpotSession
 
     model = _sharded_model()
     spot = SpotSession(f"file://{tmp_path}/job", 3)
     spot.track(model=model, optimizer=torch.optim.Adam(model.parameters()))
-    monkeypatch.setattr(builtins, "__import__", no_helpers)
-    assert spot._save("periodic", wait=False)
+    with monkeypatch.context() as patched:
+        patched.setattr(builtins, "__import__", no_helpers)
+        available = sharded._host_copy_available()
+    # the save itself runs with the real import: torch's own imports failing under the patch left state behind
+    # that made a DataLoader worker forked later in the same test process crash
+    monkeypatch.setattr(sharded, "_host_copy_available", lambda: available)
+    assert not available and spot._save("periodic", wait=False)
     assert not spot.writer.busy  # nothing went to the background: the save is done
     assert [m.step for m in _ckpts(f"file://{tmp_path}/job").committed()] == [0]
 
