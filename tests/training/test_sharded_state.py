@@ -659,3 +659,25 @@ def test_an_optimizer_or_a_resume_across_the_kinds_is_refused_with_the_fix(one_r
     resumed = SpotSession(f"file://{tmp_path}/old", 3)  # the unsharded job's own checkpoint, resumed sharded
     with pytest.raises(RuntimeError, match="resuming an unsharded job's state"):
         resumed.track(model=_sharded_model())
+
+
+@pytest.mark.parametrize("failure, kind, says", [
+    (CheckpointError("checkpoint d/__1_0.distcp: sha256 mismatch (corrupt or tampered)"), "BrokenShardError",
+     "sha256 mismatch"),
+    (ConnectionResetError(104, "Connection reset by peer"), "CheckpointError", "the store is unreachable"),
+    (AssertionError("req mismatch sizes"), "RuntimeError", "Build the sharded state as it was"),
+])
+def test_a_failed_dcp_read_is_told_apart_a_broken_file_falls_back_a_store_error_never_does(failure, kind, says):
+    """What every rank gets from a failed dcp.load (DCP gathers the ranks' failures into one exception): a file
+    that does not verify makes the ranks fall back to the checkpoint before; a store that cannot be read is
+    retried by the next attempt, never a fall-back; anything else is the state not matching the files."""
+    import traceback
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from airflow_spot.training.sharded import BrokenShardError, _read_failure
+
+    gathered = CheckpointException("read", {1: (failure, traceback.StackSummary())})
+    got = _read_failure(gathered, "the checkpoint at step 7")
+    assert type(got).__name__ == kind and says in str(got) and "the checkpoint at step 7" in str(got), got
+    assert isinstance(got, BrokenShardError) == (kind == "BrokenShardError")
