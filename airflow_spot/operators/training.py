@@ -15,7 +15,6 @@ the DAG run's state tells the truth.
 from __future__ import annotations
 
 import json
-import math
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -27,7 +26,9 @@ from airflow_spot.backends.base import InstanceState
 from airflow_spot.backends.reap import stopped_leftovers
 from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.operators import accounting
+from airflow_spot.operators.job_summary_format import deadline_figures, format_summary  # demo.py, tests use these
 from airflow_spot.operators.segment import SpotSegmentOperator, job_tags, newest_usable_step
+from airflow_spot.operators.training_checks import _SET_BY_SPOT_TRAINING, _check_segment_options
 from airflow_spot.operators.validation import (
     SpotTrainingConfigError,
     normalize_command,
@@ -263,130 +264,6 @@ class SpotJobSummaryOperator(BaseOperator):
             self.log.warning("step times not recorded for the next runs (%s: %s)", type(exc).__name__, exc)
 
 
-def deadline_figures(store, summary: dict[str, Any], deadline_seconds: float, now: float) -> dict[str, Any]:
-    """Whether the job met its deadline: its last step committed (the end of its last completed attempt)
-    within ``deadline_seconds`` of its start (``control/job.json``). ``deadline_met`` is None while it is
-    neither done nor late (a run that failed early), and missing with the job's start."""
-    try:
-        started = float(json.loads(store.get_bytes(JobLayout.JOB_KEY))["started_at"])
-    except Exception:  # noqa: BLE001 - no job record (nothing ran): nothing to say of the deadline
-        return {"deadline_seconds": deadline_seconds}
-    out: dict[str, Any] = {"deadline_seconds": deadline_seconds, "started_at": started}
-    ends = [r["ended_at"] for r in summary.get("rows", []) if r.get("outcome") == "completed"]
-    if summary.get("completed") and ends:
-        out["elapsed_seconds"] = max(ends) - started
-        out["deadline_met"] = out["elapsed_seconds"] <= deadline_seconds
-    else:
-        out["deadline_met"] = False if now - started > deadline_seconds else None
-    return out
-
-
-def _deadline_line(s: dict[str, Any]) -> list[str]:
-    if s.get("deadline_seconds") is None:
-        return []
-    hours = s["deadline_seconds"] / 3600.0
-    met = s.get("deadline_met")
-    if "elapsed_seconds" in s:
-        word = "met" if met else "MISSED"
-        return [f"  deadline            {word}: the last step committed {s['elapsed_seconds'] / 3600:.2f} h after the "
-                f"job's start, of {hours:.2f} h"]
-    return [f"  deadline            {'MISSED: not done' if met is False else 'not reached: the job is not done'} "
-            f"({hours:.2f} h from the job's start)"]
-
-
-def format_summary(s: dict[str, Any]) -> str:
-    """Human-readable summary (task log and ``airflow-spot demo``)."""
-    lines = [
-        f"  segments            {s.get('segments')}",
-        f"  attempts            {s.get('attempts')}",
-        f"  preemptions         {s.get('preemptions')} (lost instances: {s.get('lost', 0)})",
-        f"  code failures       {s.get('failures')}",
-        *([f"  abandoned           {s['abandoned']} (ended unwaited: a killed task, a try that went; billed)"]
-          if s.get("abandoned") else []),
-        f"  steps lost          {s.get('steps_lost')} ({s.get('lost_gpu_hours', 0.0):.3f} GPU hours lost: "
-        "paid time that left no kept progress)",
-        f"  last step           {s.get('latest_step')} of {s.get('total_steps')}",
-        f"  cost                ${s.get('cost', 0.0):.4f}",
-        *([f"  of which probes     ${s.get('probe_dollars', 0.0):.4f} ({s['probes']} spot instances launched "
-           "only to learn whether their pool had capacity)"] if s.get("probes") else []),
-        *([f"  of which idle       ${s.get('idle_dollars', 0.0):.4f} ({s.get('idle_seconds', 0.0):.0f} s of warm "
-           "instances after their last attempt, until terminated)"] if s.get("idle_dollars") else []),
-        f"  on-demand cost      ${s.get('on_demand_cost', 0.0):.4f}",
-        f"  savings             ${s.get('savings', 0.0):.4f} ({100 * s.get('savings_fraction', 0.0):.1f} %)",
-        *_deadline_line(s),
-    ]
-    return "\n".join(lines)
-
-
-#: SpotSegmentOperator arguments SpotTraining sets itself (from its own arguments)
-_SET_BY_SPOT_TRAINING = frozenset({
-    "task_id", "command", "checkpoint_uri", "start_step", "end_step", "total_steps", "segment_index", "job_name",
-    "gpus", "backend", "backend_options", "market_options", "env", "cwd", "warm_start_uri", "deadline",
-    "max_preemptions", "code_retries", "retries", "retry_delay", "aws_conn_id",
-})
-
-
-#: segment_options that are seconds (> 0), and the smallest heartbeat window: the agent heartbeats every
-#: ~2 s at most, a slow step or a big save can hold one back much longer, and a window of a few polls would
-#: declare a healthy attempt lost (a false recovery restarts a healthy job)
-_SECONDS_OPTIONS = ("poll_interval", "startup_timeout", "heartbeat_timeout", "max_attempt_seconds",
-                    "stall_timeout", "idle_timeout_seconds", "notice_window_seconds", "checkpoint_min_interval",
-                    "checkpoint_max_interval", "capacity_recheck_seconds", "max_capacity_wait_seconds",
-                    "restart_overhead_seconds")
-MIN_HEARTBEAT_TIMEOUT = 10.0
-
-
-def _check_segment_switches(options: dict[str, Any]) -> None:
-    """An on/off option (``deferrable``, ``probe_spot``...: the operator's arguments that default to True or
-    False) takes True or False: a string such as ``"false"`` would read as true."""
-    import inspect
-
-    switches = {name for name, p in inspect.signature(SpotSegmentOperator.__init__).parameters.items()
-                if isinstance(p.default, bool)} | {"deferrable"}  # None there: the deployment's default
-    for name in sorted(switches & set(options)):
-        if options[name] is not None and not isinstance(options[name], bool):
-            raise SpotTrainingConfigError(f"segment_options[{name!r}] must be True or False, got {options[name]!r}")
-
-
-def _check_segment_numbers(options: dict[str, Any]) -> None:
-    for name in _SECONDS_OPTIONS:
-        value = options.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-            raise SpotTrainingConfigError(f"segment_options[{name!r}] must be a finite number of seconds > 0, "
-                                          f"got {value!r}")
-    poll = float(options.get("poll_interval", 5.0))
-    window = float(options.get("heartbeat_timeout", 300.0))
-    if window < max(MIN_HEARTBEAT_TIMEOUT, 3 * poll):
-        raise SpotTrainingConfigError(
-            f"segment_options['heartbeat_timeout']={window:g} s would call an attempt lost after a few missed "
-            f"heartbeats; use at least {max(MIN_HEARTBEAT_TIMEOUT, 3 * poll):g} s (10 s and 3 x poll_interval)"
-        )
-    low, high = options.get("checkpoint_min_interval"), options.get("checkpoint_max_interval")
-    if low is not None and high is not None and low > high:
-        raise SpotTrainingConfigError(
-            f"segment_options: checkpoint_min_interval={low:g} is above checkpoint_max_interval={high:g}"
-        )
-    transfers = ("transfer_seconds", "transfer_dollars", "transfer_seconds_per_gib", "transfer_dollars_per_gib")
-    for name in transfers:
-        value = options.get(name, 0.0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise SpotTrainingConfigError(f"segment_options[{name!r}] must be a number >= 0, got {value!r}")
-    region = options.get("checkpoint_region")
-    if region is not None and (not isinstance(region, str) or not region.strip()):
-        raise SpotTrainingConfigError(f"segment_options['checkpoint_region'] must be a region name such as "
-                                      f"'us-east-1', or 'auto' for the S3 bucket's own, got {region!r}")
-    if region is None and any(options.get(name) for name in transfers):
-        raise SpotTrainingConfigError(
-            f"segment_options {' / '.join(transfers)} price attempts outside the checkpoint store's region; say "
-            "which region that is with segment_options['checkpoint_region'] ('auto' asks S3 for the bucket's)"
-        )
-    keep = options.get("keep_checkpoints")
-    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
-        raise SpotTrainingConfigError(f"segment_options['keep_checkpoints'] must be an integer >= 1, got {keep!r}")
-
-
 def _check_task_kwargs(task_kwargs: dict[str, Any]) -> None:
     """An argument SpotTraining does not know fails here, named as SpotTraining's, not later as the first
     segment operator's TypeError."""
@@ -406,43 +283,6 @@ def _check_task_kwargs(task_kwargs: dict[str, Any]) -> None:
         f"SpotTraining got unknown arguments {unknown}; its own are {', '.join(own)}, and every task takes "
         "Airflow's BaseOperator arguments (pool, queue, ...)"
         + (f"; {hint} are segment operator arguments: pass them in segment_options" if hint else ""))
-
-
-def _check_segment_options(options: dict[str, Any], task_kwargs: dict[str, Any]) -> None:
-    """Unknown or doubled ``segment_options`` and a wrong ``retry_policy`` fail now, naming the fix."""
-    import inspect
-
-    from airflow.sdk import BaseOperator as SdkBaseOperator
-    from airflow.sdk import RetryPolicy
-
-    own = set(inspect.signature(SpotSegmentOperator.__init__).parameters) - {"self", "kwargs"}
-    valid = sorted(own - _SET_BY_SPOT_TRAINING)
-    doubled = sorted(set(options) & _SET_BY_SPOT_TRAINING)
-    if doubled:
-        raise SpotTrainingConfigError(
-            f"segment_options {doubled} are arguments of SpotTraining itself; pass them to SpotTraining directly"
-        )
-    base = set(inspect.signature(SdkBaseOperator.__init__).parameters)
-    unknown = sorted(set(options) - own - base)
-    if "reuse_tolerance" in unknown:
-        raise SpotTrainingConfigError(
-            "segment_options['reuse_tolerance'] is gone: whether a warm spot instance gives way to a cheaper "
-            "pool is now the policy's decision, the same the simulator replays (policy/decision.py: move_targets, "
-            "which tries the cheaper pools before letting the instance go); remove the option"
-        )
-    if unknown:
-        raise SpotTrainingConfigError(f"unknown segment_options {unknown}; valid: {', '.join(valid)}")
-    both = sorted(set(options) & set(task_kwargs))
-    if both:
-        raise SpotTrainingConfigError(f"{both} given both in segment_options and as SpotTraining arguments; keep one")
-    _check_segment_numbers(options)
-    _check_segment_switches(options)
-    policy = options.get("retry_policy", task_kwargs.get("retry_policy"))
-    if policy is not None and not isinstance(policy, RetryPolicy):
-        raise SpotTrainingConfigError(
-            f"retry_policy must be an airflow.sdk RetryPolicy, e.g. ExceptionRetryPolicy(rules=[RetryRule(...)]), "
-            f"got {policy!r}; it is asked before the segment's own policy (preemptions retry at once)"
-        )
 
 
 def SpotTraining(  # noqa: N802 - reads like a class in a DAG file, as TaskGroup does
