@@ -260,9 +260,13 @@ class ShardedObjects:
         # make it here would skip collectives the others wait in (and misalign every later save's)
         folder = os.path.join(tempfile.gettempdir(), f"airflow-spot-dcp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
         try:
-            # sync_files=False: these files are temporary; the store's upload is what must be durable
+            # sync_files=False: these files are temporary; the store's upload is what must be durable.
+            # Entries every rank holds alike (an optimizer's step counts, its param groups) go to rank 0's file,
+            # not spread over all: a restoring rank fetches whole files, and would otherwise fetch nearly every
+            # rank's file for a few bytes of each
             dcp.save(state, process_group=self.save_group,
-                     storage_writer=dcp.FileSystemWriter(folder, sync_files=False))
+                     storage_writer=dcp.FileSystemWriter(folder, sync_files=False),
+                     planner=dcp.DefaultSavePlanner(dedup_save_to_lowest_rank=True))
             for name in sorted(os.listdir(folder)):
                 entries.append(checkpoints.put_file(directory, name, _copy_from(os.path.join(folder, name)), step))
             if writer:
