@@ -330,12 +330,9 @@ class CheckpointStore:
         """``read(path)`` of the checkpoint's verified payload. For a sharded checkpoint (``manifest.layout``) the
         payload and DCP's ``.metadata`` are fetched and verified into one local folder that ``path`` lies in (``read``
         may move them out; the folder is removed afterwards); the shard files are left for :meth:`fetch_into`, so a
-        rank fetches only those it reads (their sizes were checked when the checkpoint was chosen)."""
+        rank fetches only those it reads (their sizes are checked once, when :meth:`restore_latest` chooses it)."""
         if manifest.layout is None:
             return self.fetch_verified(manifest, manifest.files[0], read)
-        problem = self._payload_size_problem(manifest)  # a missing shard is found here, before a rank reads any
-        if problem is not None:
-            raise CheckpointError(problem)
         with tempfile.TemporaryDirectory(prefix=FETCH_PREFIX) as folder:
             self.fetch_into(manifest, folder, [e.name for e in manifest.files
                                                if e is manifest.files[0] or e.name == DCP_METADATA])
@@ -389,7 +386,11 @@ class CheckpointStore:
             elif status.ok:
                 manifest = status.manifest
                 try:
-                    return manifest, self.read_checkpoint(manifest, read)
+                    # a sharded one's files are fetched by each rank as it reads them: a missing one is found
+                    # here, once, by the rank that chooses, before any rank reads
+                    problem = self._payload_size_problem(manifest) if manifest.layout else None
+                    if problem is None:
+                        return manifest, self.read_checkpoint(manifest, read)
                 except CheckpointError as exc:
                     problem = str(exc)
                 except store_errors() as exc:
