@@ -16,6 +16,8 @@ Which observations each uses:
   are up (trace).
 * ``rc-cr`` — the published multi-region Uniform Progress rule (RC/CR, :mod:`airflow_spot.simulate.rc_cr`),
   the anchor the maintainers compare against; sees which pools are up (trace).
+* ``adrs-gepa`` — the Sky ADRS leaderboard's best multi-region policy (GEPA-evolved,
+  :mod:`airflow_spot.simulate.adrs`), an anchor beside ``rc-cr``; sees which pools are up (trace).
 * ``greedy`` — spot in any zone up until the deadline forces on-demand; sees which pools are up (trace).
 * ``fixed-one-zone`` — one zone chosen at the start, checkpoints every ``fixed_interval`` and no
   emergency save, greedy fallback to on-demand; sees whether its zone is up (trace).
@@ -35,6 +37,7 @@ from airflow_spot.policy.offer_ranking import RankingParams, choose_offer, in_co
 from airflow_spot.policy.offers import Market
 from airflow_spot.policy.pool_age import observed_spot_up_seconds
 from airflow_spot.policy.registry import PolicyRegistry
+from airflow_spot.simulate.adrs import GepaController
 from airflow_spot.simulate.engine import HOUR, View
 from airflow_spot.simulate.observed import ObservedController, session_interval
 from airflow_spot.simulate.pool_rule import pick_by_rule
@@ -245,6 +248,11 @@ def up_any_zone() -> DeadlineController:
 @controllers.register("rc-cr")
 def rc_cr() -> RcCrController:
     return RcCrController()
+
+
+@controllers.register("adrs-gepa")
+def adrs_gepa() -> GepaController:
+    return GepaController()
 
 
 @controllers.register("greedy")

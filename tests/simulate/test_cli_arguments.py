@@ -80,7 +80,7 @@ def run(capsys, *argv: str) -> tuple[int | None, str]:
                                          "most) and must be at most 10,080"),
         (["--jobs", "1000000"], "--jobs is how many jobs of one deployment start together and must be at most 100"),
         # lists that name nothing
-        (["--policies", ","], "--policies ',' names no policy; give one or more of: fixed-one-zone"),
+        (["--policies", ","], "--policies ',' names no policy; give one or more of: adrs-gepa, fixed-one-zone"),
         (["--zones", ","], "--zones ',' names no zone; give some of us-east-1c"),
         # a job whose replay would run almost wholly past the traces (1e9 h ran for hours)
         (["--work-hours", "1e9"], "--work-hours 1e+09 is more than twice the 177.4 h of traces left from "

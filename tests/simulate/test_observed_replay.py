@@ -125,7 +125,7 @@ def test_jobs_replayed_together_decide_in_time_order():
     assert {n for _, n in log} == {"slow", "fast"} and len([1 for _, n in log if n == "fast"]) > 60
 
 
-@pytest.mark.parametrize("name", ["greedy", "up-any-zone", "rc-cr", "fixed-one-zone"])
+@pytest.mark.parametrize("name", ["greedy", "up-any-zone", "rc-cr", "adrs-gepa", "fixed-one-zone"])
 def test_baselines_do_not_depend_on_the_order_zones_are_listed_in(name):
     # b is cheaper and up from the start; a is dearer; whichever comes first in the list, b is taken
     spec = JobSpec(work_hours=10 / 60, deadline_hours=1.0, save_cost_seconds=0.0, restart_overhead_hours=1 / 60)
