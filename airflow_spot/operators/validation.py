@@ -131,6 +131,8 @@ def validate_checkpoint_uri(uri: Any) -> None:
         )
     if parsed.scheme == "file" and parsed.netloc:
         raise SpotTrainingConfigError(f"file checkpoint URIs must be absolute (file:///path), got {uri!r}")
+    if parsed.scheme == "file" and uri_problem(head.split("{", 1)[0]):  # a '#' or '?' would cut the path
+        raise SpotTrainingConfigError(f"checkpoint_uri: {uri_problem(head.split('{', 1)[0])}")
     if parsed.scheme == "s3" and not parsed.netloc and not _templated(uri):
         raise SpotTrainingConfigError(f"s3 checkpoint URIs need a bucket (s3://bucket/prefix), got {uri!r}")
 

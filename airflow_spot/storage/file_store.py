@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, _EarlyWriteback, _feeder
+from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, _EarlyWriteback, _feeder, file_uri
 
 
 class LocalStore(ObjectStore):
@@ -26,7 +26,7 @@ class LocalStore(ObjectStore):
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
-        self.uri = "file://" + str(self.root)
+        self.uri = file_uri(str(self.root))
 
     def _path(self, key: str) -> Path:
         key = key.strip("/")

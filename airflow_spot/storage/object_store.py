@@ -26,7 +26,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import BinaryIO
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse, urlsplit
 
 
 class ObjectNotFound(KeyError):
@@ -251,9 +251,23 @@ def uri_problem(uri: str) -> str | None:
         )
     if parsed.scheme == "file" and parsed.netloc:
         return f"file URIs must be absolute (file:///path), got {uri!r}"
+    if parsed.scheme == "file":
+        for char, part, escape in (("#", "a fragment", "%23"), ("?", "a query", "%3F")):
+            if char in uri:
+                cut = unquote(urlsplit(uri).path)
+                return (f"file URI {uri!r} holds {char!r}, which ends a URI's path ({part} follows it): the "
+                        f"checkpoints would go to {cut!r}; write {char!r} as {escape} or give the plain path")
     if parsed.scheme == "s3" and not parsed.netloc:
         return f"s3 URI needs a bucket (s3://bucket/prefix), got {uri!r}"
     return None
+
+
+def file_uri(path: str) -> str:
+    """The ``file://`` URI of an absolute ``path`` that :func:`open_store` reads back as that path: the
+    characters a URI's path cannot hold as they are ('%' starts an escape, '?' a query, '#' a fragment)
+    escaped, every other character as it is (so run ids such as ``manual__2026-12-02T02:33:00+00:00``
+    stay readable)."""
+    return "file://" + path.replace("%", "%25").replace("?", "%3F").replace("#", "%23")
 
 
 def _place(uri: str) -> tuple[str | None, str]:
@@ -263,10 +277,13 @@ def _place(uri: str) -> tuple[str | None, str]:
     problem = uri_problem(uri)
     if problem:
         raise StoreConfigError(problem)
-    parsed = urlparse(uri)
-    if parsed.scheme == "s3":
-        return parsed.netloc, parsed.path
-    return None, os.path.abspath(parsed.path if parsed.scheme == "file" else uri)
+    if uri.startswith("s3://"):
+        # the key prefix as written, as the AWS CLI reads s3:// URIs: '#', '?' and '%' are part of a key
+        bucket, slash, prefix = uri[len("s3://"):].partition("/")
+        return bucket, slash + prefix
+    if uri.startswith("file://"):
+        return None, os.path.abspath(unquote(urlsplit(uri).path))  # RFC 8089: the path is percent-encoded
+    return None, os.path.abspath(uri)
 
 
 def open_store(uri: str, **options) -> ObjectStore:
@@ -280,7 +297,7 @@ def store_uri(uri: str) -> str:
     no client, no credentials."""
     bucket, path = _place(uri)
     if bucket is None:
-        return "file://" + path
+        return file_uri(path)
     prefix = path.strip("/")
     return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
 

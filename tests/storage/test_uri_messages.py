@@ -71,3 +71,45 @@ def test_an_error_whose_response_is_not_botocores_gets_no_hint_and_no_new_error(
         assert _is_not_found(HttpError(response)) is False
     assert error_code(ClientError({"Error": {"Code": "NoSuchKey"}}, "GetObject")) == "NoSuchKey"
     assert _is_not_found(ClientError({"Error": {"Code": "NoSuchKey"}}, "GetObject"))
+
+
+@pytest.mark.parametrize("name", ["run#3", "what?", "100%", "my job", "a%20b", "manual__2026-12-02T02:33:00+00:00"])
+def test_a_file_store_names_itself_by_a_uri_that_opens_the_same_folder(tmp_path, name):
+    """A job's processes open its store from ``store.uri``: a folder whose name holds a character a URI's
+    path cannot hold as it is must come back as the same folder, not one cut at '#' or '?'."""
+    from airflow_spot.storage.object_store import store_uri
+
+    store = open_store(str(tmp_path / name))
+    assert store.root == tmp_path / name
+    assert open_store(store.uri).root == tmp_path / name
+    assert store_uri(str(tmp_path / name)) == store.uri
+    if name == "manual__2026-12-02T02:33:00+00:00":
+        assert store.uri.endswith(name)  # run ids stay readable
+
+
+def test_a_file_uri_is_percent_decoded_as_rfc_8089_says():
+    assert open_store("file:///tmp/my%20job%2523").root.as_posix() == "/tmp/my job%23"
+
+
+@pytest.mark.parametrize("uri,char,escape,cut", [("file:///data/exp#3", "#", "%23", "/data/exp"),
+                                                 ("file:///data/what?x", "?", "%3F", "/data/what")])
+def test_a_file_uri_that_a_uri_parser_would_cut_short_is_refused_at_parse_and_run_time(uri, char, escape, cut):
+    # before, file:///data/exp#3 wrote to /data/exp: another job's folder, silently
+    from airflow_spot.operators.validation import SpotTrainingConfigError, validate_checkpoint_uri
+
+    with pytest.raises(StoreConfigError) as at_run:
+        open_store(uri)
+    with pytest.raises(SpotTrainingConfigError) as at_parse:
+        validate_checkpoint_uri(uri)
+    for err in (at_run, at_parse):
+        assert f"holds {char!r}" in str(err.value) and f"would go to {cut!r}" in str(err.value)
+        assert f"write {char!r} as {escape}" in str(err.value)
+    validate_checkpoint_uri("file:///data/{{ run_id }}/{# a comment #}")  # a template's own '#' is not one
+
+
+def test_an_s3_prefix_is_kept_as_written():
+    # the AWS CLI reads s3://bucket/exp#3 as the key prefix exp#3; it used to become exp
+    from airflow_spot.storage.object_store import store_uri
+
+    for uri in ("s3://bucket/exp#3", "s3://bucket/q?x=1", "s3://bucket/a%20b"):
+        assert store_uri(uri) == uri
