@@ -162,7 +162,7 @@ class SpotHook(BaseHook):
 def market_options_for(backend: str, backend_options: dict[str, Any], market_options: dict[str, Any]) -> dict[str, Any]:
     """The market's options: the ``ec2`` market offers from the ``ec2`` backend's regions unless
     ``market_options`` names its own (an offer from a region the backend cannot launch into fails its
-    segment; ``operators.validation.validate_market_regions`` refuses one named so at parse time)."""
+    segment; ``operators.gpu_checks.validate_market_regions`` refuses one named so at parse time)."""
     if backend == "ec2" and market_options.get("kind") in (None, "ec2") and "regions" not in market_options \
             and backend_options.get("regions"):
         return {**market_options, "regions": backend_options["regions"]}
