@@ -30,14 +30,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from airflow_spot.policy.checkpoint_interval import (
-    IntervalInputs, checkpoint_interval, estimate_mtbf, estimate_notice_coverage,
-)
-from airflow_spot.policy.ledger import notice_evidence
 from airflow_spot.storage.checkpoint import CheckpointStore, save_block_bytes
-from airflow_spot.storage.ledger_store import LedgerStore
 from airflow_spot.storage.object_store import open_store
-from airflow_spot.storage.protocol import PREEMPTED_EXIT_CODE, AttemptStatus, Heartbeat, JobLayout, Outcome
+from airflow_spot.storage.protocol import PREEMPTED_EXIT_CODE, JobLayout
 from airflow_spot.training import env as E
 from airflow_spot.training.async_save import AsyncCheckpointer
 from airflow_spot.training.handoff import ANSWER_GRACE_SECONDS, HandoffDir
@@ -53,6 +48,7 @@ from airflow_spot.training.notices import (
 )
 from airflow_spot.training.session_handoff import SessionHandoff
 from airflow_spot.training.session_restore import SessionRestore
+from airflow_spot.training.session_timing import SessionTiming
 from airflow_spot.training.sharded import ShardedObjects
 from airflow_spot.training.state import Stager, capture_rng
 
@@ -62,7 +58,7 @@ DEFAULT_MTBF_SECONDS = 3 * 3600.0  # measured on the bundled AWS V100 traces: 3.
 EWMA_ALPHA = 0.1
 
 
-class SpotSession(SessionHandoff, SessionRestore):
+class SpotSession(SessionHandoff, SessionRestore, SessionTiming):
     """One segment of one job, as seen from inside the training process.
 
     :param job_uri: the job's root in the object store (``file://`` or ``s3://``).
@@ -374,49 +370,6 @@ class SpotSession(SessionHandoff, SessionRestore):
             return
         self._save("final", wait=True)
 
-    def _recompute_interval(self) -> None:
-        self.notice_coverage = estimate_notice_coverage(*self.notice_evidence, fits=self._save_fits_notice())
-        inputs = IntervalInputs(
-            save_cost_seconds=self.save_cost_ewma or 0.0,
-            mtbf_seconds=self.mtbf,
-            min_interval_seconds=self.min_interval,
-            max_interval_seconds=self.max_interval,
-            write_seconds=self.writer.last_write_seconds,
-            notice_coverage=self.notice_coverage,
-        )
-        self.interval = checkpoint_interval(inputs, self.interval_policy)
-
-    def _save_fits_notice(self) -> bool:
-        """The session hears notices at all, and an emergency save (staging, then the write) can commit
-        inside the notice window, as measured, after the slowest source's poll has seen the notice."""
-        if not self.notice_sources:
-            return False
-        if not self.notice_window:
-            return True
-        seen_after = max((getattr(src, "interval", 0.0) for src in self.notice_sources), default=0.0)
-        return (self.save_cost_ewma or 0.0) + self.writer.last_write_seconds + seen_after <= self.notice_window
-
-    def _observe_preemptions(self) -> None:
-        """The job's preemptions so far: the pool's MTBF (the market's prior blended with them) and what
-        they showed of the notices (from the job's ledger rows)."""
-        self.mtbf = self._observed_mtbf()
-        try:
-            self.notice_evidence = notice_evidence(LedgerStore(self.job_store).rows())
-        except (OSError, ValueError) as exc:  # an unreadable ledger leaves the prior; training goes on
-            log.warning("could not read the job's ledger for its notice record: %s", exc)
-
-    def _observed_mtbf(self) -> float:
-        """Blend the market's prior with the preemptions this job has seen so far."""
-        preemptions, seconds = 0, 0.0
-        for key in JobLayout.attempt_keys(self.job_store, JobLayout.STATUS_NAME):
-            try:
-                st = AttemptStatus.from_json(self.job_store.get_bytes(key))
-            except (KeyError, ValueError):
-                continue
-            seconds += max(0.0, st.ended_at - st.started_at)
-            preemptions += st.outcome in (Outcome.PREEMPTED.value, Outcome.LOST.value)
-        return estimate_mtbf(self.prior_mtbf, preemptions, seconds)
-
     # ------------------------------------------------------------------ the loop
     def steps(self) -> Iterator[int]:
         """Yield this segment's remaining steps, and those of the segments handed to this warm process
@@ -541,40 +494,3 @@ class SpotSession(SessionHandoff, SessionRestore):
                     f.write(f"preempted {self.attempt_id}\n")
             except OSError as exc:  # the exit code still says it where nothing wraps the process
                 log.warning("cannot record the preemption in %s: %s", self.outcome_file, exc)
-
-    # ------------------------------------------------------------------ heartbeats
-    def report(self, **metrics: float) -> None:
-        """Record metrics of the current step; they ride along with the next heartbeat."""
-        for k, v in metrics.items():
-            self.metrics[k] = float(v)
-
-    def _write_heartbeat(self) -> None:
-        if not self.is_writer:
-            return  # rank 0 speaks for the attempt
-        hb = Heartbeat(
-            attempt_id=self.attempt_id,
-            step=self.step,
-            time=time.time(),
-            step_time_ewma=self.step_time_ewma,
-            last_committed_step=self.writer.last_committed_step,
-            metrics=dict(self.metrics),
-            pid=os.getpid(),
-            save_cost_seconds=self.save_cost_ewma,
-            interval_seconds=self.interval,
-            notice_at=self.notice_at,
-            notice=self.notice,
-            first_step_at=self.first_step_at,
-            first_step=self.first_step,
-        )
-        try:
-            with self._lock:
-                self.layout.write_heartbeat(hb)
-        except Exception as exc:  # noqa: BLE001 - a missed heartbeat must never stop training
-            log.warning("heartbeat write failed (retried at the next tick): %s", exc)
-
-    def _heartbeat_loop(self) -> None:
-        # Written every tick, even when the step has not moved: silence is how the trigger spots a
-        # lost instance, so a long step must not look like a dead one.
-        while not self._hb_stop.wait(self.heartbeat_seconds):
-            if not self._between_segments:
-                self._write_heartbeat()
