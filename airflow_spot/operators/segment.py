@@ -3,7 +3,8 @@
 ``execute`` (worker): skip when the store already holds a checkpoint at or past the segment's end; choose
 an offer (market + policies); reuse the job's warm instance when it is alive and still a good offer, else
 launch one with an idempotency token from dag/run/task/try; write the segment request; defer to
-:class:`~airflow_spot.triggers.segment.SegmentTrigger`.
+:class:`~airflow_spot.triggers.segment.SegmentTrigger`. The waits (for capacity, for the attempt) and
+``on_kill`` are in :mod:`~airflow_spot.operators.segment_waits`.
 
 ``execute_complete`` (worker, after the trigger fired; :mod:`~airflow_spot.operators.segment_outcome`):
 validate the event, write the attempt's ledger row, then succeed (completed), raise a retryable
@@ -17,7 +18,6 @@ the attempt back from the store (see :mod:`airflow_spot.operators.attempt_record
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -26,7 +26,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_spot.backends.base import LaunchError
 from airflow_spot.backends.ec2_errors import configuration_problem
@@ -41,13 +41,14 @@ from airflow_spot.operators.segment_instances import SegmentInstances
 from airflow_spot.operators.segment_outcome import SegmentOutcome, newest_usable_checkpoint, newest_usable_step
 from airflow_spot.operators.segment_reattach import SegmentReattach
 from airflow_spot.operators.segment_request import SegmentRequestParts
+from airflow_spot.operators.segment_waits import SegmentWaits
 from airflow_spot.operators.validation import (
     validate_gpus, validate_option_names, validate_places, validate_step_profile,
 )
 from airflow_spot.policy.offers import GpuRequest
 from airflow_spot.storage.object_store import ObjectNotFound, ObjectStore, StoreConfigError, store_uri
 from airflow_spot.storage.protocol import JobLayout, safe_id
-from airflow_spot.triggers.segment import DEFAULT_STALL_TIMEOUT, SegmentTrigger
+from airflow_spot.triggers.segment import DEFAULT_STALL_TIMEOUT
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -74,7 +75,8 @@ def default_deferrable() -> bool:
     return value.strip().lower() in ("true", "t", "1", "yes", "y", "on")
 
 
-class SpotSegmentOperator(SegmentInstances, SegmentReattach, SegmentOutcome, SegmentRequestParts, BaseOperator):
+class SpotSegmentOperator(SegmentInstances, SegmentReattach, SegmentOutcome, SegmentRequestParts, SegmentWaits,
+                          BaseOperator):
     """Train steps ``[start_step, end_step)`` of a job on the cheapest suitable instance.
 
     Usually built by :func:`airflow_spot.operators.training.SpotTraining`, which also validates the
@@ -318,38 +320,6 @@ class SpotSegmentOperator(SegmentInstances, SegmentReattach, SegmentOutcome, Seg
                            method_name="execute_after_capacity_wait")
             time.sleep(delay)
 
-    def execute_after_capacity_wait(self, context: Context, event: Any = None) -> dict[str, Any] | None:
-        """Back from waiting for capacity: plan and launch again (the plan sees the refusals)."""
-        self.log.info("back from waiting for capacity on a timer in the triggerer: deciding again")
-        return self.execute(context)
-
-    def _capacity_wait(self, context: Context, exc: NoCapacityNow) -> float:
-        """Seconds to wait before deciding again; fails the task once this try has waited too long.
-
-        The wait's start is kept in the job's store under the try's attempt id: a deferred wait resumes in
-        a new process (maybe on another worker), and the job's refusal events alone do not bound it (an
-        on-demand refusal is not a spot pool's event)."""
-        store = self._open_store()
-        key = f"control/capacity_wait/{self.attempt_id(context, store)}.json"
-        now = time.time()
-        try:
-            since = float(json.loads(store.get_bytes(key))["since"])
-        except ObjectNotFound:
-            since = now
-            store.put_bytes(key, json.dumps({"since": now}).encode())
-        waited = now - since
-        if waited >= self.max_capacity_wait_seconds:
-            raise AirflowFailException(
-                f"segment {self.segment_index}: no capacity in any of the job's offers for {waited / 3600:.2f} h "
-                f"(max_capacity_wait_seconds={self.max_capacity_wait_seconds:g}); {exc}. The checkpoints are "
-                "kept: clear the task to wait again, give the job a deadline so it may use on-demand, allow more "
-                "instance types or regions (gpus=...), or raise segment_options['max_capacity_wait_seconds']"
-            )
-        delay = min(self.capacity_recheck_seconds, max(1.0, self.max_capacity_wait_seconds - waited))
-        self.log.info("%s; the plan is to wait for capacity: deciding again in %.0f s (no capacity for %.0f s, "
-                      "at most %.0f s)", exc, delay, waited, self.max_capacity_wait_seconds)
-        return delay
-
     def _run_segment(self, context: Context) -> dict[str, Any] | None:
         """Plan, launch (or reattach) and wait; a configuration AWS refuses fails the task at once (every try
         would meet it: a missing connection or permission), with what to fix."""
@@ -481,55 +451,3 @@ class SpotSegmentOperator(SegmentInstances, SegmentReattach, SegmentOutcome, Seg
         self._remember_attempt(context, launch)
         SpotAttemptLink.persist(context, store.uri, attempt_id, self.aws_conn_id)
         return self._wait(context, launch, store_uri=store.uri)
-
-    def _wait(self, context: Context, launch: AttemptLaunch, store_uri: str | None = None) -> dict[str, Any] | None:
-        """Wait for the attempt to end: defer to the triggerer, or poll in this worker."""
-        store_uri = store_uri or self.hook.get_store(self.checkpoint_uri).uri
-        self._instance_id = launch.instance_id  # for on_kill while waiting in the worker
-        self._killable = (store_uri, launch.attempt_id)
-        trigger = SegmentTrigger(
-            job_uri=store_uri,
-            attempt_id=launch.attempt_id,
-            instance_id=launch.instance_id,
-            requested_at=launch.requested_at,
-            backend=self.backend,
-            backend_options=self.backend_options,
-            aws_conn_id=self.aws_conn_id,
-            market_options=self.market_options,
-            poll_interval=self.poll_interval,
-            startup_timeout=self.startup_timeout,
-            heartbeat_timeout=self.heartbeat_timeout,
-            max_attempt_seconds=self.max_attempt_seconds,
-            stall_timeout=self.stall_timeout,
-            # A completed attempt ends the task from the triggerer: no worker round trip per boundary.
-            end_from_trigger=self.deferrable,
-            segment_index=self.segment_index,
-            end_step=self.end_step,
-        )
-        if self.deferrable:
-            self.defer(trigger=trigger, method_name="execute_complete")
-        event = asyncio.run(_first_event(trigger))
-        return self.execute_complete(context, event)
-
-    def on_kill(self) -> None:
-        """Terminate the instance of the attempt this worker is waiting for.
-
-        A deferred task is not in a worker; :meth:`SegmentTrigger.on_kill` covers that case.
-        """
-        instance_id = getattr(self, "_instance_id", None)
-        if instance_id:
-            killable = getattr(self, "_killable", None)
-            if killable is not None:  # before the termination: the status it brings about is the kill's
-                try:
-                    JobLayout(self.hook.get_store(killable[0])).write_kill(killable[1], time.time())
-                except Exception as exc:  # noqa: BLE001 - the instance must go all the same
-                    self.log.warning("kill of attempt %s not recorded (%s: %s); its instance's last status may be "
-                                     "billed as a preemption", killable[1], type(exc).__name__, exc)
-            self.log.info("task killed: terminating instance %s", instance_id)
-            self.hook.get_backend().terminate([instance_id])
-
-
-async def _first_event(trigger: SegmentTrigger) -> dict[str, Any]:
-    async for event in trigger.run():
-        return event.payload
-    raise AirflowException(f"trigger for attempt {trigger.attempt_id} ended without an event")
