@@ -370,7 +370,7 @@ class LocalBackend(Backend):
     def _stop_supervisor(self, record: InstanceRecord) -> None:
         if record.supervisor is not None and record.supervisor.alive():
             # It runs in a process group of its own (it must survive the instance's kill).
-            kill_group(record.supervisor.pid, signal.SIGTERM)
+            kill_group(record.supervisor.pid, signal.SIGTERM, leader=record.supervisor)
 
     # ------------------------------------------------------------------ housekeeping
     def purge(self, older_than_seconds: float = 0.0) -> list[str]:

@@ -39,7 +39,8 @@ from airflow_spot.backends.base import InstanceInfo
 
 #: environment variable naming the state directory shared by all processes of one installation
 STATE_DIR_ENV = "AIRFLOW_SPOT_LOCAL_DIR"
-RECORD_SCHEMA = 1
+#: 2: ProcessRef carries start_ticks (code that predates it cannot read such a record)
+RECORD_SCHEMA = 2
 
 
 def default_state_dir() -> Path:
@@ -83,33 +84,62 @@ def file_lock(path: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
+def boot_relative_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22), or None where
+    there is no ``/proc`` or no such process. Unlike a start time in seconds since the epoch (boot time plus
+    this), it never moves when the system clock is stepped or slewed: ``btime`` in ``/proc/stat`` is
+    recomputed from the wall clock on every read and can change by a second, which made a live process
+    look like another one (its instance was then called dead and killed)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+        return None
+    # the command name (field 2) may hold spaces and parentheses: the fields after it follow the last ')'
+    fields = raw[raw.rindex(b")") + 2:].split()
+    return int(fields[19])
+
+
 @dataclass
 class ProcessRef:
-    """A process identified by pid and start time, so a recycled pid is never mistaken for it."""
+    """A process identified by pid and start time, so a recycled pid is never mistaken for it.
+
+    ``start_ticks`` (clock ticks since boot, Linux) is the identity where it is known; ``create_time``
+    (seconds since the epoch, from psutil) is kept for records written before it and for systems without
+    ``/proc``, compared to within psutil's 0.01 s precision."""
 
     pid: int
     create_time: float
+    start_ticks: int | None = None
 
     @classmethod
     def of(cls, pid: int) -> ProcessRef:
         try:
-            return cls(pid, psutil.Process(pid).create_time())
+            return cls(pid, psutil.Process(pid).create_time(), boot_relative_start(pid))
         except psutil.NoSuchProcess:
             return cls(pid, 0.0)
+
+    def _is_this(self, proc: psutil.Process) -> bool:
+        """Whether the live process ``proc`` (pid ``self.pid``) is the one recorded."""
+        if self.start_ticks is not None:
+            ticks = boot_relative_start(self.pid)
+            if ticks is not None:
+                return ticks == self.start_ticks
+        return abs(proc.create_time() - self.create_time) < 0.01
 
     def reused(self) -> bool:
         """Another process holds this pid now (this one is gone and the pid was given out again). Linux gives
         out no pid still in use as a process group or session id, so that process's session is not this
         one's: nothing of it may be signalled."""
         try:
-            return abs(psutil.Process(self.pid).create_time() - self.create_time) >= 0.01
+            return not self._is_this(psutil.Process(self.pid))
         except psutil.NoSuchProcess:
             return False
 
     def alive(self) -> bool:
         try:
             proc = psutil.Process(self.pid)
-            return abs(proc.create_time() - self.create_time) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE
+            return self._is_this(proc) and proc.status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return False
 

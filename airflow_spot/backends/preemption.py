@@ -301,18 +301,18 @@ def supervise(state_dir: str, instance_id: str, at: float, notice_window: float)
     if not wait_until(notice_at + notice_window):
         return "instance gone during the notice window"
 
-    pgid_holder: list[int] = []
+    killed: list = []
 
     def mark_kill(record):
         record.preempt_kill = True
-        pgid_holder.append(record.pgid)
+        killed.append(record)
 
     if state.update(instance_id, mark_kill) is None:
         return "instance record vanished"
-    pgid = pgid_holder[0]
-    kill_group(pgid, signal.SIGKILL)
+    pgid, agent = killed[0].pgid, killed[0].agent
+    kill_group(pgid, signal.SIGKILL, leader=agent)
     deadline = time.monotonic() + 5.0
-    while group_alive(pgid) and time.monotonic() < deadline:
+    while group_alive(pgid, leader=agent) and time.monotonic() < deadline:
         time.sleep(0.02)
     killed_at = time.time()
 

@@ -182,3 +182,41 @@ def test_launch_rejects_a_spec_without_token(backend, job_uri):
     with pytest.raises(LaunchError, match="idempotency_token") as err:
         backend.launch(spec(job_uri, token=""))
     assert err.value.capacity is False
+
+
+@pytest.mark.parametrize("step", [1.0, -1.0])
+def test_a_clock_step_does_not_make_a_live_agent_look_dead(backend, job_uri, monkeypatch, step):
+    """psutil's start time in seconds since the epoch is boot time + ticks since boot, and ``btime`` in
+    /proc/stat moves when the wall clock is stepped or slewed past a second: a live instance whose recorded
+    start time was read before such a move must still be alive, and not be killed as a dead agent's leftovers."""
+    import psutil
+    from psutil import _pslinux
+
+    from airflow_spot.backends.local_state import ProcessRef
+
+    info = backend.launch(spec(job_uri))
+    record = backend.record(info.instance_id)
+    booted = _pslinux.boot_time()
+    monkeypatch.setattr(_pslinux, "boot_time", lambda: booted + step)
+    assert abs(psutil.Process(record.agent.pid).create_time() - record.agent.create_time) >= 0.99  # the clock moved
+
+    assert record.agent.alive() and not record.agent.reused()
+    assert backend.describe([info.instance_id])[info.instance_id].state is InstanceState.RUNNING
+    assert group_members(record.pgid) == [record.agent.pid]
+    other = ProcessRef(record.agent.pid, record.agent.create_time, record.agent.start_ticks - 1)
+    assert not other.alive() and other.reused()  # the ticks, not the epoch seconds, say which process it is
+
+
+def test_a_record_without_start_ticks_is_still_read_and_checked(backend, job_uri):
+    """A record written before ProcessRef carried the boot-relative start (schema 1) identifies its agent by
+    the epoch start time: the live agent is alive, and a pid given to another process is not it."""
+    from airflow_spot.backends.local_state import InstanceRecord, ProcessRef
+
+    info = backend.launch(spec(job_uri))
+    old = backend.record(info.instance_id).to_dict()
+    old["schema"] = 1
+    del old["agent"]["start_ticks"]
+    record = InstanceRecord.from_dict(old)
+    assert record.agent.start_ticks is None and record.agent.alive()
+    stranger = ProcessRef(record.agent.pid, record.agent.create_time - 3600)
+    assert not stranger.alive() and stranger.reused()
