@@ -69,9 +69,11 @@ def instances(tmp_path):
     launched: list[str] = []
 
     def launch(n: int) -> list[str]:
+        # the agents must outlive the test however slow a loaded machine makes it (its waits add up to more
+        # than a minute): one that idles out ends its trigger with an event, and the trigger unsubscribes
         for i in range(n):
             spec = LaunchSpec(OFFER, f"file://{tmp_path}/job{i}", idempotency_token=f"{tmp_path}-{len(launched)}",
-                              idle_timeout_seconds=60)
+                              idle_timeout_seconds=600)
             launched.append(backend.launch(spec).instance_id)
         return launched[-n:]
 
