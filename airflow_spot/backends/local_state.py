@@ -88,8 +88,8 @@ def boot_relative_start(pid: int) -> int | None:
     """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22), or None where
     there is no ``/proc`` or no such process. Unlike a start time in seconds since the epoch (boot time plus
     this), it never moves when the system clock is stepped or slewed: ``btime`` in ``/proc/stat`` is
-    recomputed from the wall clock on every read and can change by a second, which made a live process
-    look like another one (its instance was then called dead and killed)."""
+    recomputed from the wall clock on every read and can change by a second, which would make a live process
+    look like another one (its instance called dead and killed)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
