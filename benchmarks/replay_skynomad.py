@@ -37,9 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_adrs import SCENARIOS  # noqa: E402
-from bench_simulate import DEFAULT_TRACES, _traces  # noqa: E402
-
-from bench_simulate import _pools  # noqa: E402
+from bench_simulate import DEFAULT_TRACES, _pools, _traces  # noqa: E402
 
 from airflow_spot.simulate.engine import JobSpec  # noqa: E402
 from airflow_spot.simulate.report import offsets_for, run_one  # noqa: E402
