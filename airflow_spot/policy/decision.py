@@ -52,9 +52,11 @@ anywhere in the target's region, which fade over two prior lifetimes: :data:`REG
 the saving pays ``move_margin`` times the move: the new instance's restart (and the checkpoint's
 transfer across regions); with a deadline, only while the slack pays that restart, one more (the
 target's own preemption, should it come soon), the floor and the reserve for future preemptions (as when
-leaving on-demand). The job tries the targets first and keeps its instance if they all refuse (a refusal
-is not billed). Prices that are equal everywhere never move a job: the saving counts prices and long-run
-rates, not the pools' ages.
+leaving on-demand). A target's prior rate is the market's scaled by the job's own preemption rate
+against it (:func:`~airflow_spot.policy.observations.own_preemption_rate`): a job whose instances have
+lasted expects the same of a region it has not tried, one preempted often expects less. The job tries
+the targets first and keeps its instance if they all refuse (a refusal is not billed). Prices that are
+equal everywhere never move a job: the saving counts prices and long-run rates, not the pools' ages.
 
 Pure: everything is passed in.
 """
@@ -235,11 +237,13 @@ def _risk_age(offer: Offer, view: PoolView | None, now: float) -> float | None:
 def move_targets(
     offers: Sequence[Offer], running_pool: str, views: dict[str, PoolView], now: float, params: DecisionParams,
     work_left: float, affordable: bool, own_losses: dict[str, tuple[float, float]] | None = None,
+    rate_scale: float = 1.0,
 ) -> tuple[Offer, ...]:
     """The spot offers (in the order given) a job running in ``running_pool`` should move to, by the rule
     in the module docstring; ``affordable``: the deadline's slack pays one more restart; ``own_losses``:
     per pool, the job's own preemptions there and its instances' seconds there, faded with their age
-    (:func:`~airflow_spot.policy.observations.own_pool_losses`)."""
+    (:func:`~airflow_spot.policy.observations.own_pool_losses`); ``rate_scale``: the job's own preemption
+    rate over the market's, applied to every target's prior rate."""
     current = next((o for o in offers if o.pool == running_pool and o.is_spot), None)
     if current is None or params.move_margin is None or not affordable or work_left <= 0:
         return ()
@@ -267,7 +271,7 @@ def move_targets(
             # not seen up since it was seen down: if it is up, it came back at some time since then, half
             # way on average (the ranking's "at most" orders pools; a move bets on the expected lifetime)
             age /= 2.0
-        rate = o.preemption_rate_per_hour
+        rate = o.preemption_rate_per_hour * rate_scale
         if rate > 0 and o.region in by_region:
             # the market's rate as a prior worth one preemption (estimate_mtbf's default), moved by the job's own
             rate = 3600.0 / estimate_mtbf(3600.0 / rate, *by_region[o.region])
@@ -400,7 +404,7 @@ def decide_attempt(
             deadline_params.restart_overhead_seconds)
         memory = None if prior is None else REGION_MEMORY_LIFETIMES * 3600.0 / prior
         moves = move_targets(ranked, obs.running_pool, views, now, move_params, work_left, affordable,
-                             own_pool_losses(events, now, memory))
+                             own_pool_losses(events, now, memory), 1.0 if rate is None else rate / prior)
     return AttemptDecision(d.market, tuple(ranked), d.reason, d.state, probe, spot_up, expected, rate, moves,
                            leave_running=leave)
 

@@ -419,6 +419,27 @@ def test_a_region_whose_pools_keep_preempting_the_job_is_not_worth_a_move_into_u
     assert moves_after_losses_in(lossy, 3.5 * H, n=1, lived=3 * H) == [target.pool]
 
 
+def test_a_job_whose_own_instances_lasted_expects_the_same_of_a_region_it_has_not_tried():
+    """T (us-east-1a) is 7 % cheaper: the saving, 0.0729 $/h, pays the move twice (0.372 $) over 5.1 h.
+    The market's prior lifetime is 4 h, worth 5 losses in 20 h: a job an hour in expects (20 + 1) / 5 =
+    4.2 h of T, not worth it. A job whose instance has run 10 h without a loss expects (20 + 10) / 5 = 6 h;
+    one preempted twice in its first hour, 9.9 h of instances in all, (20 + 9.9) / 7 = 4.3 h."""
+    target = spot("us-east-1a", price=0.93)
+
+    def moves(now_h, events=()):
+        obs = job(now_h * H, [*events, PoolEvent(A.pool, "launched", (now_h - 9.0 if events else 0.0) * H)],
+                  offers=(A, target, C, ON_DEMAND), deadline_h=None, running="spot", running_pool=A.pool,
+                  work_done=(now_h - 0.2) * H)
+        return [o.pool for o in decide_attempt(obs, params=PARAMS).move_to]
+
+    assert moves(1.0) == []
+    assert moves(10.0) == [target.pool]
+    # the losses were in us-west-2c, not T's region: only the job's rate, not T's region's record, moves
+    lossy = [PoolEvent(C.pool, "launched", 0.0), PoolEvent(C.pool, "preempted", 0.5 * H),
+             PoolEvent(C.pool, "launched", 0.6 * H), PoolEvent(C.pool, "preempted", 1.0 * H)]
+    assert moves(10.0, lossy) == []
+
+
 def test_move_margin_none_never_moves_and_a_bad_margin_is_refused():
     cheap = spot("us-west-2b", price=0.5)
     params = DecisionParams(deadline=PARAMS.deadline, move_margin=None)
