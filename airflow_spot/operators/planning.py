@@ -40,6 +40,9 @@ class Plan:
     probe: bool = False
     #: on a warm spot instance: cheaper pools worth moving to, best first (``decide_attempt``'s ``move_to``)
     move_to: list[Offer] = field(default_factory=list)
+    #: on a warm spot instance: cheaper pools worth a move once seen settled; probe them if the backend can,
+    #: else try them after ``move_to`` (``decide_attempt``'s ``settle_probe``)
+    settle_probe: list[Offer] = field(default_factory=list)
     #: every offer the market made for the request, before its filters (a price cap): what a warm instance
     #: is billed from (:func:`priced_now`)
     market_offers: list[Offer] = field(default_factory=list)
@@ -179,6 +182,7 @@ def plan(
         leave_running=decision.leave_running,
         probe=decision.probe,
         move_to=list(decision.move_to),
+        settle_probe=list(decision.settle_probe),
         market_offers=market_offers,
         price_cap=gpus.max_price_per_hour,
     )

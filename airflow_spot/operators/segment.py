@@ -111,8 +111,9 @@ class SpotSegmentOperator(SegmentInstances, SegmentReattach, SegmentOutcome, Seg
     :param availability_uri: the deployment's availability log (launch outcomes, capacity refusals and
         preemptions of every job, read by the offer plan); default: ``AIRFLOW_SPOT_AVAILABILITY_URI``, else
         ``_availability`` beside the job's root (:mod:`airflow_spot.storage.availability`).
-    :param probe_spot: while the job runs on on-demand and its knowledge of the spot pools is stale, probe
-        them (launch and terminate at once, billed the minimum) so it can tell when a pool has settled.
+    :param probe_spot: while the job runs on on-demand and its knowledge of the spot pools is stale, or on
+        spot while a move to a cheaper pool waits for it to settle, probe them (launch and terminate at once,
+        billed the minimum) so it can tell when a pool has settled. False: a move is tried at once.
     :param deferrable: wait in the triggerer (True) or in a worker slot (False); ``None`` (default) means
         True unless ``AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE`` says otherwise (see :func:`default_deferrable`).
     :param restart_overhead_seconds: what a new instance costs before it trains, as the deadline rule
@@ -407,6 +408,8 @@ class SpotSegmentOperator(SegmentInstances, SegmentReattach, SegmentOutcome, Seg
                                            self.log, bill=lambda o, info, ended: self._bill_probe(store, o, info, ended))
             self.log.info("probed %d spot pools while on on-demand", answered)
             plan = replan()
+        if plan.settle_probe and alive:
+            plan = self._settle_probe(context, store, plan, recorder, now, replan)
         self.log.info("offer plan: %s; %s", plan.reason, restart.describe())
         advice = planning.segment_length_advice(self.end_step - self.start_step, plan_inputs["step_seconds"],
                                                 self.deadline)

@@ -7,6 +7,7 @@ holds the task's flow (execute, defer, execute_complete) and this one what it as
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from airflow.sdk.exceptions import AirflowFailException
@@ -117,6 +118,19 @@ class SegmentInstances:
         except Exception as exc:  # noqa: BLE001 - the probe's answer still counts; only its bill is missing
             self.log.warning("probe %s of %s not billed in the job's cost (%s: %s)", info.instance_id, offer.pool,
                              type(exc).__name__, exc)
+
+    def _settle_probe(self, context: Context, store, plan: planning.Plan, recorder: planning.AvailabilityRecorder,
+                      now: float, replan) -> planning.Plan:
+        """Cheaper pools a move waits on until they have been seen up long enough (``Plan.settle_probe``):
+        probe them and plan again with what they answered; a job that may not probe (``probe_spot=False``)
+        tries them as move targets after ``move_to``, as ``simulate``'s ``ours-no-probe`` does."""
+        if not self.probe_spot:
+            return replace(plan, move_to=plan.move_to + plan.settle_probe, settle_probe=[])
+        answered = planning.probe_spot(self.hook.get_backend(), plan.settle_probe,
+                                       lambda o, k: self._probe_spec(context, store, o, now, k), recorder, now,
+                                       self.log, bill=lambda o, info, ended: self._bill_probe(store, o, info, ended))
+        self.log.info("probed %d cheaper spot pools a move waits on to settle", answered)
+        return replan()
 
     def _probe_spec(self, context: Context, store, offer, now: float, try_number: int = 0) -> LaunchSpec:
         token = launch_token(self.dag_id, context["run_id"], self.task_id, "probe", offer.pool, int(now), try_number)

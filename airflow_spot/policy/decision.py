@@ -54,9 +54,14 @@ transfer across regions); with a deadline, only while the slack pays that restar
 target's own preemption, should it come soon), the floor and the reserve for future preemptions (as when
 leaving on-demand). A target's prior rate is the market's scaled by the job's own preemption rate
 against it (:func:`~airflow_spot.policy.observations.own_preemption_rate`): a job whose instances have
-lasted expects the same of a region it has not tried, one preempted often expects less. The job tries
-the targets first and keeps its instance if they all refuse (a refusal is not billed). Prices that are
-equal everywhere never move a job: the saving counts prices and long-run rates, not the pools' ages.
+lasted expects the same of a region it has not tried, one preempted often expects less. A target
+passes only once it has been seen up ``min_spot_up_seconds`` (the deadline rule's wait before leaving
+on-demand): until then the decision names it in ``settle_probe``, and a backend that can probes it at
+each segment boundary (one billed minute a probe) and moves once it has settled; one that cannot moves
+as before (found on the bundled traces at the catalog's prices: a job moved back, again and again, into a
+region that had come back minutes before and preempted it within the hour). The job tries the targets
+first and keeps its instance if they all refuse (a refusal is not billed). Prices that are equal
+everywhere never move a job: the saving counts prices and long-run rates, not the pools' ages.
 
 Pure: everything is passed in.
 """
@@ -187,6 +192,9 @@ class AttemptDecision:
     #: the job's running spot instance is in a pool that now costs as much as on-demand of its type: let
     #: it go and run as decided (``market``, ``ranked``), as an idle job would
     leave_running: bool = False
+    #: a job on a spot instance that is up: cheaper pools worth a move but not yet seen up
+    #: ``min_spot_up_seconds``, due a probe; a backend that cannot probe moves to them (after ``move_to``)
+    settle_probe: tuple[Offer, ...] = ()
 
 
 def _move_penalty(offer: Offer, params: DecisionParams, work_left: float) -> float:
@@ -405,8 +413,30 @@ def decide_attempt(
         memory = None if prior is None else REGION_MEMORY_LIFETIMES * 3600.0 / prior
         moves = move_targets(ranked, obs.running_pool, views, now, move_params, work_left, affordable,
                              own_pool_losses(events, now, memory), 1.0 if rate is None else rate / prior)
+    settle: tuple[Offer, ...] = ()
+    if moves:
+        moves, settle = _settled(moves, views, events, now, params)
     return AttemptDecision(d.market, tuple(ranked), d.reason, d.state, probe, spot_up, expected, rate, moves,
-                           leave_running=leave)
+                           leave_running=leave, settle_probe=settle)
+
+
+def _settled(targets: Sequence[Offer], views: dict[str, PoolView], events: Sequence[PoolEvent], now: float,
+             params: DecisionParams) -> tuple[tuple[Offer, ...], tuple[Offer, ...]]:
+    """The move targets seen up ``min_spot_up_seconds``, and those of the rest due a probe (none of their
+    events newer than ``probe_every_seconds``): a pool that came back a moment ago tends to go again soon,
+    and a move into it pays two restarts for minutes of a cheaper price."""
+    wanted = params.deadline.min_spot_up_seconds
+    ready, due = [], []
+    for o in targets:
+        v = views.get(o.pool)
+        age = None if v is None else v.up_seconds(now)
+        if age is not None and age >= wanted:
+            ready.append(o)
+            continue
+        newest = max((e.at for e in events if e.pool == o.pool and e.at <= now), default=None)
+        if newest is None or now - newest >= params.probe_every_seconds:
+            due.append(o)
+    return tuple(ready), tuple(due)
 
 
 def as_launch_market(decision: AttemptDecision) -> AttemptDecision:

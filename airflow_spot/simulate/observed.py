@@ -13,7 +13,8 @@
   pool is up;
 * on a spot instance that is up, at a segment boundary, it tries the cheaper pools the decision names
   (``AttemptDecision.move_to``) and moves to the first that accepts, else keeps its instance — what the
-  operator does with its warm instance;
+  operator does with its warm instance; it first probes the cheaper pools not yet seen settled
+  (``settle_probe``), as the operator does, and decides again; without probes it tries them as targets;
 * on on-demand, when the decision asks for a probe, it places a spot request in every pool and cancels
   it (``probe-up`` / ``probe-down``), charged ``probe_billed_seconds`` at the spot price per accepted
   request (the billing minimum), added to the run's cost; with ``JobSpec.probe_miss`` a probe of a pool
@@ -170,8 +171,11 @@ class ObservedController:
                 return True
         return False
 
-    def _probe(self, view: View) -> None:
+    def _probe(self, view: View, pools: set[str] | None = None) -> None:
+        """Probe every spot pool, or only ``pools``."""
         for i, p in enumerate(view.pools):
+            if pools is not None and p.name not in pools:
+                continue
             if self._probe_reads_up(view, i):
                 self._record(PoolEvent(p.name, "probe-up", view.now))
                 self.probe_cost += p.offer.price_per_hour * self.probe_billed_seconds / HOUR
@@ -221,6 +225,12 @@ class ObservedController:
         if d.probe and self.probes:
             self._probe(view)
             d = self._decide(view)
+        if d.settle_probe:
+            if self.probes:
+                self._probe(view, {o.pool for o in d.settle_probe})
+                d = self._decide(view)
+            else:  # a backend that cannot probe moves without seeing the target settle
+                d = replace(d, move_to=d.move_to + d.settle_probe)
         target = self._execute(d, view)
         if target == "refused":
             d = self._decide(view)

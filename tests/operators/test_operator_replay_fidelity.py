@@ -180,8 +180,8 @@ def test_the_replay_counts_the_spot_time_of_an_instance_it_left_as_the_operators
     Replay (``ObservedController``): its own events hold ``launched`` and ``preempted`` only; the
     ``running`` event ``decide_attempt`` adds for the current instance is never kept, so an instance left
     while up counts 0 s in ``own_pool_losses`` (its run ends at its last up-event, its launch). After 3 h
-    in pool A, a move to the cheaper B and B's preemption 1 h later, the replay sees 1 loss in 1 h of
-    spot time, the operators 1 loss in 4 h: the replay's rate is higher, so it keeps more slack and
+    in pool A and B seen up by probes for 45 min, a move to the cheaper B and B's preemption 15 min later,
+    the replay sees 1 loss in 15 min of spot time, the operators 1 loss in 4 h: the replay's rate is higher, so it keeps more slack and
     moves less than the operators on the priced (move) replays. Should: the replay records what the
     ledger has (a ``running`` event for its instance at each boundary, or when it leaves it).
     """
@@ -209,13 +209,14 @@ def test_the_replay_counts_the_spot_time_of_an_instance_it_left_as_the_operators
     spec = JobSpec(work_hours=10, save_cost_seconds=0.0, restart_overhead_hours=0.1)
     r = simulate(spec, pools, od, ObservedController(), max_hours=4.5)
     assert [(x.zone, x.outcome, x.started_at / HOUR, x.ended_at / HOUR) for x in r.rows[:2]] == [
-        ("usw2-az1", "completed", 0.0, 3.0), ("usw2-az2", "preempted", 3.0, 4.0)]  # the situation
+        ("usw2-az1", "completed", 0.0, 3.75), ("usw2-az2", "preempted", 3.75, 4.0)]  # the situation
     obs, params, sim_d = next(c for c in calls if c[0].now == 4 * HOUR)
     # the operators' observation of the same moment: their ledger (one row per attempt is the same spot
     # time as one per segment) plus the refusals and launches their recorder logged under the job's name
     from airflow_spot.policy.observations import JobObservation, ledger_events
 
-    logged = [PoolEvent(e.pool, e.kind, e.at, "dag.train") for e in obs.events if e.kind in ("refused", "launched")]
+    logged = [PoolEvent(e.pool, e.kind, e.at, "dag.train") for e in obs.events
+              if e.kind in ("refused", "launched", "probe-up", "probe-down")]
     op_obs = JobObservation(now=obs.now, started_at=obs.started_at, deadline_at=obs.deadline_at,
                             work_done=obs.work_done, work_total=obs.work_total, offers=obs.offers,
                             events=ledger_events(r.rows[:2]) + logged, running=None, running_pool=None)

@@ -75,10 +75,21 @@ def test_the_warm_instance_is_reused_in_the_market_the_policy_wants(market):
 
 
 def test_a_warm_instance_in_a_dear_pool_is_offered_the_cheaper_ones_to_move_to(market):
+    from airflow_spot.policy.observations import PoolEvent
+
     p = make_plan(market)
     best, worst = p.ranked[0], p.ranked[-1]
-    dear = make_plan(market, running=Market.SPOT, running_pool=worst.pool)
+    now = T0 + 3600
+    kw = dict(now=now, done_steps=100, running=Market.SPOT, running_pool=worst.pool)
+    # not seen up yet: the cheaper pools are to be probed first, not moved to
+    dear = make_plan(market, **kw)
+    assert dear.move_to == [] and dear.settle_probe and dear.settle_probe[0].pool == best.pool
+    assert worst.pool not in [o.pool for o in dear.settle_probe]
+    # seen up by probes for 50 min: moved to
+    seen = [PoolEvent(o.pool, "probe-up", at) for o in p.ranked[:-1] for at in (now - 3000, now - 60)]
+    dear = make_plan(market, job_events=seen, **kw)
     assert dear.move_to and dear.move_to[0].pool == best.pool and worst.pool not in [o.pool for o in dear.move_to]
+    assert dear.settle_probe == []
     assert make_plan(market, running=Market.SPOT, running_pool=best.pool).move_to == []
 
 
@@ -417,6 +428,8 @@ def test_the_operator_moves_a_warm_instance_only_once_a_cheaper_pool_accepts(tmp
     worst = make_plan(market).ranked[-1]
     try:
         warm, _, _ = op._launch_first(context, store, [worst], rec)
+        for o in make_plan(market).ranked[:-1]:  # the cheaper pools, seen up by probes for 50 min
+            rec.record(o.pool, "probe-up", time.time() - 3000)
         p = plan(market, GPUS, now=time.time(), done_steps=10, total_steps=1000, job_started_at=T0, deadline=None,
                  ledger_rows=[], running=Market.SPOT, running_pool=worst.pool, job_events=rec.job_events())
         assert p.move_to
@@ -441,6 +454,39 @@ def test_the_operator_moves_a_warm_instance_only_once_a_cheaper_pool_accepts(tmp
         (idle,), bad = LedgerStore(store).idle_rows()
         assert not bad and idle.instance_id == warm.instance_id and idle.started_at == last.ended_at
         assert idle.billed_seconds == pytest.approx(120, abs=5) and idle.outcome == "idle"
+    finally:
+        backend.terminate([i.instance_id for i in backend.list_instances({})
+                           if not InstanceState(i.state).is_terminal()])
+
+
+def test_the_operator_probes_the_pools_a_move_waits_on_and_moves_once_they_have_settled(tmp_path):
+    """On a warm instance in the dearest pool, the plan names the cheaper pools for a probe
+    (``settle_probe``): SpotSegmentOperator._settle_probe launches and terminates one instance in each
+    (probe-up, billed its minimum in the job's cost) and plans again; 45 min of such sightings later the
+    plan moves. With ``probe_spot=False`` it tries them as move targets at once, as ``ours-no-probe``."""
+    op, store, rec, market, backend, context = segment_operator(tmp_path)
+    worst = make_plan(market).ranked[-1]
+    try:
+        warm, _, _ = op._launch_first(context, store, [worst], rec)
+
+        def plan_at(now):
+            return plan(market, GPUS, now=now, done_steps=10, total_steps=1000, job_started_at=T0, deadline=None,
+                        ledger_rows=[], running=Market.SPOT, running_pool=worst.pool, job_events=rec.job_events())
+
+        now = time.time()
+        first = plan_at(now)
+        assert first.move_to == [] and first.settle_probe
+        after = op._settle_probe(context, store, first, rec, now, lambda: plan_at(now))
+        probed = {e.pool for e in rec.job_events() if e.kind == "probe-up"}
+        assert probed == {o.pool for o in first.settle_probe} and after.move_to == []
+        assert len(LedgerStore(store).probe_rows()[0]) == len(probed)  # each billed in the job's cost
+        assert all(InstanceState(i.state).is_terminal() for i in backend.list_instances({})
+                   if i.instance_id != warm.instance_id)
+        later = plan_at(now + 2700)  # seen up since the probe, 45 min on
+        assert later.move_to and later.move_to[0].pool == first.settle_probe[0].pool
+        op.probe_spot = False
+        moved = op._settle_probe(context, store, first, rec, now, lambda: plan_at(now))
+        assert moved.move_to == first.settle_probe and moved.settle_probe == []
     finally:
         backend.terminate([i.instance_id for i in backend.list_instances({})
                            if not InstanceState(i.state).is_terminal()])

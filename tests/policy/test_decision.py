@@ -322,6 +322,11 @@ def test_a_job_without_slack_for_the_reserve_still_takes_one_more_spot_run_on_a_
 # ---------------------------------------------------------------- moving a running job to a cheaper pool
 
 
+def worth(d):
+    """The pools a move is worth to: the targets seen settled and those due a probe to settle first."""
+    return [o.pool for o in d.move_to + d.settle_probe]
+
+
 def running_on_a(now, *events, **kw):
     return job(now, [PoolEvent(A.pool, "launched", 0.0), *events], running="spot", running_pool=A.pool, **kw)
 
@@ -331,14 +336,14 @@ def test_a_running_spot_job_moves_to_a_pool_whose_saving_pays_the_move_twice():
     # 0.3 x (1 + 0.25 x 600 s / 1 h) x 4 h = 1.25 $, against a move of 0.2 h at 0.7 $/h = 0.14 $ (x2)
     cheap = spot("us-west-2b", price=0.7)
     d = decide_attempt(running_on_a(2 * H, offers=(A, cheap, C, ON_DEMAND), deadline_h=None), params=PARAMS)
-    assert d.market == Market.SPOT.value and [o.pool for o in d.move_to] == [cheap.pool]
+    assert d.market == Market.SPOT.value and worth(d) == [cheap.pool]
     # equal prices never move a job, however much younger its own pool is than another
     d = decide_attempt(running_on_a(2 * H, PoolEvent(B.pool, "probe-up", 0.0), deadline_h=None), params=PARAMS)
-    assert d.move_to == ()
+    assert worth(d) == []
     # nor does a job with a few minutes of work left: the saving cannot pay the restart
     d = decide_attempt(running_on_a(2 * H, offers=(A, cheap, C, ON_DEMAND), deadline_h=None,
                                     work_done=48 * H - 300.0), params=PARAMS)
-    assert d.move_to == ()
+    assert worth(d) == []
 
 
 def test_a_pool_that_came_back_a_moment_ago_is_not_worth_a_move_a_settled_one_is():
@@ -346,33 +351,33 @@ def test_a_pool_that_came_back_a_moment_ago_is_not_worth_a_move_a_settled_one_is
     cheap = spot("us-west-2b", price=0.9)
     offers = (A, cheap, C, ON_DEMAND)
     settled = running_on_a(6 * H, PoolEvent(cheap.pool, "probe-up", 1 * H), offers=offers, deadline_h=None)
-    assert [o.pool for o in decide_attempt(settled, params=PARAMS).move_to] == [cheap.pool]
+    assert worth(decide_attempt(settled, params=PARAMS)) == [cheap.pool]
     fresh = running_on_a(6 * H, PoolEvent(cheap.pool, "probe-up", 6 * H - 60.0), offers=offers, deadline_h=None)
-    assert decide_attempt(fresh, params=PARAMS).move_to == ()
+    assert worth(decide_attempt(fresh, params=PARAMS)) == []
     # refused a moment ago: believed down, not a target
     down = running_on_a(6 * H, PoolEvent(cheap.pool, "refused", 6 * H - 10.0), offers=offers, deadline_h=None)
-    assert decide_attempt(down, params=PARAMS).move_to == ()
+    assert worth(decide_attempt(down, params=PARAMS)) == []
 
 
 def test_a_move_needs_slack_for_its_restart_and_a_checkpoint_transfer_is_priced():
     cheap = spot("us-west-2b", price=0.7)
     offers = (A, cheap, C, ON_DEMAND)
-    assert decide_attempt(running_on_a(1 * H, offers=offers, work_done=1 * H), params=PARAMS).move_to
+    assert worth(decide_attempt(running_on_a(1 * H, offers=offers, work_done=1 * H), params=PARAMS))
     # 2.1 h in, nothing done: the slack pays the move's restart (it did until 2.2 h) but not a second one
     # should the target go soon, on top of the floor and the reserve: no move (the last one is at 1.99 h)
-    assert decide_attempt(running_on_a(1.9 * H, offers=offers), params=PARAMS).move_to
-    assert decide_attempt(running_on_a(2.1 * H, offers=offers), params=PARAMS).move_to == ()
+    assert worth(decide_attempt(running_on_a(1.9 * H, offers=offers), params=PARAMS))
+    assert worth(decide_attempt(running_on_a(2.1 * H, offers=offers), params=PARAMS)) == []
     # 3.4 h in, nothing done: 0.6 h of slack cannot pay a restart, the floor and the reserve
     late = decide_attempt(running_on_a(3.4 * H, offers=offers), params=PARAMS)
-    assert late.market == Market.SPOT.value and late.move_to == ()
+    assert late.market == Market.SPOT.value and worth(late) == []
     # the same pool in another region, with 2 $ of egress per move: no longer worth it
     far = spot("eu-west-1a", price=0.7)
     params = DecisionParams(deadline=PARAMS.deadline, transfer_dollars=2.0, home_region="us-west-2")
     d = decide_attempt(running_on_a(1 * H, offers=(A, far, ON_DEMAND), work_done=1 * H), params=params)
-    assert d.move_to == ()
+    assert worth(d) == []
     # and never from on-demand: leaving it is the deadline rule's decision
     od = job(1 * H, offers=offers, running="on-demand")
-    assert decide_attempt(od, params=PARAMS).move_to == ()
+    assert worth(decide_attempt(od, params=PARAMS)) == []
 
 
 def test_a_job_writing_its_saves_back_across_regions_moves_to_the_stores_region():
@@ -381,10 +386,10 @@ def test_a_job_writing_its_saves_back_across_regions_moves_to_the_stores_region(
     home = spot("eu-west-1a", price=1.0)
     offers = (A, home, ON_DEMAND)
     store = DecisionParams(deadline=PARAMS.deadline, home_region="eu-west-1")
-    assert decide_attempt(running_on_a(1 * H, offers=offers, work_done=1 * H), params=store).move_to == ()
+    assert worth(decide_attempt(running_on_a(1 * H, offers=offers, work_done=1 * H), params=store)) == []
     saves = replace(store, remote_dollars_per_hour=1.0)
     d = decide_attempt(running_on_a(1 * H, offers=offers, work_done=1 * H), params=saves)
-    assert [o.pool for o in d.move_to] == [home.pool]
+    assert worth(d) == [home.pool]
     # and a job starting anew takes the store's region first
     assert decide_attempt(job(0.0, offers=offers), params=saves).ranked[0] == home
     with pytest.raises(ValueError, match="remote_dollars_per_hour must be >= 0"):
@@ -407,7 +412,7 @@ def test_a_region_whose_pools_keep_preempting_the_job_is_not_worth_a_move_into_u
             events += [PoolEvent(pool.pool, "launched", i * 600.0), PoolEvent(pool.pool, "preempted", i * 600.0 + lived)]
         events.append(PoolEvent(A.pool, "launched", max(1 * H, (n - 1) * 600.0 + lived)))
         obs = job(now, events, offers=offers, deadline_h=None, running="spot", running_pool=A.pool)
-        return [o.pool for o in decide_attempt(obs, params=PARAMS).move_to]
+        return worth(decide_attempt(obs, params=PARAMS))
 
     assert moves_after_losses_in(lossy, 1.5 * H, n=0) == [target.pool]
     assert moves_after_losses_in(lossy, 1.5 * H) == []
@@ -430,7 +435,7 @@ def test_a_job_whose_own_instances_lasted_expects_the_same_of_a_region_it_has_no
         obs = job(now_h * H, [*events, PoolEvent(A.pool, "launched", (now_h - 9.0 if events else 0.0) * H)],
                   offers=(A, target, C, ON_DEMAND), deadline_h=None, running="spot", running_pool=A.pool,
                   work_done=(now_h - 0.2) * H)
-        return [o.pool for o in decide_attempt(obs, params=PARAMS).move_to]
+        return worth(decide_attempt(obs, params=PARAMS))
 
     assert moves(1.0) == []
     assert moves(10.0) == [target.pool]
@@ -438,6 +443,32 @@ def test_a_job_whose_own_instances_lasted_expects_the_same_of_a_region_it_has_no
     lossy = [PoolEvent(C.pool, "launched", 0.0), PoolEvent(C.pool, "preempted", 0.5 * H),
              PoolEvent(C.pool, "launched", 0.6 * H), PoolEvent(C.pool, "preempted", 1.0 * H)]
     assert moves(10.0, lossy) == []
+
+
+def test_a_move_waits_until_its_target_has_been_seen_up_as_long_as_leaving_on_demand_asks():
+    """B is 30 % cheaper, worth a move (above). A pool the job has not seen up is named for a probe
+    (``settle_probe``), not moved to; once probes have seen it up ``min_spot_up_seconds`` (45 min) without
+    a loss the job moves. Between probes (one each ``probe_every_seconds``, 15 min) nothing is asked.
+    A pool that went down between two probes starts again: the mechanism of the futile round trips at the
+    catalog's prices (results_simulate.md, "The default replay")."""
+    cheap = spot("us-west-2b", price=0.7)
+
+    def decide(*events):
+        return decide_attempt(running_on_a(10 * H, *events, offers=(A, cheap, ON_DEMAND), deadline_h=None,
+                                           work_done=9 * H), params=PARAMS)
+
+    d = decide()
+    assert [o.pool for o in d.settle_probe] == [cheap.pool] and d.move_to == ()
+    probed = lambda minutes_ago: PoolEvent(cheap.pool, "probe-up", 10 * H - minutes_ago * 60.0)  # noqa: E731
+    d = decide(probed(10))  # seen up 10 min ago: the next probe is due at 15 min
+    assert d.move_to == () and d.settle_probe == ()
+    d = decide(probed(30), probed(15))  # up 30 min: one more probe
+    assert d.move_to == () and [o.pool for o in d.settle_probe] == [cheap.pool]
+    d = decide(probed(45), probed(30), probed(15), probed(0))
+    assert [o.pool for o in d.move_to] == [cheap.pool] and d.settle_probe == ()
+    # down between two probes: seen up again only 15 min
+    d = decide(probed(60), PoolEvent(cheap.pool, "probe-down", 10 * H - 30 * 60.0), probed(15))
+    assert d.move_to == () and [o.pool for o in d.settle_probe] == [cheap.pool]
 
 
 def test_move_margin_none_never_moves_and_a_bad_margin_is_refused():

@@ -407,15 +407,23 @@ def test_probe_miss_must_be_a_probability(bad, capsys):
 
 
 def test_ours_moves_a_running_job_to_a_cheaper_pool_once_it_accepts():
-    # the cheap pool is down for the first hour: ours starts in the dear one, tries the cheap one at each
-    # segment boundary (refused, not billed) and moves when it accepts; greedy, which never moves, stays
+    # the cheap pool is down for the first hour: ours starts in the dear one. At the segment boundaries
+    # where a move would pay it probes the cheap pool (one billed minute when it accepts) and moves once
+    # the probes have seen it up 45 min; greedy, which never moves, stays
     spec = JobSpec(work_hours=6, save_cost_seconds=0.0, restart_overhead_hours=0.1)
     pools = [pool("us-west-2a", [0] * 60 + [1] * 600, price=0.6), pool("us-west-2b", [1] * 660, price=1.2)]
     c = controllers.get("ours")()
     r = simulate(spec, pools, ON_DEMAND, c, max_hours=10.0)
     assert [(x.zone, x.outcome) for x in r.rows] == [("us-west-2b", "completed"), ("us-west-2a", "completed")]
-    assert r.rows[1].started_at == 60 * 60  # the first boundary at which the cheap pool accepts
-    assert [e.at / 60 for e in c.events if e.pool.endswith("us-west-2a") and e.kind == "refused"] == [0, 45]
+    assert r.rows[1].started_at == 105 * 60  # seen up since minute 60
+    # refused at the start; at 15 and 30 min a pool seen down so lately is not worth a move; probed at 45
+    # (down), 60, 75 and 90 min (up: a run of them is kept as its first and newest)
+    assert [(e.kind, e.at / 60) for e in c.events if e.pool.endswith("us-west-2a")][:5] == [
+        ("refused", 0), ("probe-down", 45), ("probe-up", 60), ("probe-up", 90), ("launched", 105)]
+    assert c.probes_accepted == 3 and c.probe_cost == pytest.approx(3 * 0.6 / 60)
+    # a backend that cannot probe moves at the first boundary at which the cheap pool accepts
+    blind = controllers.get("ours-no-probe")()
+    assert simulate(spec, pools, ON_DEMAND, blind, max_hours=10.0).rows[1].started_at == 60 * 60
     greedy = simulate(spec, pools, ON_DEMAND, controllers.get("greedy")(), max_hours=10.0)
     assert [x.zone for x in greedy.rows] == ["us-west-2b"] and r.cost < greedy.cost
     # at one price there is nothing to move for
