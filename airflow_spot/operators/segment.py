@@ -403,9 +403,7 @@ class SpotSegmentOperator(SegmentInstances, SegmentReattach, SegmentOutcome, Seg
             raise AirflowFailException(str(exc)) from exc
         if plan.probe and self.probe_spot and alive:
             spot_offers = [o for o in market.offers(self.gpus) if o.is_spot and self.gpus.matches(o)]
-            answered = planning.probe_spot(self.hook.get_backend(), spot_offers,
-                                           lambda o, k: self._probe_spec(context, store, o, now, k), recorder, now,
-                                           self.log, bill=lambda o, info, ended: self._bill_probe(store, o, info, ended))
+            answered = self._probe_pools(context, store, spot_offers, recorder, now)
             self.log.info("probed %d spot pools while on on-demand", answered)
             plan = replan()
         if plan.settle_probe and alive:

@@ -126,11 +126,16 @@ class SegmentInstances:
         tries them as move targets after ``move_to``, as ``simulate``'s ``ours-no-probe`` does."""
         if not self.probe_spot:
             return replace(plan, move_to=plan.move_to + plan.settle_probe, settle_probe=[])
-        answered = planning.probe_spot(self.hook.get_backend(), plan.settle_probe,
-                                       lambda o, k: self._probe_spec(context, store, o, now, k), recorder, now,
-                                       self.log, bill=lambda o, info, ended: self._bill_probe(store, o, info, ended))
+        answered = self._probe_pools(context, store, plan.settle_probe, recorder, now)
         self.log.info("probed %d cheaper spot pools a move waits on to settle", answered)
         return replan()
+
+    def _probe_pools(self, context: Context, store, offers, recorder: planning.AvailabilityRecorder,
+                     now: float) -> int:
+        """:func:`planning.probe_spot` with this task's probe requests and bills; how many pools answered."""
+        return planning.probe_spot(self.hook.get_backend(), offers,
+                                   lambda o, k: self._probe_spec(context, store, o, now, k), recorder, now,
+                                   self.log, bill=lambda o, info, ended: self._bill_probe(store, o, info, ended))
 
     def _probe_spec(self, context: Context, store, offer, now: float, try_number: int = 0) -> LaunchSpec:
         token = launch_token(self.dag_id, context["run_id"], self.task_id, "probe", offer.pool, int(now), try_number)

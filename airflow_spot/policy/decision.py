@@ -67,6 +67,7 @@ Pure: everything is passed in.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -426,6 +427,11 @@ def _settled(targets: Sequence[Offer], views: dict[str, PoolView], events: Seque
     events newer than ``probe_every_seconds``): a pool that came back a moment ago tends to go again soon,
     and a move into it pays two restarts for minutes of a cheaper price."""
     wanted = params.deadline.min_spot_up_seconds
+    pools = {o.pool for o in targets}
+    newest: dict[str, float] = {}  # one pass over the events, which hold the deployment's log
+    for e in events:
+        if e.pool in pools and e.at <= now and e.at > newest.get(e.pool, -math.inf):
+            newest[e.pool] = e.at
     ready, due = [], []
     for o in targets:
         v = views.get(o.pool)
@@ -433,8 +439,7 @@ def _settled(targets: Sequence[Offer], views: dict[str, PoolView], events: Seque
         if age is not None and age >= wanted:
             ready.append(o)
             continue
-        newest = max((e.at for e in events if e.pool == o.pool and e.at <= now), default=None)
-        if newest is None or now - newest >= params.probe_every_seconds:
+        if o.pool not in newest or now - newest[o.pool] >= params.probe_every_seconds:
             due.append(o)
     return tuple(ready), tuple(due)
 
